@@ -1,0 +1,48 @@
+"""RoCEv2 wire format: opcodes, headers, packets, ICRC and stream framing."""
+
+from .errors import WireError
+from .framing import FRAME_HEADER, MAX_FRAME, FrameDecoder, frame_header
+from .icrc import (
+    CRC32_IMPL,
+    ROCE_UDP_PORT,
+    crc32,
+    icrc_ipv4,
+    icrc_ipv6,
+    icrc_of_ip_packet,
+    pack_icrc,
+    unpack_icrc,
+)
+from .opcodes import OPCODE_INFO, Kind, Opcode, OpInfo, Position
+from .packet import (
+    AETH,
+    BTH_LEN,
+    CREDITS_UNLIMITED,
+    DEFAULT_PKEY,
+    ICRC_LEN,
+    RETH,
+    AckKind,
+    AtomicETH,
+    NakCode,
+    Packet,
+    Payload,
+    ack_syndrome,
+    decode,
+    encode,
+    encode_headers,
+    nak_syndrome,
+    pad_bytes,
+    pad_len,
+    parse_syndrome,
+    rnr_syndrome,
+)
+from .psn import PSN_BITS, PSN_HALF, PSN_MASK, psn_add, psn_diff
+
+__all__ = [
+    "AETH", "BTH_LEN", "CRC32_IMPL", "CREDITS_UNLIMITED", "DEFAULT_PKEY", "FRAME_HEADER",
+    "ICRC_LEN", "MAX_FRAME", "OPCODE_INFO", "PSN_BITS", "PSN_HALF", "PSN_MASK", "RETH",
+    "ROCE_UDP_PORT", "AckKind", "AtomicETH", "FrameDecoder", "Kind", "NakCode", "OpInfo",
+    "Opcode", "Packet", "Payload", "Position", "WireError", "ack_syndrome", "crc32", "decode",
+    "encode", "encode_headers", "frame_header", "icrc_ipv4", "icrc_ipv6", "icrc_of_ip_packet",
+    "nak_syndrome", "pack_icrc", "pad_bytes", "pad_len", "parse_syndrome", "psn_add",
+    "psn_diff", "rnr_syndrome", "unpack_icrc",
+]  # fmt: skip
