@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install the host packages the soft-RoCE lab needs (Debian/Ubuntu, apt).
+set -euo pipefail
+
+PACKAGES=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs iproute2 iputils-ping tcpdump)
+
+usage() {
+    cat <<USAGE
+Usage: ${0##*/} [-h]
+
+Install the host packages for the soft-RoCE lab VM with apt:
+  ${PACKAGES[*]}
+(--no-install-recommends, after apt-get update). Needs root, or sudo.
+Then build the guest image with scripts/lab-build-vm.sh.
+USAGE
+}
+
+case "${1:-}" in
+    -h | --help) usage; exit 0 ;;
+    "") ;;
+    *) usage >&2; exit 2 ;;
+esac
+
+command -v apt-get >/dev/null 2>&1 ||
+    { echo "${0##*/}: error: apt-get not found; install ${PACKAGES[*]} by hand" >&2; exit 1; }
+
+SUDO=()
+if [[ "$(id -u)" -ne 0 ]]; then
+    command -v sudo >/dev/null 2>&1 ||
+        { echo "${0##*/}: error: must run as root (or have sudo)" >&2; exit 1; }
+    SUDO=(sudo)
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update
+"${SUDO[@]}" apt-get install -y --no-install-recommends "${PACKAGES[@]}"
