@@ -18,7 +18,8 @@ ALLOWED = {
 }
 #: Third-party modules that only some layers may use.
 RESTRICTED = {
-    "socket": {"transport", "cli", "doca"},
+    "socket": {"transport"},
+    "select": {"transport", "doca"},
     "pyverbs": {"verbs"},
     "trio": {"transport", "doca", "cli"},
 }

@@ -1,0 +1,5 @@
+import sys
+
+from rdmakit.cli.main import main
+
+sys.exit(main())

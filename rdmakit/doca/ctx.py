@@ -1,0 +1,531 @@
+"""DOCA Context and Work Queue (DOCA Core 3.4, ``doca_ctx.h``).
+
+A `Ctx` is the base of every library instance that runs jobs (DMA, RDMA,
+sync event, graph). Its lifecycle is the table `_TRANSITIONS` below, from
+``enum doca_ctx_states``::
+
+    IDLE --start--> RUNNING                       (synchronous start)
+    IDLE --start--> STARTING --connected--> RUNNING   (e.g. RDMA connecting)
+    STARTING/RUNNING --stop--> STOPPING --drained--> IDLE
+
+A pair the table doesn't list is BAD_STATE. Configuration (``add_dev`` and a
+subclass's setters) is allowed only in IDLE; jobs are accepted only in
+RUNNING. ``stop`` lets in-flight jobs drain (or the subclass flushes them);
+the context reaches IDLE when the last one completes. The state-changed
+callback runs after each transition.
+
+A `WorkQ` (``doca_workq``) accepts jobs for the contexts attached to it, up to
+`depth` in flight (submitting more is NO_MEMORY, as ``doca_workq_submit``),
+and hands back completions with `WorkQ.progress_retrieve`. A context is
+attached to one WorkQ at a time; a WorkQ serves any number of contexts.
+
+``progress_retrieve()`` returns the next `Event`, or None when nothing is
+ready: None is ``DOCA_ERROR_AGAIN``, the common case of a polling loop, so it
+is a return value rather than an exception. A job that failed is still an
+`Event`, with ``status`` IO_FAILED and the cause in ``error`` (as
+``doca_workq_progress_retrieve`` returns IO_FAILED with the event filled in).
+Misuse raises `DocaError`.
+
+Event-driven mode: ``WorkQ(depth, event_driven=True)`` has an event handle,
+`WorkQ.fileno`, a real file descriptor (an epoll instance holding an
+eventfd and the contexts' own descriptors), so it works with ``select``,
+``selectors``/epoll and ``trio.lowlevel.wait_readable``. The loop is the one
+in ``doca_workq_event_handle_arm``: drain with ``progress_retrieve`` until
+None, ``arm()``, wait for the handle, ``clear()``, repeat.
+
+Writing a context: subclass `Ctx`, implement `Ctx._submit` (start a job) and
+`Ctx._progress` (advance the engine), and report each finished job with
+`Ctx._complete`. Optionally override `Ctx._start` (return False to stay
+STARTING until `Ctx._connected`), `Ctx._stop`, `Ctx._cancel`, `Ctx._close`
+and `Ctx._check_dev`, and call `Ctx._watch_fd` for descriptors that become
+readable when `_progress` has work. The base does the lifecycle, the
+bookkeeping and the event delivery.
+"""
+
+import contextlib
+import os
+import select
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+from typing import Any, Generic, Protocol, Self, TypeVar
+
+from rdmakit.doca.device import Dev
+from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
+
+__all__ = ["Ctx", "CtxState", "Event", "Job", "StateChangedCallback", "WorkQ"]
+
+
+class CtxState(IntEnum):
+    """``enum doca_ctx_states`` (``doca_ctx.h``)."""
+
+    IDLE = 0  # created or stopped; configurable, no jobs
+    STARTING = 1  # start called, asynchronous start (e.g. connecting) not finished
+    RUNNING = 2  # accepts jobs
+    STOPPING = 3  # stop called; in-flight jobs drain or are flushed
+
+
+class _Input(Enum):
+    START = "start"  # start(), the subclass is ready at once
+    START_ASYNC = "start (asynchronous)"  # start(), the subclass is still connecting
+    CONNECTED = "connected"
+    STOP = "stop"
+    DRAINED = "drained"  # the last in-flight job completed while stopping
+
+
+_TRANSITIONS: dict[tuple[CtxState, _Input], CtxState] = {
+    (CtxState.IDLE, _Input.START): CtxState.RUNNING,
+    (CtxState.IDLE, _Input.START_ASYNC): CtxState.STARTING,
+    (CtxState.STARTING, _Input.CONNECTED): CtxState.RUNNING,
+    (CtxState.STARTING, _Input.STOP): CtxState.STOPPING,
+    (CtxState.RUNNING, _Input.STOP): CtxState.STOPPING,
+    (CtxState.STOPPING, _Input.DRAINED): CtxState.IDLE,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """A request to a context (``struct doca_job``). Contexts subclass it with their arguments.
+
+    A job object may be in flight once at a time (IN_USE otherwise); it can be
+    submitted again after its event was delivered.
+    """
+
+    ctx: "Ctx[Any]"
+    user_data: object = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """A completed job (``struct doca_event``)."""
+
+    job: Job
+    status: DocaErrorCode = DocaErrorCode.SUCCESS  # SUCCESS or IO_FAILED
+    result: object = None  # per job type
+    error: DocaError | None = None  # why it failed, when it did
+
+    @property
+    def user_data(self) -> object:
+        return self.job.user_data
+
+    @property
+    def ok(self) -> bool:
+        return self.status is DocaErrorCode.SUCCESS
+
+
+J = TypeVar("J", bound=Job)
+StateChangedCallback = Callable[["Ctx[Any]", CtxState, CtxState], None]
+
+
+class _Sink(Protocol):
+    """Where a context delivers the events of the jobs it was given: a WorkQ or a graph instance."""
+
+    def _deliver(self, event: Event) -> None: ...
+
+
+class WorkQ:
+    """A DOCA work queue (``doca_workq``): submission, progress and completion retrieval."""
+
+    def __init__(self, depth: int, *, event_driven: bool = False) -> None:
+        if depth <= 0:
+            raise DocaError(DocaErrorCode.INVALID_VALUE, f"depth must be positive, got {depth}")
+        self._depth = depth
+        self._inflight = 0
+        self._ctxs: list[Ctx[Any]] = []
+        self._ready: deque[Event] = deque()
+        self._armed = False
+        self._epoll: select.epoll | None = None
+        self._efd = -1
+        self._closed = False
+        if event_driven:
+            self._open_handle()
+
+    # -- properties -----------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Most jobs in flight, counting completed ones not yet retrieved."""
+        return self._depth
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def event_driven(self) -> bool:
+        return self._epoll is not None
+
+    @property
+    def ctxs(self) -> tuple["Ctx[Any]", ...]:
+        return tuple(self._ctxs)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DocaError(DocaErrorCode.BAD_STATE, "WorkQ is closed")
+
+    # -- event handle -----------------------------------------------------------
+
+    def _open_handle(self) -> None:
+        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._epoll = select.epoll()
+        self._epoll.register(self._efd, select.EPOLLIN)
+
+    def _close_handle(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
+            os.close(self._efd)
+            self._epoll, self._efd, self._armed = None, -1, False
+
+    def set_event_driven(self, enable: bool) -> None:
+        """Switch event-driven mode, with no context attached (``doca_workq_set_event_driven_enable``)."""
+        self._check_open()
+        if self._ctxs:
+            raise DocaError(DocaErrorCode.BAD_STATE, "contexts are attached to the WorkQ")
+        if enable and self._epoll is None:
+            self._open_handle()
+        elif not enable:
+            self._close_handle()
+
+    def _require_event_driven(self) -> select.epoll:
+        self._check_open()
+        if self._epoll is None:
+            raise DocaError(DocaErrorCode.BAD_STATE, "WorkQ is not in event-driven mode")
+        return self._epoll
+
+    def fileno(self) -> int:
+        """The event handle (``doca_workq_get_event_handle``): readable when there is work."""
+        return self._require_event_driven().fileno()
+
+    @property
+    def event_handle(self) -> int:
+        return self.fileno()
+
+    def arm(self) -> None:
+        """Make the handle readable on the next completion (``doca_workq_event_handle_arm``).
+
+        If an event is already waiting, the handle becomes readable at once.
+        """
+        self._require_event_driven()
+        if self._ready:
+            os.eventfd_write(self._efd, 1)
+        else:
+            self._armed = True
+
+    def clear(self) -> None:
+        """Reset the handle after it fired (``doca_workq_event_handle_clear``)."""
+        self._require_event_driven()
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._efd)
+
+    def _watch(self, fd: int) -> None:
+        if self._epoll is not None:
+            self._epoll.register(fd, select.EPOLLIN)
+
+    def _unwatch(self, fd: int) -> None:
+        if self._epoll is not None:
+            self._epoll.unregister(fd)
+
+    # -- jobs -------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Hand `job` to its context (``doca_workq_submit``).
+
+        NOT_FOUND if the context isn't attached here, NO_MEMORY when `depth`
+        jobs are in flight, BAD_STATE unless the context is RUNNING, IN_USE if
+        this job object is already in flight; the context may raise more.
+        """
+        self._check_open()
+        ctx = job.ctx
+        if ctx._workq is not self:
+            raise DocaError(DocaErrorCode.NOT_FOUND, f"{ctx!r} is not attached to this WorkQ")
+        if self._inflight >= self._depth:
+            raise DocaError(
+                DocaErrorCode.NO_MEMORY, f"WorkQ is full: {self._depth} jobs in flight", Fault.CALLER
+            )
+        self._inflight += 1
+        try:
+            ctx._dispatch(job, self)
+        except BaseException:
+            self._inflight -= 1
+            raise
+
+    def progress_retrieve(self) -> Event | None:
+        """Progress the contexts and return one completed `Event`, or None (AGAIN)."""
+        self._check_open()
+        ready = self._ready
+        if not ready:
+            for ctx in self._ctxs:
+                ctx._progress()
+            if not ready:
+                return None
+        self._inflight -= 1
+        return ready.popleft()
+
+    def _deliver(self, event: Event) -> None:
+        self._ready.append(event)
+        if self._armed:
+            self._armed = False
+            os.eventfd_write(self._efd, 1)
+
+    # -- lifetime ---------------------------------------------------------------
+
+    def close(self) -> None:
+        """Detach every context (flushing its in-flight jobs) and release the handle. Idempotent."""
+        if self._closed:
+            return
+        for ctx in list(self._ctxs):
+            ctx._flush("WorkQ closed")
+            ctx._detach_workq()
+        self._ready.clear()
+        self._inflight = 0
+        self._close_handle()
+        self._closed = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "event-driven" if self._epoll is not None else "polling"
+        return f"<WorkQ depth={self._depth} inflight={self._inflight} {mode}>"
+
+
+class Ctx(Generic[J]):
+    """The DOCA context base (``doca_ctx``); see the module docstring for the subclass contract."""
+
+    def __init__(self) -> None:
+        self._state = CtxState.IDLE
+        self._state_cb: StateChangedCallback | None = None
+        self._devs: list[Dev] = []
+        self._workq: WorkQ | None = None
+        self._pending: dict[int, tuple[J, _Sink]] = {}
+        self._fds: list[int] = []
+        self._closed = False
+
+    # -- properties -------------------------------------------------------------
+
+    @property
+    def state(self) -> CtxState:
+        return self._state
+
+    @property
+    def devs(self) -> tuple[Dev, ...]:
+        return tuple(self._devs)
+
+    @property
+    def workq(self) -> WorkQ | None:
+        return self._workq
+
+    @property
+    def num_inflight(self) -> int:
+        """Jobs submitted and not yet completed (``doca_ctx_get_num_inflight_tasks``)."""
+        return len(self._pending)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- state machine ----------------------------------------------------------
+
+    def _transition(self, event: _Input) -> None:
+        prev = self._state
+        nxt = _TRANSITIONS.get((prev, event))
+        if nxt is None:
+            raise DocaError(DocaErrorCode.BAD_STATE, f"{event.value} is not allowed in state {prev.name}")
+        self._state = nxt
+        if self._state_cb is not None:
+            self._state_cb(self, prev, nxt)
+
+    def _check_not_closed(self) -> None:
+        if self._closed:
+            raise DocaError(DocaErrorCode.BAD_STATE, "context is closed")
+
+    def _require_idle(self, what: str) -> None:
+        """For subclass setters: configuration is allowed only in IDLE."""
+        self._check_not_closed()
+        if self._state is not CtxState.IDLE:
+            raise DocaError(DocaErrorCode.BAD_STATE, f"{what}: context is {self._state.name}, not IDLE")
+
+    def set_state_changed_cb(self, cb: StateChangedCallback | None) -> None:
+        """``cb(ctx, prev_state, next_state)`` after every transition (``doca_ctx_set_state_changed_cb``)."""
+        self._state_cb = cb
+
+    def start(self) -> None:
+        """Finalise the configuration and start (``doca_ctx_start``)."""
+        self._check_not_closed()
+        if (self._state, _Input.START) not in _TRANSITIONS:
+            raise DocaError(DocaErrorCode.BAD_STATE, f"start is not allowed in state {self._state.name}")
+        running = self._start()
+        self._transition(_Input.START if running else _Input.START_ASYNC)
+
+    def _connected(self) -> None:
+        """For subclasses: the asynchronous start finished (STARTING -> RUNNING)."""
+        self._transition(_Input.CONNECTED)
+
+    def stop(self) -> None:
+        """Stop accepting jobs; IDLE once the in-flight ones complete (``doca_ctx_stop``)."""
+        self._check_not_closed()
+        self._transition(_Input.STOP)
+        self._stop()
+        if not self._pending and self._state is CtxState.STOPPING:  # _stop may have flushed
+            self._transition(_Input.DRAINED)
+
+    # -- devices and work queue ---------------------------------------------------
+
+    def add_dev(self, dev: Dev) -> None:
+        """Give the context a device (``doca_ctx_dev_add``); IDLE only."""
+        self._require_idle("add_dev")
+        if dev in self._devs:
+            raise DocaError(DocaErrorCode.IN_USE, f"{dev.name} was already added")
+        self._check_dev(dev)
+        dev._adopt(self)
+        self._devs.append(dev)
+
+    def rm_dev(self, dev: Dev) -> None:
+        """Take a device away (``doca_ctx_dev_rm``); IDLE only."""
+        self._require_idle("rm_dev")
+        if dev not in self._devs:
+            raise DocaError(DocaErrorCode.NOT_FOUND, f"{dev.name} was never added")
+        self._devs.remove(dev)
+        dev._disown(self)
+
+    def workq_add(self, workq: WorkQ) -> None:
+        """Attach to `workq` (``doca_ctx_workq_add``); one WorkQ per context."""
+        self._check_not_closed()
+        workq._check_open()
+        if self._workq is not None:
+            raise DocaError(DocaErrorCode.IN_USE, "context is already attached to a WorkQ")
+        for fd in self._fds:
+            workq._watch(fd)
+        workq._ctxs.append(self)
+        self._workq = workq
+
+    def workq_rm(self, workq: WorkQ) -> None:
+        """Detach from `workq`; NOT_PERMITTED while jobs are in flight (``doca_ctx_workq_rm``)."""
+        self._check_not_closed()
+        if self._workq is not workq:
+            raise DocaError(DocaErrorCode.NOT_FOUND, "context is not attached to this WorkQ")
+        if self._pending:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, f"{len(self._pending)} jobs are in flight")
+        self._detach_workq()
+
+    def _detach_workq(self) -> None:
+        workq, self._workq = self._workq, None
+        if workq is not None:
+            for fd in self._fds:
+                workq._unwatch(fd)
+            workq._ctxs.remove(self)
+
+    def _watch_fd(self, fd: int) -> None:
+        """For subclasses: `fd` becomes readable when `_progress` has work (event-driven mode)."""
+        self._fds.append(fd)
+        if self._workq is not None:
+            self._workq._watch(fd)
+
+    def _unwatch_fd(self, fd: int) -> None:
+        self._fds.remove(fd)
+        if self._workq is not None:
+            self._workq._unwatch(fd)
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    def _dispatch(self, job: J, sink: _Sink) -> None:
+        """Start `job`, its event going to `sink` (a WorkQ or a graph instance)."""
+        self._check_not_closed()
+        if self._state is not CtxState.RUNNING:
+            raise DocaError(DocaErrorCode.BAD_STATE, f"context is {self._state.name}, not RUNNING")
+        key = id(job)
+        if key in self._pending:
+            raise DocaError(DocaErrorCode.IN_USE, "this job object is already in flight")
+        self._pending[key] = (job, sink)
+        try:
+            self._submit(job)
+        except BaseException:
+            self._pending.pop(key, None)
+            raise
+
+    def _in_flight(self, job: J) -> bool:
+        entry = self._pending.get(id(job))
+        return entry is not None and entry[0] is job
+
+    def _complete(self, job: J, *, result: object = None, error: DocaError | None = None) -> None:
+        """For subclasses: `job` finished, successfully unless `error` is given."""
+        entry = self._pending.get(id(job))
+        if entry is None or entry[0] is not job:
+            raise DocaError(DocaErrorCode.UNEXPECTED, f"{type(job).__name__} completed but is not in flight")
+        del self._pending[id(job)]
+        status = DocaErrorCode.SUCCESS if error is None else DocaErrorCode.IO_FAILED
+        entry[1]._deliver(Event(job=job, status=status, result=result, error=error))
+        if not self._pending and self._state is CtxState.STOPPING:
+            self._transition(_Input.DRAINED)
+
+    def _flush(self, reason: str) -> None:
+        """Complete every in-flight job as failed with SHUTDOWN."""
+        if not self._pending:
+            return
+        self._cancel()
+        for job, _ in list(self._pending.values()):
+            self._complete(job, error=DocaError(DocaErrorCode.SHUTDOWN, f"job flushed: {reason}"))
+
+    # -- lifetime ------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop (flushing what doesn't drain), leave the WorkQ and the devices. Idempotent."""
+        if self._closed:
+            return
+        if self._state in (CtxState.STARTING, CtxState.RUNNING):
+            self.stop()
+        self._flush("context closed")
+        self._detach_workq()
+        for dev in self._devs:
+            dev._disown(self)
+        self._devs.clear()
+        for fd in list(self._fds):
+            self._unwatch_fd(fd)
+        self._close()
+        self._closed = True
+
+    def _on_dev_close(self, dev: Dev) -> None:
+        self.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- subclass hooks ------------------------------------------------------------
+
+    def _check_dev(self, dev: Dev) -> None:
+        """Raise NOT_SUPPORTED if `dev` cannot serve this context."""
+
+    def _start(self) -> bool:
+        """Allocate resources; True if RUNNING at once, False to stay STARTING until `_connected`."""
+        return True
+
+    def _stop(self) -> None:
+        """Stop was requested; in-flight jobs drain unless this flushes them (`_flush`)."""
+
+    def _submit(self, job: J) -> None:
+        """Start `job`; report its end with `_complete`, now or from `_progress`."""
+        raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{type(self).__name__} runs no jobs")
+
+    def _progress(self) -> bool:
+        """Advance without blocking, calling `_complete` for finished jobs; True if anything happened."""
+        return False
+
+    def _cancel(self) -> None:
+        """Every in-flight job is about to be flushed: forget them; none may be completed later."""
+
+    def _close(self) -> None:
+        """Release the subclass's resources."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._state.name} inflight={len(self._pending)}>"

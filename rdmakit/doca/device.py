@@ -1,0 +1,267 @@
+"""DOCA Device (DOCA Core 3.2): discovery, opening and capability queries.
+
+Discovery is a registry of providers, each a callable returning `DevInfo` s.
+The in-tree provider lists one `LocalBackendDevice` (``local0``); the soft
+driver and the verbs backend plug in with `register_provider`. `Dev.open`
+selects a device by `DevInfo`, name, IP address or PCI address.
+
+A `Dev` is the parent of the memory maps and contexts it is added to: closing
+it first closes those contexts and drops its registrations from those memory
+maps (pyverbs' children-before-parents rule), then closes the backend.
+"""
+
+import ipaddress
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv6Address
+from typing import Protocol, Self
+
+from rdmakit.doca.backend import BackendCaps, BackendDevice, DeviceCaps, LocalBackendDevice
+from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
+
+__all__ = [
+    "Dev",
+    "DevInfo",
+    "DevInfoProvider",
+    "devinfo_list",
+    "local_devinfo",
+    "register_provider",
+    "register_resolver",
+]
+
+
+_NO_CAPS = DeviceCaps()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DevInfo:
+    """A device that can be opened (``doca_devinfo``) and its capabilities.
+
+    `opener` creates the backend device; it is not part of the value.
+    """
+
+    name: str
+    kind: str
+    opener: Callable[[], BackendDevice] = field(repr=False, compare=False)
+    ip_addrs: tuple[IPv4Address | IPv6Address, ...] = ()
+    pci_addr: str | None = None
+    gids: tuple[IPv6Address, ...] = ()
+    mtu: int = 1024
+    caps: BackendCaps = _NO_CAPS
+
+    def max_buf_size(self) -> int:
+        """Largest buffer a job on this device may reference."""
+        return self.caps.max_buf_size
+
+    def max_buf_list_len(self) -> int:
+        """Longest buffer chain a job on this device may reference."""
+        return self.caps.max_buf_list_len
+
+    def is_job_supported(self, job_type: str) -> bool:
+        """Whether jobs of `job_type` (a `JobType`) run on this device."""
+        return job_type in self.caps.job_types
+
+    def matches(self, spec: str) -> bool:
+        """Whether `spec` names this device: its name, an IP address or its PCI address."""
+        if spec == self.name:
+            return True
+        ip = _parse_ip(spec)
+        if ip is not None:
+            return any(_unmap(ip) == _unmap(own) for own in self.ip_addrs)
+        pci = _normalize_pci(spec)
+        return pci is not None and self.pci_addr is not None and pci == _normalize_pci(self.pci_addr)
+
+
+def _parse_ip(spec: str) -> IPv4Address | IPv6Address | None:
+    try:
+        return ipaddress.ip_address(spec)
+    except ValueError:
+        return None
+
+
+def _unmap(ip: IPv4Address | IPv6Address) -> IPv4Address | IPv6Address:
+    if isinstance(ip, IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def _normalize_pci(spec: str) -> str | None:
+    """``DDDD:BB:DD.F`` or ``BB:DD.F`` (DOCA accepts both) -> ``dddd:bb:dd.f``."""
+    parts = spec.lower().split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0000")
+    if len(parts) != 3:
+        return None
+    domain, bus, devfn = parts
+    dev, _, fn = devfn.partition(".")
+    hexdigits = set("0123456789abcdef")
+    fields = ((domain, 4), (bus, 2), (dev, 2), (fn, 1))
+    if not all(len(f) == n and set(f) <= hexdigits for f, n in fields):
+        return None
+    return f"{domain}:{bus}:{dev}.{fn}"
+
+
+DevInfoProvider = Callable[[], Iterable[DevInfo]]
+
+
+def local_devinfo(name: str = "local0", *, rng: random.Random | None = None) -> DevInfo:
+    """A `DevInfo` for a `LocalBackendDevice`.
+
+    Each open gets a fresh backend whose keys come from `rng`, or from a new
+    OS-seeded ``random.Random`` when `rng` is None.
+    """
+
+    def opener() -> BackendDevice:
+        return LocalBackendDevice(name, rng=rng if rng is not None else random.Random())
+
+    probe = LocalBackendDevice(name, rng=random.Random(0))
+    return DevInfo(
+        name=name,
+        kind=probe.kind,
+        opener=opener,
+        gids=tuple(probe.gids),
+        mtu=probe.mtu,
+        caps=probe.caps,
+    )
+
+
+def _local_provider() -> list[DevInfo]:
+    return [local_devinfo()]
+
+
+_providers: list[DevInfoProvider] = [_local_provider]
+
+
+def register_provider(provider: DevInfoProvider) -> Callable[[], None]:
+    """Add a device provider to discovery; returns a function that removes it."""
+    if provider in _providers:
+        raise DocaError(DocaErrorCode.ALREADY_EXIST, f"provider {provider!r} already registered")
+    _providers.append(provider)
+
+    def unregister() -> None:
+        if provider in _providers:
+            _providers.remove(provider)
+
+    return unregister
+
+
+DevInfoResolver = Callable[[str], "DevInfo | None"]
+_resolvers: list[DevInfoResolver] = []
+
+
+def register_resolver(resolver: DevInfoResolver) -> Callable[[], None]:
+    """Add a resolver for device specs no listed device matches.
+
+    The soft driver uses it for addresses it does not list (any of 127.0.0.0/8)
+    and for ``tcp:ADDR``; it returns None for specs that are not its own.
+    """
+    _resolvers.append(resolver)
+
+    def unregister() -> None:
+        if resolver in _resolvers:
+            _resolvers.remove(resolver)
+
+    return unregister
+
+
+def devinfo_list() -> list[DevInfo]:
+    """All devices of all providers, in provider registration order (``doca_devinfo_create_list``)."""
+    found: list[DevInfo] = []
+    for provider in list(_providers):
+        try:
+            found.extend(provider())
+        except DocaError:
+            raise
+        except OSError as exc:
+            raise DocaError(
+                DocaErrorCode.DRIVER, f"device provider {provider!r} failed: {exc}", Fault.SYSTEM
+            ) from exc
+    return found
+
+
+class _DevChild(Protocol):
+    """A memory map or context that a device is added to."""
+
+    def _on_dev_close(self, dev: "Dev") -> None: ...
+
+
+class Dev:
+    """An open device (``doca_dev``). Use `Dev.open`; close with `close` or ``with``."""
+
+    def __init__(self, info: DevInfo, backend: BackendDevice) -> None:
+        self._info = info
+        self._backend: BackendDevice | None = backend
+        self._children: list[_DevChild] = []
+
+    @classmethod
+    def open(cls, spec: DevInfo | str) -> Self:
+        """Open the device `spec` (``doca_dev_open``): a `DevInfo`, or a name, IP or PCI address."""
+        if isinstance(spec, DevInfo):
+            info = spec
+        else:
+            matches = [info for info in devinfo_list() if info.matches(spec)]
+            for resolve in () if matches else list(_resolvers):
+                found = resolve(spec)
+                if found is not None:
+                    matches.append(found)
+                    break
+            if not matches:
+                raise DocaError(DocaErrorCode.NOT_FOUND, f"no device matches {spec!r}", Fault.CALLER)
+            info = matches[0]
+        return cls(info, info.opener())
+
+    @property
+    def info(self) -> DevInfo:
+        return self._info
+
+    @property
+    def name(self) -> str:
+        return self._info.name
+
+    @property
+    def closed(self) -> bool:
+        return self._backend is None
+
+    @property
+    def backend(self) -> BackendDevice:
+        """The backend device; BAD_STATE once closed."""
+        if self._backend is None:
+            raise DocaError(DocaErrorCode.BAD_STATE, f"device {self.name} is closed")
+        return self._backend
+
+    def _adopt(self, child: _DevChild) -> None:
+        self.backend  # noqa: B018 - raises BAD_STATE when closed
+        self._children.append(child)
+
+    def _disown(self, child: _DevChild) -> None:
+        if child in self._children:
+            self._children.remove(child)
+
+    def rep_list(self) -> list[DevInfo]:
+        """Representors (``doca_devinfo_rep_create_list``): none without a DPU."""
+        raise DocaError(DocaErrorCode.NOT_SUPPORTED, "device representors need a BlueField DPU", Fault.SYSTEM)
+
+    def open_rep(self, rep: DevInfo) -> "Dev":
+        """Open a representor (``doca_dev_rep_open``): none without a DPU."""
+        raise DocaError(DocaErrorCode.NOT_SUPPORTED, "device representors need a BlueField DPU", Fault.SYSTEM)
+
+    def close(self) -> None:
+        """Close children (contexts, memory-map registrations), then the backend. Idempotent."""
+        if self._backend is None:
+            return
+        for child in list(self._children):
+            child._on_dev_close(self)
+        self._children.clear()
+        backend, self._backend = self._backend, None
+        backend.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<Dev {self.name} kind={self._info.kind} {state}>"

@@ -1,0 +1,593 @@
+"""DOCA Memory Map (DOCA Core 3.3, ``doca_mmap.h``).
+
+An `Mmap` names one memory range, the access rights devices get to it, and the
+devices it is registered with. Lifecycle::
+
+    Mmap() -> set_memrange / set_permissions / add_dev -> start -> [export_rdma]
+           -> stop (back to configurable) -> destroy
+
+Rules (each from ``doca_mmap.h``):
+
+- ``set_memrange`` is mandatory and allowed once (NOT_PERMITTED the second time).
+- ``set_*`` on a started mmap is BAD_STATE; ``add_dev``/``rm_dev`` on a started,
+  exported or imported mmap is NOT_PERMITTED.
+- ``start`` registers the range with every added device.
+- ``stop`` and ``destroy`` are NOT_PERMITTED while any `Buf` points into the
+  range (``doca_mmap_stop``/``doca_mmap_destroy``).
+- ``export_rdma`` needs a started local mmap with an RDMA permission.
+
+Addresses. The range's address is the buffer's real virtual address, read
+through the buffer protocol (``PyObject_GetBuffer`` via ctypes), so it is what
+a verbs backend registers and what a peer writes to. Where that is not
+available (a Python without ``ctypes.pythonapi``), a unique synthetic address
+above 2**62 is used instead: no Linux user-space pointer is that high, so
+synthetic and real ranges never overlap. Either way the mmap holds a
+``memoryview`` export of the buffer until ``destroy``, which pins it: a
+``bytearray`` cannot be resized and an ``mmap.mmap`` cannot be closed meanwhile.
+"""
+
+import ctypes
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntFlag
+from ipaddress import IPv6Address
+from typing import TYPE_CHECKING, Self
+
+from rdmakit.doca.backend import MemoryRegistration
+from rdmakit.doca.device import Dev
+from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
+from rdmakit.engine.types import Access
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from 3.12
+
+__all__ = [
+    "DESCRIPTOR_FORMAT",
+    "AccessFlag",
+    "Mmap",
+    "MmapDescriptor",
+]
+
+
+class AccessFlag(IntFlag):
+    """``enum doca_access_flag`` (``doca_types.h``)."""
+
+    LOCAL_READ_ONLY = 0  # a local device may read, not write
+    LOCAL_READ_WRITE = 1 << 0  # a local device may read and write
+    RDMA_READ = 1 << 1  # a remote device may read over RDMA
+    RDMA_WRITE = 1 << 2  # a remote device may write over RDMA
+    RDMA_ATOMIC = 1 << 3  # a remote device may run atomics over RDMA
+    PCI_READ_ONLY = 1 << 4  # a device on the same PCI may read (doca_mmap_export_pci)
+    PCI_READ_WRITE = 1 << 5  # a device on the same PCI may read and write
+    PCI_RELAXED_ORDERING = 1 << 6  # the system may reorder accesses to the memory
+
+
+_ALL_MASK = int(sum(AccessFlag))
+_RDMA_FLAGS = AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC
+# Permissions under which a device writes into the memory.
+_WRITE_FLAGS = (
+    AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC | AccessFlag.PCI_READ_WRITE
+)
+_U64 = 1 << 64
+_U32 = 1 << 32
+
+
+def _verbs_access(flags: AccessFlag) -> Access:
+    """DOCA permissions -> ``ibv_access_flags`` (remote write/atomic imply local write)."""
+    access = Access.NONE
+    if flags & (AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC):
+        access |= Access.LOCAL_WRITE
+    if flags & AccessFlag.RDMA_READ:
+        access |= Access.REMOTE_READ
+    if flags & AccessFlag.RDMA_WRITE:
+        access |= Access.REMOTE_WRITE
+    if flags & AccessFlag.RDMA_ATOMIC:
+        access |= Access.REMOTE_ATOMIC
+    return access
+
+
+# ---------------------------------------------------------------------------
+# Buffer addresses
+
+
+class _PyBuffer(ctypes.Structure):
+    """``Py_buffer`` (stable ABI since 3.11)."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+def _buffer_api() -> tuple[Callable[..., object], Callable[..., object]] | None:
+    try:
+        api = ctypes.pythonapi
+        get = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)(
+            ("PyObject_GetBuffer", api)
+        )
+        release = ctypes.PYFUNCTYPE(None, ctypes.POINTER(_PyBuffer))(("PyBuffer_Release", api))
+    except (AttributeError, OSError):
+        return None
+    return get, release
+
+
+_BUFFER_API = _buffer_api()
+_synthetic_base = itertools.count(1 << 62, 1 << 40)  # 1 TiB apart; ranges are smaller
+
+
+def _buffer_address(view: memoryview) -> int | None:
+    """The virtual address of `view`'s first byte, or None where ctypes can't tell."""
+    if _BUFFER_API is None:
+        return None
+    get, release = _BUFFER_API
+    pybuf = _PyBuffer()
+    get(view, ctypes.byref(pybuf), 0)  # PyBUF_SIMPLE; raises on failure
+    try:
+        return pybuf.buf or None
+    finally:
+        release(ctypes.byref(pybuf))
+
+
+def _as_bytes_view(buffer: "Buffer") -> memoryview:
+    try:
+        view = memoryview(buffer)
+    except TypeError as exc:
+        raise DocaError(
+            DocaErrorCode.INVALID_VALUE, f"{type(buffer).__name__} does not support the buffer protocol"
+        ) from exc
+    if not view.c_contiguous:
+        raise DocaError(DocaErrorCode.INVALID_VALUE, "memory range must be C-contiguous")
+    view = view.cast("B")
+    if view.nbytes == 0:
+        raise DocaError(DocaErrorCode.INVALID_VALUE, "memory range must not be empty")
+    return view
+
+
+# ---------------------------------------------------------------------------
+# Export descriptor
+
+DESCRIPTOR_FORMAT = "rdmakit.mmap/1"
+_MAX_DESCRIPTOR = 4096
+_MTUS = frozenset({256, 512, 1024, 2048, 4096})
+_FIELDS = ("format", "addr", "length", "rkey", "access", "device", "gid", "mtu")
+
+
+def _bad(field: str, why: str) -> DocaError:
+    # The descriptor came from the peer: a bad one is the peer's fault.
+    return DocaError(DocaErrorCode.INVALID_VALUE, f"mmap descriptor field {field!r}: {why}", Fault.PEER)
+
+
+def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    obj: dict[str, object] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _bad(key, "appears twice")
+        obj[key] = value
+    return obj
+
+
+def _reject_constant(name: str) -> object:
+    raise _bad("descriptor", f"{name} is not JSON")
+
+
+def _get_int(obj: dict[str, object], key: str, lo: int, hi: int) -> int:
+    value = obj[key]
+    if type(value) is not int:
+        raise _bad(key, f"expected an integer, got {type(value).__name__}")
+    if not lo <= value < hi:
+        raise _bad(key, f"{value} is outside [{lo}, {hi})")
+    return value
+
+
+def _get_str(obj: dict[str, object], key: str) -> str:
+    value = obj[key]
+    if type(value) is not str:
+        raise _bad(key, f"expected a string, got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MmapDescriptor:
+    """What ``export_rdma`` tells a peer: the range, its rkey and rights, and the device.
+
+    Serialised as canonical JSON with ``"format": "rdmakit.mmap/1"``. (DOCA's
+    own descriptor is an undocumented binary blob; this one is rdmakit's.)
+    """
+
+    addr: int
+    length: int
+    rkey: int
+    access: AccessFlag
+    device: str
+    gid: IPv6Address
+    mtu: int
+
+    def to_bytes(self) -> bytes:
+        obj = {
+            "format": DESCRIPTOR_FORMAT,
+            "addr": self.addr,
+            "length": self.length,
+            "rkey": self.rkey,
+            "access": [flag.name for flag in AccessFlag if flag in self.access],
+            "device": self.device,
+            "gid": self.gid.exploded,
+            "mtu": self.mtu,
+        }
+        return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: object) -> Self:
+        """Parse and validate; anything malformed raises INVALID_VALUE naming the field."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise _bad("descriptor", f"expected bytes, got {type(data).__name__}")
+        raw = bytes(data)
+        if len(raw) > _MAX_DESCRIPTOR:
+            raise _bad("descriptor", f"{len(raw)} bytes is longer than {_MAX_DESCRIPTOR}")
+        try:
+            obj = json.loads(
+                raw.decode("utf-8"),
+                object_pairs_hook=_reject_duplicates,
+                parse_constant=_reject_constant,
+            )
+        except UnicodeDecodeError as exc:
+            raise _bad("descriptor", "not UTF-8") from exc
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+            raise _bad("descriptor", f"not JSON ({exc})") from exc
+        if not isinstance(obj, dict):
+            raise _bad("descriptor", f"expected a JSON object, got {type(obj).__name__}")
+        for key in _FIELDS:
+            if key not in obj:
+                raise _bad(key, "missing")
+        for key in obj:
+            if key not in _FIELDS:
+                raise _bad(key, "unknown field")
+        fmt = _get_str(obj, "format")
+        if fmt != DESCRIPTOR_FORMAT:
+            raise _bad("format", f"{fmt!r} is not {DESCRIPTOR_FORMAT!r}")
+        addr = _get_int(obj, "addr", 0, _U64)
+        length = _get_int(obj, "length", 1, _U64 - addr + 1)
+        rkey = _get_int(obj, "rkey", 0, _U32)
+        names = obj["access"]
+        if type(names) is not list:
+            raise _bad("access", f"expected a list, got {type(names).__name__}")
+        access = AccessFlag.LOCAL_READ_ONLY
+        for name in names:
+            if type(name) is not str or name not in AccessFlag.__members__ or not AccessFlag[name]:
+                raise _bad("access", f"{name!r} is not an access flag")
+            if AccessFlag[name] in access:
+                raise _bad("access", f"{name} appears twice")
+            access |= AccessFlag[name]
+        if not access & _RDMA_FLAGS:
+            raise _bad("access", "grants no RDMA access")
+        device = _get_str(obj, "device")
+        if not 0 < len(device) <= 255:
+            raise _bad("device", "must be 1 to 255 characters")
+        gid_text = _get_str(obj, "gid")
+        try:
+            gid = IPv6Address(gid_text)
+        except ValueError as exc:
+            raise _bad("gid", f"{gid_text!r} is not a GID") from exc
+        mtu = _get_int(obj, "mtu", 0, 4097)
+        if mtu not in _MTUS:
+            raise _bad("mtu", f"{mtu} is not an IB MTU")
+        return cls(addr=addr, length=length, rkey=rkey, access=access, device=device, gid=gid, mtu=mtu)
+
+
+# ---------------------------------------------------------------------------
+# Mmap
+
+
+class Mmap:
+    """A DOCA memory map (``doca_mmap``). Not thread-safe, like DOCA's."""
+
+    def __init__(self) -> None:
+        self._view: memoryview | None = None
+        self._addr = 0
+        self._length = 0
+        self._synthetic = False
+        self._permissions = AccessFlag.LOCAL_READ_WRITE  # DOCA's default
+        self._devs: list[Dev] = []
+        self._regs: dict[Dev, MemoryRegistration] = {}
+        self._started = False
+        self._exported = False
+        self._destroyed = False
+        self._remote: MmapDescriptor | None = None
+        self._num_bufs = 0
+
+    # -- properties ---------------------------------------------------------
+
+    @property
+    def addr(self) -> int:
+        """Start address of the range (0 before `set_memrange`)."""
+        return self._addr
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def memrange(self) -> tuple[int, int]:
+        """``(addr, length)`` (``doca_mmap_get_memrange``); BAD_STATE if never set."""
+        if not self._length:
+            raise DocaError(DocaErrorCode.BAD_STATE, "memrange was never set")
+        return self._addr, self._length
+
+    @property
+    def synthetic_addr(self) -> bool:
+        """True when `addr` is a synthetic address rather than the buffer's own."""
+        return self._synthetic
+
+    @property
+    def permissions(self) -> AccessFlag:
+        return self._permissions
+
+    @property
+    def devs(self) -> tuple[Dev, ...]:
+        return tuple(self._devs)
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def exported(self) -> bool:
+        return self._exported
+
+    @property
+    def from_export(self) -> bool:
+        """True for a remote mmap made by `create_from_export` (no local memory)."""
+        return self._remote is not None
+
+    @property
+    def descriptor(self) -> MmapDescriptor | None:
+        """The peer's descriptor of a remote mmap; None for a local one."""
+        return self._remote
+
+    @property
+    def destroyed(self) -> bool:
+        return self._destroyed
+
+    @property
+    def num_bufs(self) -> int:
+        """`Buf` s pointing into the range (``doca_mmap_get_num_bufs``)."""
+        return self._num_bufs
+
+    # -- checks ---------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise DocaError(DocaErrorCode.BAD_STATE, "mmap is destroyed")
+
+    def _check_configurable(self, what: str) -> None:
+        self._check_alive()
+        if self._remote is not None:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, f"{what}: mmap was created from an export")
+        if self._started:
+            raise DocaError(DocaErrorCode.BAD_STATE, f"{what}: mmap is started")
+
+    def _check_dev_list_mutable(self, what: str) -> None:
+        self._check_alive()
+        if self._remote is not None or self._started or self._exported:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, f"{what}: mmap is started, exported or imported")
+
+    def _check_writable_memory(self) -> None:
+        if self._view is not None and self._view.readonly and self._permissions & _WRITE_FLAGS:
+            raise DocaError(
+                DocaErrorCode.INVALID_VALUE,
+                f"read-only memory cannot be mapped with {(self._permissions & _WRITE_FLAGS)!r}",
+            )
+
+    def _check_no_bufs(self, what: str) -> None:
+        if self._num_bufs:
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED, f"{what}: {self._num_bufs} buffers still point into the mmap"
+            )
+
+    # -- configuration ----------------------------------------------------------
+
+    def set_memrange(self, buffer: "Buffer") -> None:
+        """Map `buffer`: any C-contiguous buffer (bytearray, bytes, memoryview, numpy, mmap.mmap).
+
+        A read-only buffer is accepted only with permissions that grant no write.
+        """
+        self._check_configurable("set_memrange")
+        if self._view is not None:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, "memrange can be set only once")
+        view = _as_bytes_view(buffer)
+        addr = _buffer_address(view)
+        self._synthetic = addr is None
+        if addr is None:
+            addr = next(_synthetic_base)
+        self._view, self._addr, self._length = view, addr, view.nbytes
+        try:
+            self._check_writable_memory()
+        except DocaError:
+            self._view, self._addr, self._length = None, 0, 0
+            view.release()
+            raise
+
+    def set_permissions(self, access: int) -> None:
+        """Set the `AccessFlag` s devices get (``doca_mmap_set_permissions``)."""
+        self._check_configurable("set_permissions")
+        if access & ~_ALL_MASK or access < 0:
+            raise DocaError(DocaErrorCode.INVALID_VALUE, f"undefined access flags {access:#x}")
+        flags = AccessFlag(access)
+        if AccessFlag.PCI_READ_ONLY | AccessFlag.PCI_READ_WRITE in flags:
+            raise DocaError(DocaErrorCode.INVALID_VALUE, "PCI_READ_ONLY and PCI_READ_WRITE are exclusive")
+        previous, self._permissions = self._permissions, flags
+        try:
+            self._check_writable_memory()
+        except DocaError:
+            self._permissions = previous
+            raise
+
+    def add_dev(self, dev: Dev) -> None:
+        """Register the mmap on `dev` at `start` (``doca_mmap_add_dev``)."""
+        self._check_dev_list_mutable("add_dev")
+        if dev in self._devs:
+            raise DocaError(DocaErrorCode.ALREADY_EXIST, f"{dev.name} is already added")
+        dev._adopt(self)
+        self._devs.append(dev)
+
+    def rm_dev(self, dev: Dev) -> None:
+        """Undo `add_dev` (``doca_mmap_rm_dev``)."""
+        self._check_dev_list_mutable("rm_dev")
+        if dev not in self._devs:
+            raise DocaError(DocaErrorCode.NOT_FOUND, f"{dev.name} was not added")
+        self._devs.remove(dev)
+        dev._disown(self)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Finalise the configuration and register the range with every added device."""
+        self._check_configurable("start")
+        if self._view is None:
+            raise DocaError(DocaErrorCode.INVALID_VALUE, "start: memrange was never set")
+        self._check_writable_memory()
+        access = _verbs_access(self._permissions)
+        try:
+            for dev in self._devs:
+                self._regs[dev] = dev.backend.register_memory(self._view, self._addr, access)
+        except BaseException:
+            self._deregister_all()
+            raise
+        self._started = True
+
+    def _deregister_all(self) -> None:
+        regs, self._regs = self._regs, {}
+        for dev, reg in regs.items():
+            if not dev.closed:
+                dev.backend.deregister(reg)
+
+    def stop(self) -> None:
+        """Deregister from the devices and allow configuration again (``doca_mmap_stop``)."""
+        self._check_alive()
+        if self._remote is not None:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, "stop: mmap was created from an export")
+        if not self._started:
+            raise DocaError(DocaErrorCode.BAD_STATE, "stop: mmap is not started")
+        self._check_no_bufs("stop")
+        self._deregister_all()
+        self._started = False
+        self._exported = False
+
+    def destroy(self) -> None:
+        """Stop, release the buffer and leave the devices; idempotent (``doca_mmap_destroy``)."""
+        if self._destroyed:
+            return
+        self._check_no_bufs("destroy")
+        self._deregister_all()
+        self._started = False
+        for dev in self._devs:
+            dev._disown(self)
+        self._devs.clear()
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        self._destroyed = True
+
+    close = destroy
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.destroy()
+
+    def _on_dev_close(self, dev: Dev) -> None:
+        reg = self._regs.pop(dev, None)
+        if reg is not None:
+            dev.backend.deregister(reg)
+        if dev in self._devs:
+            self._devs.remove(dev)
+
+    # -- use ------------------------------------------------------------------------
+
+    def registration(self, dev: Dev) -> MemoryRegistration:
+        """The keys of the range on `dev` (lkey for local jobs, rkey for peers)."""
+        self._check_alive()
+        reg = self._regs.get(dev)
+        if reg is None:
+            raise DocaError(
+                DocaErrorCode.NOT_FOUND, f"mmap is not registered on {dev.name} (added and started?)"
+            )
+        return reg
+
+    def export_rdma(self, dev: Dev) -> bytes:
+        """A descriptor a peer passes to `create_from_export` (``doca_mmap_export_rdma``)."""
+        self._check_alive()
+        if self._remote is not None:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, "cannot re-export an imported mmap")
+        if not self._started:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, "export_rdma: mmap is not started")
+        if not self._permissions & _RDMA_FLAGS:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, "export_rdma: no RDMA_READ/WRITE/ATOMIC permission")
+        reg = self.registration(dev)
+        gids = dev.backend.gids
+        if not gids:
+            raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{dev.name} has no GID to export")
+        desc = MmapDescriptor(
+            addr=self._addr,
+            length=self._length,
+            rkey=reg.rkey,
+            access=self._permissions,
+            device=dev.name,
+            gid=IPv6Address(gids[0]),
+            mtu=dev.backend.mtu,
+        )
+        self._exported = True
+        return desc.to_bytes()
+
+    @classmethod
+    def create_from_export(cls, descriptor: bytes, dev: Dev) -> Self:
+        """A remote mmap from a peer's descriptor (``doca_mmap_create_from_export``).
+
+        It has the peer's address range, rkey and permissions but no local
+        memory; `dev` is the local device that will reach the peer.
+        """
+        desc = MmapDescriptor.from_bytes(descriptor)
+        mmap = cls()
+        dev._adopt(mmap)
+        mmap._remote = desc
+        mmap._addr, mmap._length = desc.addr, desc.length
+        mmap._permissions = desc.access
+        mmap._devs.append(dev)
+        mmap._started = True
+        return mmap
+
+    def view(self, addr: int, length: int) -> memoryview:
+        """The local bytes ``[addr, addr+length)`` of the range (no copy)."""
+        self._check_alive()
+        if self._view is None:
+            if self._remote is not None:
+                raise DocaError(DocaErrorCode.NOT_PERMITTED, "a remote mmap has no local memory")
+            raise DocaError(DocaErrorCode.BAD_STATE, "memrange was never set")
+        offset = addr - self._addr
+        if length < 0 or offset < 0 or offset + length > self._length:
+            raise DocaError(DocaErrorCode.INVALID_VALUE, f"{addr:#x}+{length} is outside the mmap")
+        return self._view[offset : offset + length]
+
+    def contains(self, addr: int, length: int) -> bool:
+        """Whether ``[addr, addr+length)`` lies inside the range."""
+        return length >= 0 and self._addr <= addr and addr + length <= self._addr + self._length
+
+    def __repr__(self) -> str:
+        if self._destroyed:
+            state = "destroyed"
+        elif self._remote is not None:
+            state = f"remote rkey={self._remote.rkey:#x}"
+        else:
+            state = "started" if self._started else "idle"
+        return f"<Mmap {self._addr:#x}+{self._length} {self._permissions!r} {state}>"

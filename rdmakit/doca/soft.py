@@ -1,0 +1,348 @@
+"""The soft backend: rdmakit's own RoCEv2 engine behind the DOCA backend protocol.
+
+Device names are ``udp:ADDR`` (RoCEv2 on UDP 4791) and ``tcp:ADDR`` (the same
+packets framed on TCP). Discovery lists both for every local address; any
+address of 127.0.0.0/8 opens too, so two soft devices can share one machine
+(``udp:127.0.0.2`` and ``udp:127.0.0.3``). A plain address means UDP.
+
+One `Driver` per process pumps every soft device, and a device opened twice
+in one process is one socket: `Dev` handles share it by reference count.
+"""
+
+import ipaddress
+import itertools
+import os
+import random
+import threading
+from collections.abc import Mapping, Sequence
+from ipaddress import IPv6Address
+
+from rdmakit.doca.backend import DeviceCaps, JobType
+from rdmakit.doca.device import DevInfo, register_provider, register_resolver
+from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_engine, error_from_os
+from rdmakit.engine import (
+    Access,
+    Completion,
+    CompletionQueue,
+    EngineError,
+    MemoryRegion,
+    QpCaps,
+    QpState,
+    QueuePair,
+    RecvWR,
+    SendWR,
+)
+from rdmakit.transport.device import (
+    ConnectOptions,
+    Endpoint,
+    SoftDevice,
+    TransportName,
+    connect_qp,
+    init_qp,
+    local_endpoint,
+)
+from rdmakit.transport.driver import Driver
+from rdmakit.wire import PSN_MASK, ROCE_UDP_PORT
+
+__all__ = [
+    "SOFT_CAPS",
+    "SoftBackendDevice",
+    "SoftBackendQP",
+    "driver",
+    "install",
+    "soft_devinfo",
+]
+
+_RDMA_JOBS = frozenset(
+    {
+        JobType.RDMA_SEND, JobType.RDMA_SEND_IMM, JobType.RDMA_RECV, JobType.RDMA_READ,
+        JobType.RDMA_WRITE, JobType.RDMA_WRITE_IMM, JobType.RDMA_ATOMIC_CMP_SWP,
+        JobType.RDMA_ATOMIC_FETCH_ADD, JobType.DMA_MEMCPY,
+    }
+)  # fmt: skip
+#: What a soft device can do: messages up to 2 GiB (RETH DMA length, IBTA
+#: §9.3.3; rxe_resp_check_length()), 16-entry gather/scatter lists.
+SOFT_CAPS = DeviceCaps(
+    max_buf_size=1 << 31, max_buf_list_len=16, max_qp_wr=4096, max_sge=16, job_types=_RDMA_JOBS
+)
+_KIND = {"roce-udp": "soft-udp", "tcp": "soft-tcp"}
+_PREFIX = {"roce-udp": "udp", "tcp": "tcp"}
+#: Transports a soft device of each kind can connect to: a verbs QP (rxe, a
+#: ConnectX NIC) speaks RoCEv2 on UDP too.
+_COMPATIBLE = {"roce-udp": {"roce-udp", "verbs"}, "tcp": {"tcp"}}
+
+_lock = threading.Lock()
+_driver: Driver | None = None
+_shared: dict[tuple[str, str, int], tuple[SoftDevice, int]] = {}
+
+
+def driver() -> Driver:
+    """The process's driver for soft devices (created on first use)."""
+    global _driver
+    with _lock:
+        if _driver is None or _driver.closed:
+            _driver = Driver()
+        return _driver
+
+
+def _acquire(transport: TransportName, ip: str, port: int) -> SoftDevice:
+    key = (transport, ip, port)
+    with _lock:
+        got = _shared.get(key)
+        if got is not None:
+            dev, refs = got
+            _shared[key] = (dev, refs + 1)
+            return dev
+    try:
+        dev = SoftDevice(ip, transport=transport, port=port, rng=random.Random(os.urandom(16)))
+    except OSError as e:
+        raise error_from_os(e, f"cannot open a {transport} soft device on {ip}:{port}") from e
+    with _lock:
+        _shared[key] = (dev, 1)
+    driver().add(dev)
+    return dev
+
+
+def _release(dev: SoftDevice) -> None:
+    key = (dev.transport, dev.ip, dev.port)
+    with _lock:
+        got = _shared.get(key)
+        if got is None:
+            return
+        _, refs = got
+        if refs > 1:
+            _shared[key] = (dev, refs - 1)
+            return
+        del _shared[key]
+    driver().remove(dev)
+    dev.close()
+
+
+class SoftBackendQP:
+    """An engine QP with its own CQ, pumped by the process driver."""
+
+    def __init__(self, owner: "SoftBackendDevice", caps: QpCaps) -> None:
+        self._owner = owner
+        self._dev = owner.soft
+        depth = caps.max_send_wr + caps.max_recv_wr
+        self._cq = CompletionQueue(depth)
+        self._qp: QueuePair = self._dev.create_qp(send_cq=self._cq, recv_cq=self._cq, caps=caps)
+        self._psn = self._dev.rng.getrandbits(24) & PSN_MASK
+        self.options = ConnectOptions()
+        self._closed = False
+
+    @property
+    def qpn(self) -> int:
+        return self._qp.qpn
+
+    @property
+    def state(self) -> QpState:
+        return self._qp.state
+
+    @property
+    def engine_qp(self) -> QueuePair:
+        return self._qp
+
+    def export(self) -> dict[str, object]:
+        ep = local_endpoint(self._dev, self._qp, self._psn)
+        return {
+            "transport": ep.transport, "gid": ep.gid, "ip": ep.ip, "port": ep.port,
+            "qpn": ep.qpn, "psn": ep.psn, "mtu": ep.mtu,
+        }  # fmt: skip
+
+    def init(self) -> None:
+        """RESET → INIT, so receives can be posted before the peer is known."""
+        if self._qp.state is QpState.RESET:
+            init_qp(self._qp, self.options.access)
+
+    def connect(self, remote: Mapping[str, object]) -> None:
+        transport = remote.get("transport")
+        if transport not in _COMPATIBLE[self._dev.transport]:
+            raise DocaError(
+                DocaErrorCode.NOT_SUPPORTED,
+                f"a {self._dev.transport} device cannot connect to a {transport} peer",
+                Fault.CALLER,
+            )
+        try:
+            peer = Endpoint(
+                transport=self._dev.transport,
+                gid=str(remote["gid"]),
+                ip=str(remote["ip"]),
+                port=int(remote.get("port", ROCE_UDP_PORT)),  # type: ignore[call-overload]
+                qpn=int(remote["qpn"]),  # type: ignore[call-overload]
+                psn=int(remote["psn"]),  # type: ignore[call-overload]
+                mtu=int(remote["mtu"]),  # type: ignore[call-overload]
+            )
+            connect_qp(self._dev, self._qp, self._psn, peer, self.options)
+        except EngineError as e:
+            raise error_from_engine(e) from e
+        except (KeyError, TypeError, ValueError) as e:
+            raise DocaError(DocaErrorCode.INVALID_VALUE, f"bad connection info: {e}", Fault.PEER) from e
+
+    def post_send(self, wr: SendWR) -> None:
+        try:
+            self._qp.post_send(wr)
+        except EngineError as e:
+            raise error_from_engine(e) from e
+
+    def post_recv(self, wr: RecvWR) -> None:
+        try:
+            self._qp.post_recv(wr)
+        except EngineError as e:
+            raise error_from_engine(e) from e
+
+    def poll(self, max_entries: int) -> Sequence[Completion]:
+        return self._cq.poll(max_entries)
+
+    def progress(self) -> bool:
+        return driver().progress()
+
+    def fileno(self) -> int:
+        return driver().fileno()
+
+    def reset(self) -> None:
+        """Back to RESET with a fresh PSN (the recovery flow re-exports)."""
+        self._qp.modify(QpState.RESET)
+        self._cq.poll(1 << 30)
+        self._psn = self._dev.rng.getrandbits(24) & PSN_MASK
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._qp.state is not QpState.RESET:
+            self._qp.modify(QpState.ERR)
+        self._dev.destroy_qp(self._qp)
+
+
+class SoftBackendDevice:
+    """A `BackendDevice` over one (shared) `SoftDevice`."""
+
+    def __init__(self, transport: TransportName, ip: str, port: int = ROCE_UDP_PORT) -> None:
+        self.soft = _acquire(transport, ip, port)
+        self.transport = transport
+        self.name = f"{_PREFIX[transport]}:{self.soft.ip}"
+        self.kind = _KIND[transport]
+        self.gids: Sequence[IPv6Address] = (IPv6Address(self.soft.gid),)
+        self.mtu = self.soft.max_mtu
+        self.caps = SOFT_CAPS
+        self._qps: list[SoftBackendQP] = []
+        self._closed = False
+
+    def register_memory(self, buffer: memoryview, addr: int, access: Access) -> MemoryRegion:
+        try:
+            return self.soft.pd.register(buffer, addr, Access(access))
+        except EngineError as e:
+            raise error_from_engine(e) from e
+
+    def deregister(self, registration: object) -> None:
+        if isinstance(registration, MemoryRegion):
+            self.soft.pd.deregister(registration)
+
+    def create_qp(self, caps: QpCaps) -> SoftBackendQP:
+        if self._closed:
+            raise DocaError(DocaErrorCode.BAD_STATE, f"{self.name} is closed", Fault.CALLER)
+        if self.transport == "tcp" and not caps.large_mtu:
+            caps = QpCaps(
+                max_send_wr=caps.max_send_wr, max_recv_wr=caps.max_recv_wr, max_send_sge=caps.max_send_sge,
+                max_recv_sge=caps.max_recv_sge, large_mtu=True, max_unacked_psns=caps.max_unacked_psns,
+            )  # fmt: skip
+        qp = SoftBackendQP(self, caps)
+        self._qps.append(qp)
+        return qp
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for qp in self._qps:
+            qp.close()
+        self._qps.clear()
+        _release(self.soft)
+
+
+# -- discovery -------------------------------------------------------------------------
+
+
+def _local_addresses() -> list[str]:
+    """IPv4 and IPv6 addresses of this host's interfaces (Linux /proc)."""
+    found: list[str] = []
+    try:
+        with open("/proc/net/fib_trie") as f:
+            lines = f.read().splitlines()
+        for prev, line in itertools.pairwise(lines):
+            if "/32 host LOCAL" in line:
+                ip = prev.split()[-1]
+                if ip not in found:
+                    found.append(ip)
+    except OSError:
+        pass
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                hexaddr = line.split()[0]
+                ip = str(IPv6Address(bytes.fromhex(hexaddr)))
+                if not ip.startswith("fe80") and ip not in found:
+                    found.append(ip)
+    except OSError:
+        pass
+    return found or ["127.0.0.1"]
+
+
+def soft_devinfo(transport: TransportName, ip: str, port: int = ROCE_UDP_PORT) -> DevInfo:
+    addr = ipaddress.ip_address(ip)
+    gid = IPv6Address(b"\0" * 10 + b"\xff\xff" + addr.packed) if addr.version == 4 else addr
+    return DevInfo(
+        name=f"{_PREFIX[transport]}:{addr}",
+        kind=_KIND[transport],
+        opener=lambda: SoftBackendDevice(transport, str(addr), port),
+        ip_addrs=(addr,),
+        gids=(IPv6Address(gid),),
+        mtu=4096 if transport == "roce-udp" else 1 << 20,
+        caps=SOFT_CAPS,
+    )
+
+
+def _provider() -> list[DevInfo]:
+    out: list[DevInfo] = []
+    for ip in _local_addresses():
+        out.append(soft_devinfo("roce-udp", ip))
+        out.append(soft_devinfo("tcp", ip))
+    return out
+
+
+def _resolve(spec: str) -> DevInfo | None:
+    transport: TransportName = "roce-udp"
+    rest = spec
+    for prefix, t in (("udp:", "roce-udp"), ("tcp:", "tcp")):
+        if spec.startswith(prefix):
+            transport, rest = t, spec[len(prefix) :]  # type: ignore[assignment]
+    port = ROCE_UDP_PORT
+    host = rest
+    if rest.count(":") == 1 or rest.startswith("["):  # ADDR:PORT or [V6]:PORT
+        host, _, p = rest.rpartition(":")
+        host = host.strip("[]")
+        if not p.isdigit():
+            return None
+        port = int(p)
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    # Any address of 127.0.0.0/8 works without configuration; others must be ours.
+    if not (addr.is_loopback or str(addr) in _local_addresses()):
+        return None
+    return soft_devinfo(transport, str(addr), port)
+
+
+_installed = False
+
+
+def install() -> None:
+    """Make soft devices discoverable (idempotent; done on importing rdmakit.doca)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    register_provider(_provider)
+    register_resolver(_resolve)

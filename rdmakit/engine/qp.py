@@ -1,0 +1,572 @@
+"""The RC queue pair: user calls, packets and timers in; packets, deadlines and completions out.
+
+A ``QueuePair`` is sans-IO (the aioquic shape): it never reads a clock or
+touches a socket. It is driven by the user's calls (``modify``,
+``post_send``, ``post_recv``), by ``receive(pkt, now)`` for each packet from
+the peer and by ``handle_timer(now)`` at ``get_timer()``; it answers with
+``poll_transmit(now)`` (packets addressed to ``dest_qpn``, to be sent to
+``remote``) and with completions in its CQs. ``now`` is seconds on any
+monotonic clock the transport likes.
+
+The send side is :mod:`.requester` and :mod:`.completer`, the receive side
+:mod:`.responder`, the state machine :mod:`.states`.
+
+Packets are never trusted: whatever the peer sends (wrong QP, wrong state,
+missing headers, bad PSNs, lengths, keys), ``receive`` drops and counts it in
+``stats.dropped``, or answers per IBTA with a NAK and error completions; it
+never raises. ``receive`` keeps no reference to the packet's payload, so the
+transport may reuse its receive buffer. Outgoing payloads are zero-copy views
+of registered memory: encode them before the memory changes.
+"""
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rdmakit.wire import OPCODE_INFO, NakCode, OpInfo, Packet
+
+from .completer import on_response
+from .cq import CompletionQueue
+from .errors import EngineError
+from .memory import ProtectionDomain
+from .requester import WC_OPCODE, Requester, SendWqe
+from .responder import RecvWqe, Responder
+from .states import QpState, check_transition
+from .timers import IB_MTUS, MAX_LARGE_MTU, MAX_MSG_SIZE, MAX_RD_ATOMIC, round_rd_atomic
+from .types import Access, Completion, QpCaps, RecvWR, SendWR, WcOpcode, WcStatus, WrOpcode
+
+_PSN_MAX = 0xFFFFFF
+_ALL_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+_U32 = 0xFFFFFFFF
+_U64 = 0xFFFFFFFFFFFFFFFF
+_READ_ATOMIC = (WrOpcode.RDMA_READ, WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD)
+_WITH_IMM = (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
+
+#: Opcode -> (OpInfo, is a request, indices of the Packet fields its headers
+#: need (must not be None), carries a payload), looked up once per packet.
+_HEADERS = (
+    ("reth", "reth"), ("aeth", "aeth"), ("atomic_eth", "atomic_eth"),
+    ("atomic_ack", "atomic_ack_eth"), ("imm", "imm"), ("ieth", "ieth"),
+)  # fmt: skip
+_ROWS: dict[int, tuple[OpInfo, bool, tuple[int, ...], bool]] = {
+    op: (
+        info,
+        info.is_request,
+        tuple(Packet._fields.index(f) for f, flag in _HEADERS if getattr(info, flag)),
+        info.payload,
+    )
+    for op, info in OPCODE_INFO.items()
+}
+
+
+@dataclass(slots=True)
+class QpStats:
+    """Counters for one QP (plain integers and ``Counter``s; read them freely)."""
+
+    packets_in: int = 0
+    packets_out: int = 0
+    #: Request packets sent again (go-back-N).
+    retransmits: int = 0
+    #: Go-back-N sequences started (timeouts, NAK-sequence errors, implied NAKs).
+    retries: int = 0
+    timeouts: int = 0
+    implied_naks: int = 0
+    #: Duplicate requests received.
+    duplicates: int = 0
+    rnr_naks_sent: int = 0
+    rnr_naks_received: int = 0
+    #: NAKs by ``NakCode`` name.
+    naks_sent: Counter[str] = field(default_factory=Counter)
+    naks_received: Counter[str] = field(default_factory=Counter)
+    #: Packets dropped, by reason.
+    dropped: Counter[str] = field(default_factory=Counter)
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] += 1
+
+    def count_nak_sent(self, code: int) -> None:
+        self.naks_sent[_nak_name(code)] += 1
+
+    def count_nak_received(self, code: int) -> None:
+        self.naks_received[_nak_name(code)] += 1
+
+
+def _nak_name(code: int) -> str:
+    try:
+        return NakCode(code).name
+    except ValueError:
+        return f"RESERVED_{code:#x}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QpAttrs:
+    """The QP's attributes as last modified (``ibv_query_qp``); None where never set."""
+
+    state: QpState
+    port: int | None = None
+    pkey_index: int | None = None
+    access: Access | None = None
+    remote: object = None
+    path_mtu: int | None = None
+    dest_qpn: int | None = None
+    rq_psn: int | None = None
+    max_dest_rd_atomic: int | None = None
+    min_rnr_timer: int | None = None
+    timeout: int | None = None
+    retry_cnt: int | None = None
+    rnr_retry: int | None = None
+    sq_psn: int | None = None
+    max_rd_atomic: int | None = None
+    en_sqd_async_notify: bool | None = None
+    sq_draining: bool = False
+
+
+def _int_range(name: str, lo: int, hi: int) -> Any:
+    def check(qp: "QueuePair", v: Any) -> Any:
+        if type(v) is bool or not isinstance(v, int) or not lo <= v <= hi:
+            raise EngineError("INVALID_VALUE", f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
+        return int(v)
+
+    return check
+
+
+def _check_mtu(qp: "QueuePair", v: Any) -> int:
+    ok = isinstance(v, int) and type(v) is not bool
+    if ok and qp.caps.large_mtu:
+        ok = 256 <= v <= MAX_LARGE_MTU and v & (v - 1) == 0
+    elif ok:
+        ok = v in IB_MTUS
+    if not ok:
+        allowed = "a power of two in [256, 2**20]" if qp.caps.large_mtu else f"one of {IB_MTUS}"
+        raise EngineError("INVALID_VALUE", f"path_mtu is in bytes, {allowed}; got {v!r}")
+    return int(v)
+
+
+def _check_access(qp: "QueuePair", v: Any) -> Access:
+    if type(v) is bool or not isinstance(v, int) or int(v) & ~int(_ALL_ACCESS):
+        raise EngineError("INVALID_VALUE", f"access must be Access flags, got {v!r}")
+    return Access(v)
+
+
+def _check_cur_state(qp: "QueuePair", v: Any) -> QpState:
+    if v != qp.state:
+        raise EngineError("INVALID_VALUE", f"cur_state {v!r} is not the QP's state {qp.state.name}")
+    return QpState(v)
+
+
+def _check_rd_atomic(name: str) -> Any:
+    inner = _int_range(name, 0, MAX_RD_ATOMIC)
+
+    def check(qp: "QueuePair", v: Any) -> int:
+        return round_rd_atomic(inner(qp, v))
+
+    return check
+
+
+_VALIDATORS: dict[str, Any] = {
+    "port": _int_range("port", 1, 255),
+    "pkey_index": _int_range("pkey_index", 0, 63),
+    "access": _check_access,
+    "remote": lambda qp, v: v,
+    "path_mtu": _check_mtu,
+    "dest_qpn": _int_range("dest_qpn", 1, _PSN_MAX),
+    "rq_psn": _int_range("rq_psn", 0, _PSN_MAX),
+    "sq_psn": _int_range("sq_psn", 0, _PSN_MAX),
+    "max_dest_rd_atomic": _check_rd_atomic("max_dest_rd_atomic"),
+    "max_rd_atomic": _check_rd_atomic("max_rd_atomic"),
+    "min_rnr_timer": _int_range("min_rnr_timer", 0, 31),
+    "timeout": _int_range("timeout", 0, 31),
+    "retry_cnt": _int_range("retry_cnt", 0, 7),
+    "rnr_retry": _int_range("rnr_retry", 0, 7),
+    "cur_state": _check_cur_state,
+    "en_sqd_async_notify": lambda qp, v: bool(v),
+}
+
+
+class QueuePair:
+    """One Reliable Connection queue pair (``ibv_qp`` of type RC)."""
+
+    def __init__(
+        self,
+        pd: ProtectionDomain,
+        *,
+        qpn: int,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+        caps: QpCaps = QpCaps(),  # noqa: B008 (frozen)
+        rng: random.Random,
+    ) -> None:
+        if type(qpn) is bool or not isinstance(qpn, int) or not 2 <= qpn <= _PSN_MAX:
+            raise EngineError(
+                "INVALID_VALUE", f"qpn must be in [2, 2**24) (0 and 1 are special), got {qpn!r}"
+            )
+        for name in ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge"):
+            if getattr(caps, name) < 1:
+                raise EngineError("INVALID_VALUE", f"caps.{name} must be at least 1")
+        if not 1 <= caps.max_unacked_psns < 1 << 22:
+            raise EngineError("INVALID_VALUE", "caps.max_unacked_psns must be in [1, 2**22)")
+        self.pd = pd
+        self.qpn = qpn
+        self.send_cq = send_cq
+        self.recv_cq = recv_cq
+        self.caps = caps
+        #: Injected randomness; the engine makes no random choice on its own today.
+        self.rng = rng
+        self.stats = QpStats()
+        self._state = QpState.RESET
+        #: Receives requests (RTR, RTS, SQD, SQE) / runs the requester (RTS, SQD).
+        self._rx = False
+        self._tx = False
+        self._attrs: dict[str, Any] = {}
+        self.dest_qpn = 0
+        self.access = Access.NONE
+        #: ``access`` as a plain int for the per-packet check.
+        self.access_bits = 0
+        self.remote: object = None
+        self.req = Requester(self, caps.max_unacked_psns)
+        self.resp = Responder(self)
+
+    def __repr__(self) -> str:
+        return f"<QueuePair qpn={self.qpn:#x} {self._state.name} dest_qpn={self.dest_qpn:#x}>"
+
+    # -- state --
+
+    @property
+    def state(self) -> QpState:
+        return self._state
+
+    def _set_state(self, st: QpState) -> None:
+        self._state = st
+        self._rx = QpState.RTR <= st <= QpState.SQE
+        self._tx = st is QpState.RTS or st is QpState.SQD
+
+    def state_is_error(self) -> bool:
+        return self._state is QpState.ERR
+
+    @property
+    def attrs(self) -> QpAttrs:
+        return QpAttrs(state=self._state, sq_draining=self.req.draining, **self._attrs)
+
+    @property
+    def window(self) -> int:
+        """The requester's window in PSNs (default ``caps.max_unacked_psns``, rxe: 128)."""
+        return self.req.window
+
+    @window.setter
+    def window(self, value: int) -> None:
+        if not 1 <= value < 1 << 22:
+            raise EngineError("INVALID_VALUE", "window must be in [1, 2**22)")
+        self.req.window = value
+
+    @property
+    def sq_drained(self) -> bool:
+        """In SQD, True once no started send work request is outstanding (IBTA §10.3.1.3)."""
+        return self._state is QpState.SQD and not any(w.started for w in self.req.sq)
+
+    def modify(self, state: QpState, **attrs: Any) -> None:
+        """Move to ``state`` setting ``attrs`` (``ibv_modify_qp``; table in :mod:`.states`).
+
+        All-or-nothing: a bad pair, a missing or extra attribute or a bad
+        value raises EngineError and changes nothing.
+        """
+        try:
+            to = QpState(state)
+        except ValueError:
+            raise EngineError("INVALID_VALUE", f"not a QP state: {state!r}") from None
+        check_transition(self._state, to, set(attrs))
+        values = {name: _VALIDATORS[name](self, v) for name, v in attrs.items()}
+        if to is QpState.RESET:
+            self._reset()
+            return
+        if to is QpState.ERR:
+            self.enter_error()
+            return
+        req, resp = self.req, self.resp
+        for name, v in values.items():
+            if name == "path_mtu":
+                req.mtu = resp.mtu = v
+            elif name == "dest_qpn":
+                self.dest_qpn = v
+            elif name == "access":
+                self.access = v
+                self.access_bits = int(v)
+            elif name == "remote":
+                self.remote = v
+            elif name == "rq_psn":
+                resp.configure(rq_psn=v)
+            elif name == "sq_psn":
+                req.req_psn = req.comp_psn = req.sent_hwm = v
+            elif name == "max_dest_rd_atomic":
+                resp.set_max_dest_rd_atomic(v)
+            elif name == "max_rd_atomic":
+                req.max_rd_atomic = v
+            elif name == "min_rnr_timer":
+                resp.min_rnr_timer = v
+            elif name == "timeout":
+                req.set_timeout(v)
+            elif name == "retry_cnt":
+                req.retry_cnt = req.retry_left = v
+            elif name == "rnr_retry":
+                req.rnr_retry = req.rnr_left = v
+            if name != "cur_state":
+                self._attrs[name] = v
+        req.draining = to is QpState.SQD
+        self._set_state(to)
+
+    def _reset(self) -> None:
+        """Any state -> RESET: queues emptied without completions (IBTA §10.3.1.1)."""
+        self._set_state(QpState.RESET)
+        self._attrs.clear()
+        self.dest_qpn = 0
+        self.access = Access.NONE
+        self.access_bits = 0
+        self.remote = None
+        self.req.reset()
+        self.resp.reset()
+
+    def enter_error(self) -> None:
+        """Move to ERR: every outstanding work request completes with WR_FLUSH_ERR (IBTA §10.3.1.8)."""
+        if self._state is QpState.ERR:
+            return
+        self._set_state(QpState.ERR)
+        req = self.req
+        wqes = list(req.sq)
+        req.sq.clear()
+        req.next_idx = req.req_off = req.rd_out = 0
+        req.need_retry = False
+        req.rexmit_deadline = req.rnr_deadline = None
+        for w in wqes:
+            self.push_send(
+                Completion(
+                    wr_id=w.wr.wr_id,
+                    status=WcStatus.WR_FLUSH_ERR,
+                    opcode=w.wc_opcode,
+                    qp_num=self.qpn,
+                )
+            )
+        for wr_id in self.resp.flush():
+            self.push_recv(
+                Completion(wr_id=wr_id, status=WcStatus.WR_FLUSH_ERR, opcode=WcOpcode.RECV, qp_num=self.qpn)
+            )
+
+    # -- completions (engine internal) --
+
+    def push_send(self, wc: Completion) -> None:
+        if not self.send_cq.push(wc):
+            self.enter_error()
+
+    def push_recv(self, wc: Completion) -> None:
+        if not self.recv_cq.push(wc):
+            self.enter_error()
+
+    def complete_send_head(self, status: WcStatus) -> None:
+        """Complete the oldest send WQE; then fail it at once if the next one carries a local error."""
+        req = self.req
+        wqe = req.sq.popleft()
+        if req.next_idx:
+            req.next_idx -= 1
+        else:
+            # The head was being resent when a late cumulative ACK covered it:
+            # the next WQE starts after it, at comp_psn.
+            req.req_off = 0
+            if (req.req_psn - req.comp_psn) & 0xFFFFFF >= 0x800000:
+                req.req_psn = req.comp_psn
+        if wqe.has_rd:
+            req.rd_out -= 1
+        if status or wqe.signaled:
+            self.push_send(
+                Completion(
+                    wr_id=wqe.wr.wr_id,
+                    status=status,
+                    opcode=wqe.wc_opcode,
+                    byte_len=wqe.length,
+                    qp_num=self.qpn,
+                )
+            )
+        sq = req.sq
+        if sq and sq[0].status and self._state is not QpState.ERR:
+            self.fail_send(sq[0].status)
+
+    def fail_send(self, status: WcStatus) -> None:
+        """The head send WQE fails with ``status``; the QP goes to ERR (rxe COMPST_ERROR)."""
+        if self.req.sq:
+            wqe = self.req.sq.popleft()
+            self.push_send(
+                Completion(wr_id=wqe.wr.wr_id, status=status, opcode=wqe.wc_opcode, qp_num=self.qpn)
+            )
+        self.enter_error()
+
+    # -- user calls --
+
+    def post_send(self, wr: SendWR) -> None:
+        """Queue a send work request (``ibv_post_send``).
+
+        Allowed in RTS and SQD (where it waits for RTS); in ERR it completes at
+        once with WR_FLUSH_ERR (verbs). Raises EngineError for a bad state
+        (BAD_STATE), a full queue (FULL) or a malformed request
+        (INVALID_VALUE). An SGE whose L_Key, range or access is wrong is not
+        a post error: the request completes with LOC_PROT_ERR once the ones
+        before it are done, and the QP goes to ERR.
+        """
+        st = self._state
+        if st is not QpState.RTS and st is not QpState.SQD and st is not QpState.ERR:
+            raise EngineError("BAD_STATE", f"post_send needs RTS or SQD, the QP is in {st.name}")
+        try:
+            opcode = WrOpcode(wr.opcode)
+        except ValueError:
+            raise EngineError("INVALID_VALUE", f"unknown send opcode {wr.opcode!r}") from None
+        sges = wr.sg_list
+        if len(sges) > self.caps.max_send_sge:
+            raise EngineError("INVALID_VALUE", f"{len(sges)} SGEs, max_send_sge is {self.caps.max_send_sge}")
+        length = 0
+        for sge in sges:
+            if sge.length < 0:
+                raise EngineError("INVALID_VALUE", f"negative SGE length {sge.length}")
+            length += sge.length
+        if length > MAX_MSG_SIZE:
+            raise EngineError("INVALID_VALUE", f"message of {length} bytes exceeds 2**31")
+        if opcode in _WITH_IMM and (wr.imm_data is None or not 0 <= wr.imm_data <= _U32):
+            raise EngineError("INVALID_VALUE", f"{opcode.name} needs imm_data, a u32")
+        if opcode in _READ_ATOMIC:
+            if opcode is not WrOpcode.RDMA_READ:
+                if length != 8:
+                    raise EngineError("INVALID_VALUE", f"an atomic needs exactly 8 local bytes, got {length}")
+                if wr.remote_addr & 7:
+                    raise EngineError("INVALID_VALUE", "an atomic's remote_addr must be 8-byte aligned")
+                if not (0 <= wr.compare_add <= _U64 and 0 <= wr.swap <= _U64):
+                    raise EngineError("INVALID_VALUE", "atomic operands are u64")
+            if st is not QpState.ERR and self.req.max_rd_atomic == 0:
+                raise EngineError("INVALID_VALUE", f"{opcode.name} with max_rd_atomic 0 could never be sent")
+        if not (0 <= wr.remote_addr <= _U64 and 0 <= wr.rkey <= _U32):
+            raise EngineError("INVALID_VALUE", "remote_addr is a u64 and rkey a u32")
+        if st is QpState.ERR:
+            self.push_send(
+                Completion(
+                    wr_id=wr.wr_id,
+                    status=WcStatus.WR_FLUSH_ERR,
+                    opcode=WC_OPCODE[opcode],
+                    qp_num=self.qpn,
+                )
+            )
+            return
+        sq = self.req.sq
+        if len(sq) >= self.caps.max_send_wr:
+            raise EngineError("FULL", f"the send queue holds max_send_wr={self.caps.max_send_wr} requests")
+        write = opcode in _READ_ATOMIC
+        segs = []
+        status = WcStatus.SUCCESS
+        local_slice = self.pd.local_slice
+        for sge in sges:
+            view = local_slice(sge, write)
+            if view is None:
+                status = WcStatus.LOC_PROT_ERR
+                break
+            if len(view):
+                segs.append(view)
+        sq.append(SendWqe(wr, opcode, length, segs, status))
+        if status and len(sq) == 1:
+            self.fail_send(status)
+
+    def post_recv(self, wr: RecvWR) -> None:
+        """Queue a receive work request (``ibv_post_recv``); allowed from INIT on.
+
+        In ERR it completes at once with WR_FLUSH_ERR. A bad SGE surfaces when
+        a message lands in it: LOC_PROT_ERR here, NAK remote operational
+        error at the peer.
+        """
+        st = self._state
+        if st is QpState.RESET:
+            raise EngineError("BAD_STATE", "post_recv needs INIT or later, the QP is in RESET")
+        sges = wr.sg_list
+        if len(sges) > self.caps.max_recv_sge:
+            raise EngineError("INVALID_VALUE", f"{len(sges)} SGEs, max_recv_sge is {self.caps.max_recv_sge}")
+        if st is QpState.ERR:
+            self.push_recv(
+                Completion(
+                    wr_id=wr.wr_id, status=WcStatus.WR_FLUSH_ERR, opcode=WcOpcode.RECV, qp_num=self.qpn
+                )
+            )
+            return
+        resp = self.resp
+        if len(resp.rq) + (resp.cur_recv is not None) >= self.caps.max_recv_wr:
+            raise EngineError("FULL", f"the receive queue holds max_recv_wr={self.caps.max_recv_wr} requests")
+        segs: list[memoryview] | None = []
+        length = 0
+        local_slice = self.pd.local_slice
+        for sge in sges:
+            if sge.length < 0:
+                raise EngineError("INVALID_VALUE", f"negative SGE length {sge.length}")
+            length += sge.length
+            view = local_slice(sge, True)
+            if view is None:
+                segs = None
+            elif segs is not None and len(view):
+                segs.append(view)
+        resp.rq.append(RecvWqe(wr.wr_id, segs, length))
+
+    # -- network and timers --
+
+    def receive(self, pkt: Packet, now: float) -> None:
+        """One packet from the peer (already ICRC-checked and decoded). Never raises."""
+        stats = self.stats
+        stats.packets_in += 1
+        if not self._rx:
+            stats.drop("qp_state")
+            return
+        if pkt.dest_qp != self.qpn:
+            stats.drop("dest_qp")
+            return
+        if pkt.pkey & 0x7FFF != 0x7FFF:
+            # rxe check_keys(): pkey_match() against the default P_Key 0xFFFF.
+            stats.drop("pkey")
+            return
+        row = _ROWS.get(pkt.opcode)
+        if row is None:
+            stats.drop("opcode")
+            return
+        info, is_request, required, payload_ok = row
+        for i in required:
+            if pkt[i] is None:
+                stats.drop("missing_header")
+                return
+        if not payload_ok and pkt.payload:
+            stats.drop("unexpected_payload")
+            return
+        if is_request:
+            self.resp.on_request(pkt, info)
+        elif self._tx:
+            on_response(self, self.req, pkt, info, now)
+        else:
+            stats.drop("qp_state")
+
+    def get_timer(self) -> float | None:
+        """The earliest deadline (retransmit or RNR wait) at which to call ``handle_timer``."""
+        return self.req.deadline() if self._tx else None
+
+    def handle_timer(self, now: float) -> None:
+        if self._tx:
+            self.req.on_timer(now)
+
+    def poll_transmit(self, now: float, max_packets: int | None = None) -> list[Packet]:
+        """Packets ready to go now, responses first; each addressed to ``dest_qpn``."""
+        st = self._state
+        if st < QpState.RTR:
+            return []
+        out: list[Packet] = []
+        budget = (1 << 62) if max_packets is None else max_packets
+        n = self.resp.transmit(out, budget) if self.resp.out else 0
+        if self._tx and n < budget:
+            n += self.req.transmit(out, budget - n, now)
+        self.stats.packets_out += n
+        return out
+
+    def transport_error(self, now: float) -> None:
+        """The transport lost the path (e.g. a TCP reset): as if retries ran out.
+
+        The oldest send WR completes with RETRY_EXC_ERR, the rest and all
+        receive WRs with WR_FLUSH_ERR; the QP moves to ERR.
+        """
+        if self._state is QpState.ERR or self._state is QpState.RESET:
+            return
+        self.fail_send(WcStatus.RETRY_EXC_ERR)

@@ -1,0 +1,419 @@
+"""The requester: send queue, segmentation, PSNs, window and retry state.
+
+Follows rxe ``rxe_req.c`` (IBTA Vol. 1 §9.7.1-§9.7.4). Work requests are
+``SendWqe``s in ``Requester.sq`` in posting order; ``next_idx`` is the first
+one not yet wholly sent, ``req_psn`` the next PSN to send and ``req_off`` the
+bytes of ``sq[next_idx]`` already sent. Responses are handled in
+:mod:`.completer`, which owns ``comp_psn`` (the oldest PSN not acknowledged)
+and completes WQEs from the head of ``sq``.
+
+Invariants:
+
+- ``sq[:next_idx]`` were wholly sent; ``sq[next_idx:]`` were not.
+- While the head WQE is sent and not complete,
+  ``head.first_psn <= comp_psn <= head.last_psn`` (mod 2^24) for SEND and
+  WRITE; a response PSN past ``head.last_psn`` completes it (cumulative ACK)
+  or, for READ and atomics, means their response was lost (implied NAK).
+- ``psn_diff(req_psn, comp_psn) < window`` before a packet is started, so at
+  most ``window`` PSNs are unacknowledged (a READ's response PSNs count too;
+  rxe checks only the READ's first PSN against the window, and so do we).
+- Go-back-N (``rewind``) resends from ``comp_psn``: the head WQE resumes
+  mid-message (SEND/WRITE at the first unacknowledged packet, READ with a new
+  request for the bytes not yet received, rxe ``req_retry()``), every later
+  sent WQE restarts. The PSN range a WQE occupies never changes (a retried
+  READ moves ``first_psn`` up to the retry point, as rxe does).
+
+Retries follow rxe: ``retry_cnt`` counts timeouts, NAK-sequence errors and
+implied NAKs alike, 7 never runs out, and any good response restores the
+count. One difference: the retransmit timer is stopped while an RNR wait runs
+(rxe lets it fire, which can use up ``retry_cnt`` during a long RNR wait).
+"""
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from rdmakit.wire import RETH, AtomicETH, Opcode, Packet
+
+from .timers import INFINITE_RETRY, MAX_PKT_PER_ACK, rnr_delay, transport_timeout
+from .types import SendWR, WcOpcode, WcStatus, WrOpcode
+
+if TYPE_CHECKING:
+    from .qp import QueuePair
+
+_MASK = 0xFFFFFF
+_HALF = 0x800000
+
+# WQE kinds
+SEND_WRITE = 0
+READ = 1
+ATOMIC = 2
+
+# WQE states (rxe ``enum wqe_state``)
+POSTED = 0  # not (re)started since the last rewind
+PROCESSING = 1  # some packets sent
+PENDING = 2  # wholly sent, waiting for its response
+
+_O = Opcode
+#: WrOpcode -> (MIDDLE, LAST, FIRST, ONLY), indexed by ``first << 1 | last``
+#: (rxe ``next_opcode_rc()``).
+_SEGMENT_OPS: dict[WrOpcode, tuple[Opcode, Opcode, Opcode, Opcode]] = {
+    WrOpcode.SEND: (_O.SEND_MIDDLE, _O.SEND_LAST, _O.SEND_FIRST, _O.SEND_ONLY),
+    WrOpcode.SEND_WITH_IMM: (
+        _O.SEND_MIDDLE, _O.SEND_LAST_WITH_IMMEDIATE, _O.SEND_FIRST, _O.SEND_ONLY_WITH_IMMEDIATE,
+    ),
+    WrOpcode.RDMA_WRITE: (
+        _O.RDMA_WRITE_MIDDLE, _O.RDMA_WRITE_LAST, _O.RDMA_WRITE_FIRST, _O.RDMA_WRITE_ONLY,
+    ),
+    WrOpcode.RDMA_WRITE_WITH_IMM: (
+        _O.RDMA_WRITE_MIDDLE, _O.RDMA_WRITE_LAST_WITH_IMMEDIATE, _O.RDMA_WRITE_FIRST,
+        _O.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+    ),
+}  # fmt: skip
+
+WC_OPCODE = {
+    WrOpcode.SEND: WcOpcode.SEND,
+    WrOpcode.SEND_WITH_IMM: WcOpcode.SEND,
+    WrOpcode.RDMA_WRITE: WcOpcode.RDMA_WRITE,
+    WrOpcode.RDMA_WRITE_WITH_IMM: WcOpcode.RDMA_WRITE,
+    WrOpcode.RDMA_READ: WcOpcode.RDMA_READ,
+    WrOpcode.ATOMIC_CMP_AND_SWP: WcOpcode.COMP_SWAP,
+    WrOpcode.ATOMIC_FETCH_AND_ADD: WcOpcode.FETCH_ADD,
+}
+
+
+class SendWqe:
+    """One posted send work request and its progress."""
+
+    __slots__ = (
+        "first_psn",
+        "has_rd",
+        "is_write",
+        "kind",
+        "last_psn",
+        "length",
+        "ops",
+        "read_done",
+        "seg0",
+        "segs",
+        "signaled",
+        "started",
+        "state",
+        "status",
+        "wc_opcode",
+        "wr",
+    )  # fmt: skip
+
+    def __init__(
+        self, wr: SendWR, opcode: WrOpcode, length: int, segs: list[memoryview], status: WcStatus
+    ) -> None:
+        self.wr = wr
+        self.length = length
+        self.segs = segs
+        #: The one segment when there is exactly one (the zero-copy fast path).
+        self.seg0 = segs[0] if len(segs) == 1 else None
+        #: SUCCESS, or the local error this WQE completes with once it is the head.
+        self.status = status
+        self.signaled = wr.signaled
+        self.wc_opcode = WC_OPCODE[opcode]
+        if opcode is WrOpcode.RDMA_READ:
+            self.kind = READ
+        elif opcode in (WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD):
+            self.kind = ATOMIC
+        else:
+            self.kind = SEND_WRITE
+        self.ops = _SEGMENT_OPS.get(opcode)
+        self.is_write = opcode in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
+        self.state = POSTED
+        self.started = False
+        self.first_psn = 0
+        self.last_psn = 0
+        #: Holds one of the max_rd_atomic slots (rxe ``has_rd_atomic``).
+        self.has_rd = False
+        #: READ: bytes of response data placed so far.
+        self.read_done = 0
+
+
+def gather(segs: list[memoryview], off: int, n: int) -> bytes:
+    """``n`` bytes at ``off`` of the concatenated segments (a packet spanning SGEs: one copy)."""
+    parts = []
+    for seg in segs:
+        size = len(seg)
+        if off >= size:
+            off -= size
+            continue
+        take = min(size - off, n)
+        parts.append(seg[off : off + take])
+        n -= take
+        off = 0
+        if n == 0:
+            break
+    return b"".join(parts)
+
+
+def scatter(segs: list[memoryview], off: int, data: bytes | bytearray | memoryview) -> None:
+    """Store ``data`` at ``off`` of the concatenated segments; the caller checked the bounds."""
+    n = len(data)
+    pos = 0
+    for seg in segs:
+        size = len(seg)
+        if off >= size:
+            off -= size
+            continue
+        take = min(size - off, n - pos)
+        seg[off : off + take] = data[pos : pos + take]
+        pos += take
+        off = 0
+        if pos == n:
+            return
+
+
+class Requester:
+    """Send-side state of one QP; transmit, rewind and the retry counters."""
+
+    __slots__ = (
+        "comp_opcode", "comp_psn", "draining", "max_rd_atomic", "mtu", "need_retry", "next_idx",
+        "noack", "qp", "rd_out", "req_off", "req_psn", "retry_cnt", "retry_left", "rexmit_deadline",
+        "rnr_deadline", "rnr_left", "rnr_retry", "sent_hwm", "sq", "started_retry", "timeout",
+        "window",
+    )  # fmt: skip
+
+    def __init__(self, qp: "QueuePair", window: int) -> None:
+        self.qp = qp
+        self.window = window
+        self.sq: deque[SendWqe] = deque()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget all work and progress (modify to RESET)."""
+        self.sq.clear()
+        self.next_idx = 0
+        self.req_psn = 0
+        self.req_off = 0
+        self.noack = 0
+        self.sent_hwm = 0
+        self.comp_psn = 0
+        self.comp_opcode: Opcode | None = None
+        self.rd_out = 0
+        self.mtu = 1024
+        self.max_rd_atomic = 0
+        self.timeout: float | None = None
+        self.retry_cnt = self.retry_left = 0
+        self.rnr_retry = self.rnr_left = 0
+        self.started_retry = False
+        self.need_retry = False
+        self.draining = False
+        self.rexmit_deadline: float | None = None
+        self.rnr_deadline: float | None = None
+
+    def set_timeout(self, timeout: int) -> None:
+        self.timeout = transport_timeout(timeout)
+
+    def reset_retry_counters(self) -> None:
+        """A good response arrived (rxe ``reset_retry_counters()``)."""
+        self.retry_left = self.retry_cnt
+        self.rnr_left = self.rnr_retry
+        self.started_retry = False
+
+    def deadline(self) -> float | None:
+        r, t = self.rnr_deadline, self.rexmit_deadline
+        if r is None:
+            return t
+        return r if t is None or r < t else t
+
+    def restart_timer(self, now: float) -> None:
+        """Progress was made: time the oldest unacknowledged PSN afresh, or stop the timer."""
+        if self.timeout is not None and self.req_psn != self.comp_psn and self.rnr_deadline is None:
+            self.rexmit_deadline = now + self.timeout
+        else:
+            self.rexmit_deadline = None
+
+    # -- retries (rxe rxe_comp.c COMPST_ERROR_RETRY / COMPST_RNR_RETRY) --
+
+    def error_retry(self, timeout: bool) -> None:
+        """Start a go-back-N retry after a timeout, NAK-sequence error or implied NAK.
+
+        All three count against ``retry_cnt`` (7 never runs out). Without a
+        timeout, a retry already under way is not started again until a good
+        response resets the counters (rxe ``started_retry``).
+        """
+        sq = self.sq
+        if not sq or sq[0].state == POSTED:
+            return
+        if self.started_retry and not timeout:
+            return
+        if self.retry_left > 0:
+            if self.retry_left != INFINITE_RETRY:
+                self.retry_left -= 1
+            if self.req_psn != self.comp_psn:
+                self.need_retry = True
+                self.started_retry = True
+                self.qp.stats.retries += 1
+        else:
+            self.qp.fail_send(WcStatus.RETRY_EXC_ERR)
+
+    def rnr_nak(self, now: float, code: int) -> None:
+        """Wait the RNR timer, then go back to ``comp_psn`` (IBTA §9.7.5.2.8)."""
+        if self.rnr_left > 0:
+            if self.rnr_left != INFINITE_RETRY:
+                self.rnr_left -= 1
+            self.rnr_deadline = now + rnr_delay(code)
+            self.rexmit_deadline = None
+            self.need_retry = True
+        else:
+            self.qp.fail_send(WcStatus.RNR_RETRY_EXC_ERR)
+
+    def on_timer(self, now: float) -> None:
+        r = self.rnr_deadline
+        if r is not None and now >= r:
+            self.rnr_deadline = None
+        t = self.rexmit_deadline
+        if t is not None and now >= t:
+            self.rexmit_deadline = None
+            self.qp.stats.timeouts += 1
+            self.error_retry(True)
+
+    def rewind(self) -> None:
+        """Go back to ``comp_psn`` (rxe ``req_retry()``)."""
+        self.need_retry = False
+        sq = self.sq
+        self.next_idx = 0
+        self.req_psn = comp = self.comp_psn
+        self.req_off = 0
+        self.noack = 0
+        if not sq:
+            return
+        head = sq[0]
+        if head.started and head.kind == SEND_WRITE:
+            # Resume at the first unacknowledged packet; never past the last one.
+            done = (comp - head.first_psn) & _MASK
+            last = max(head.length - 1, 0) // self.mtu
+            self.req_off = min(done, last) * self.mtu
+        for wqe in sq:
+            if wqe.state == POSTED:
+                break
+            wqe.state = POSTED
+
+    # -- transmit (rxe rxe_requester()) --
+
+    def transmit(self, out: list[Packet], budget: int, now: float) -> int:
+        """Append up to ``budget`` request packets to ``out``; return how many."""
+        if self.rnr_deadline is not None:
+            return 0
+        if self.need_retry:
+            self.rewind()
+        sq = self.sq
+        nsq = len(sq)
+        mtu = self.mtu
+        window = self.window
+        dqpn = self.qp.dest_qpn
+        psn = self.req_psn
+        comp = self.comp_psn
+        hwm = self.sent_hwm
+        retrans = 0
+        n = 0
+        idx = self.next_idx
+        while n < budget and idx < nsq:
+            wqe = sq[idx]
+            if wqe.status:
+                break  # a local error: completes when it reaches the head
+            d = (psn - comp) & _MASK
+            if window <= d < _HALF:
+                break
+            kind = wqe.kind
+            if not wqe.started:
+                if self.draining:
+                    break
+                if kind != SEND_WRITE and not wqe.has_rd:
+                    if self.rd_out >= self.max_rd_atomic:
+                        break
+                    wqe.has_rd = True
+                    self.rd_out += 1
+                wqe.started = True
+            wr = wqe.wr
+            if kind == SEND_WRITE:
+                off = self.req_off
+                length = wqe.length
+                rest = length - off
+                first = off == 0
+                if first:
+                    wqe.first_psn = psn
+                    wqe.last_psn = (psn + (max(length - 1, 0) // mtu)) & _MASK
+                if rest <= mtu:
+                    last = True
+                    size = rest
+                    ackreq = True
+                else:
+                    last = False
+                    size = mtu
+                    ackreq = self.noack > MAX_PKT_PER_ACK
+                    self.noack += 1
+                ops = wqe.ops
+                assert ops is not None
+                op = ops[(first << 1) | last]
+                seg0 = wqe.seg0
+                if size == 0:
+                    payload: memoryview | bytes = b""
+                elif seg0 is not None:
+                    payload = seg0[off : off + size]
+                else:
+                    payload = gather(wqe.segs, off, size)
+                reth = RETH(wr.remote_addr, wr.rkey, length) if first and wqe.is_write else None
+                imm = wr.imm_data if last else None
+                pkt = Packet(
+                    op, dqpn, psn, ackreq, False, False, 0xFFFF, False, False, reth, None, None,
+                    None, imm, None, payload,
+                )  # fmt: skip
+                if last:
+                    wqe.state = PENDING
+                    idx += 1
+                    self.req_off = 0
+                else:
+                    wqe.state = PROCESSING
+                    self.req_off = off + size
+                step = 1
+            elif kind == READ:
+                done = wqe.read_done
+                rest = wqe.length - done
+                step = max(rest - 1, 0) // mtu + 1
+                wqe.first_psn = psn
+                wqe.last_psn = (psn + step - 1) & _MASK
+                pkt = Packet(
+                    Opcode.RDMA_READ_REQUEST, dqpn, psn, True, False, False, 0xFFFF, False, False,
+                    RETH(wr.remote_addr + done, wr.rkey, rest),
+                )  # fmt: skip
+                wqe.state = PENDING
+                idx += 1
+                ackreq = True
+            else:
+                if wr.opcode == WrOpcode.ATOMIC_CMP_AND_SWP:
+                    op = Opcode.COMPARE_SWAP
+                    aeth = AtomicETH(wr.remote_addr, wr.rkey, wr.swap, wr.compare_add)
+                else:
+                    op = Opcode.FETCH_ADD
+                    aeth = AtomicETH(wr.remote_addr, wr.rkey, wr.compare_add, 0)
+                wqe.first_psn = wqe.last_psn = psn
+                pkt = Packet(
+                    op, dqpn, psn, True, False, False, 0xFFFF, False, False, None, None, aeth
+                )  # fmt: skip
+                wqe.state = PENDING
+                idx += 1
+                step = 1
+                ackreq = True
+            if ackreq:
+                self.noack = 0
+            out.append(pkt)
+            n += 1
+            if (psn - hwm) & _MASK >= _HALF:
+                retrans += 1
+            psn = (psn + step) & _MASK
+            if (psn - hwm) & _MASK < _HALF:
+                hwm = psn
+        if n:
+            self.next_idx = idx
+            self.req_psn = psn
+            self.sent_hwm = hwm
+            if retrans:
+                self.qp.stats.retransmits += retrans
+            if self.rexmit_deadline is None and self.timeout is not None:
+                self.rexmit_deadline = now + self.timeout
+        return n

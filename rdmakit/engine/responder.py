@@ -1,0 +1,559 @@
+"""The responder: requests in, data placed, ACKs and READ responses out.
+
+Follows rxe ``rxe_resp.c`` (IBTA Vol. 1 §9.7.5, §9.9): for each request packet,
+``check_psn`` (one PSN-sequence NAK per gap, then silent drops; duplicates),
+``check_op_seq`` (FIRST/MIDDLE/LAST order), ``check_op_valid`` (QP access
+flags), ``check_resource`` (receive WQE or RNR NAK; responder resources),
+``check_length`` (MTU rules), ``check_rkey`` (R_Key, range, permission), then
+``execute`` and ``acknowledge``.
+
+Responses leave in request order through ``Responder.out``: ACK/NAK packets
+and ``ReadReply`` cursors that ``transmit`` turns into READ response packets
+lazily (payloads are zero-copy slices of the registered memory, read when the
+transport encodes them). Plain ACKs waiting in ``out`` are cumulative, so a
+newer one replaces an older one queued behind the same responses.
+
+Class A/C errors (IBTA §9.9.3.1, rxe ``do_class_ac_error()``) send a NAK with
+the offending PSN, complete the receive WQE in use with an error, and move the
+QP to the error state, which flushes the receive queue.
+
+Where this differs from rxe, on purpose:
+
+- A SEND longer than its receive WQE completes that WQE with LOC_LEN_ERR
+  (IBTA §10.10.2 and hardware; rxe reports REM_INV_REQ_ERR locally too). The
+  peer gets NAK invalid request either way.
+- A receive WQE whose SGE fails its L_Key check completes with LOC_PROT_ERR
+  and the peer gets NAK remote operational error (rxe: LOC_QP_OP_ERR).
+- SEND with invalidate gets NAK invalid request: there are no memory windows
+  or fast-registered MRs to invalidate (rxe fails the invalidate as well).
+- READ responses are generated lazily, while later requests are executed
+  (rxe holds them until the READ reply is sent); the data is read when the
+  transport encodes each packet. IBTA leaves that ordering to the fence flag.
+
+Invariants:
+
+- ``psn`` is the next request PSN expected; every PSN before it was executed.
+- ``in_msg`` is the kind of the multi-packet SEND or WRITE being received
+  (rxe ``resp.opcode`` FIRST/MIDDLE), None between messages.
+- ``cur_recv`` is the receive WQE of the SEND being received; it has left
+  ``rq`` already.
+- The engine keeps no reference to a received packet's payload.
+"""
+
+import sys
+from collections import deque
+from typing import TYPE_CHECKING
+
+from rdmakit.wire import (
+    AETH,
+    OPCODE_INFO,
+    Kind,
+    NakCode,
+    Opcode,
+    OpInfo,
+    Packet,
+    Position,
+    ack_syndrome,
+    nak_syndrome,
+    rnr_syndrome,
+)
+
+from .requester import scatter
+from .timers import MAX_MSG_SIZE
+from .types import Access, Completion, WcOpcode, WcStatus
+
+if TYPE_CHECKING:
+    from .qp import QueuePair
+
+_MASK = 0xFFFFFF
+_HALF = 0x800000
+_U64 = 0xFFFFFFFFFFFFFFFF
+_BYTEORDER = sys.byteorder
+_ACK_SYN = ack_syndrome()
+#: Responses waiting to be sent beyond which new ones are dropped (a peer
+#: flooding duplicates cannot grow memory without bound; it will retry).
+MAX_QUEUED_RESPONSES = 1024
+
+_FIRST, _MIDDLE, _LAST, _ONLY = Position.FIRST, Position.MIDDLE, Position.LAST, Position.ONLY
+_SEND, _WRITE, _READ, _ATOMIC = Kind.SEND, Kind.WRITE, Kind.READ_REQUEST, Kind.ATOMIC
+#: The QP access flag each remote operation needs (rxe ``check_qp_attr_access()``), as plain ints.
+_QP_ACCESS = {
+    _WRITE: int(Access.REMOTE_WRITE), _READ: int(Access.REMOTE_READ), _ATOMIC: int(Access.REMOTE_ATOMIC),
+}  # fmt: skip
+#: Opcodes that take a receive WQE (rxe ``RXE_RWR_MASK``).
+_RWQE_OPS = frozenset(op for op, i in OPCODE_INFO.items() if i.consumes_rwqe)
+
+
+class RecvWqe:
+    """A posted receive work request; ``segs`` is None if an SGE failed its L_Key check."""
+
+    __slots__ = ("length", "segs", "wr_id")
+
+    def __init__(self, wr_id: int, segs: list[memoryview] | None, length: int) -> None:
+        self.wr_id = wr_id
+        self.segs = segs
+        self.length = length
+
+
+class ReadReply:
+    """READ response packets still to send for one (possibly replayed) READ."""
+
+    __slots__ = ("msn", "new", "off", "psn", "resid", "view")
+
+    def __init__(self, view: memoryview | None, length: int, psn: int, new: bool, msn: int) -> None:
+        self.view = view
+        self.off = 0
+        self.resid = length
+        self.psn = psn
+        #: Start with FIRST/ONLY (a new request) rather than MIDDLE/LAST (a replay
+        #: from inside the range, rxe ``rdatm_res_state_replay``).
+        self.new = new
+        self.msn = msn
+
+
+class RdAtomicResource:
+    """A responder resource (rxe ``struct resp_res``): what a duplicate READ or atomic replays."""
+
+    __slots__ = ("first_psn", "kind", "last_psn", "length", "orig", "rkey", "va")
+
+    def __init__(self, kind: Kind, first_psn: int, last_psn: int) -> None:
+        self.kind = kind
+        self.first_psn = first_psn
+        self.last_psn = last_psn
+        self.va = 0
+        self.length = 0
+        self.rkey = 0
+        self.orig = 0
+
+
+class _Fatal(Exception):
+    """Internal: a class A/C responder error (never leaves this module)."""
+
+    def __init__(self, code: NakCode, status: WcStatus) -> None:
+        self.code = code
+        self.status = status
+
+
+def _sdiff(a: int, b: int) -> int:
+    d = (a - b) & _MASK
+    return d - 0x1000000 if d >= _HALF else d
+
+
+class Responder:
+    """Receive-side state of one QP."""
+
+    __slots__ = (
+        "ack_psn", "cur_recv", "in_msg", "min_rnr_timer", "msn", "mtu", "out", "psn", "qp",
+        "recv_off", "res_head", "resources", "rq", "sent_psn_nak", "w_len", "w_off", "w_resid",
+        "w_view",
+    )  # fmt: skip
+
+    def __init__(self, qp: "QueuePair") -> None:
+        self.qp = qp
+        self.rq: deque[RecvWqe] = deque()
+        self.out: deque[Packet | ReadReply] = deque()
+        self.reset()
+
+    def reset(self) -> None:
+        self.rq.clear()
+        self.out.clear()
+        self.psn = 0
+        self.ack_psn = 0
+        self.msn = 0
+        self.in_msg: Kind | None = None
+        self.sent_psn_nak = False
+        self.cur_recv: RecvWqe | None = None
+        self.recv_off = 0
+        self.w_view: memoryview | None = None
+        self.w_off = 0
+        self.w_resid = 0
+        self.w_len = 0
+        self.mtu = 1024
+        self.min_rnr_timer = 0
+        self.resources: list[RdAtomicResource | None] = []
+        self.res_head = 0
+
+    def configure(self, *, rq_psn: int) -> None:
+        self.psn = self.ack_psn = rq_psn
+
+    def set_max_dest_rd_atomic(self, n: int) -> None:
+        self.resources = [None] * n
+        self.res_head = 0
+
+    # -- output --
+
+    def _queue(self, pkt: Packet) -> None:
+        out = self.out
+        if len(out) >= MAX_QUEUED_RESPONSES:
+            self.qp.stats.drop("response_queue_full")
+            return
+        out.append(pkt)
+
+    def _queue_ack(self, psn: int) -> None:
+        out = self.out
+        if out:
+            prev = out[-1]
+            if type(prev) is Packet and prev.opcode is Opcode.ACKNOWLEDGE:
+                aeth = prev.aeth
+                if aeth is not None and aeth.syndrome == _ACK_SYN:
+                    if _sdiff(psn, prev.psn) >= 0:
+                        out[-1] = self._ack(Opcode.ACKNOWLEDGE, psn, _ACK_SYN)
+                    return
+        self._queue(self._ack(Opcode.ACKNOWLEDGE, psn, _ACK_SYN))
+
+    def _ack(self, op: Opcode, psn: int, syndrome: int, orig: int | None = None) -> Packet:
+        return Packet(
+            op, self.qp.dest_qpn, psn, False, False, False, 0xFFFF, False, False, None,
+            AETH(syndrome, self.msn), None, orig,
+        )  # fmt: skip
+
+    def queue_nak(self, code: NakCode, psn: int) -> None:
+        self.qp.stats.count_nak_sent(code)
+        self._queue(self._ack(Opcode.ACKNOWLEDGE, psn, nak_syndrome(code)))
+
+    def transmit(self, out: list[Packet], budget: int) -> int:
+        q = self.out
+        n = 0
+        dqpn = self.qp.dest_qpn
+        mtu = self.mtu
+        while q and n < budget:
+            item = q[0]
+            if type(item) is Packet:
+                q.popleft()
+                out.append(item)
+                n += 1
+                continue
+            assert isinstance(item, ReadReply)
+            view = item.view
+            while n < budget:
+                resid = item.resid
+                last = resid <= mtu
+                size = resid if last else mtu
+                if item.new:
+                    item.new = False
+                    op = Opcode.RDMA_READ_RESPONSE_ONLY if last else Opcode.RDMA_READ_RESPONSE_FIRST
+                else:
+                    op = Opcode.RDMA_READ_RESPONSE_LAST if last else Opcode.RDMA_READ_RESPONSE_MIDDLE
+                off = item.off
+                payload = view[off : off + size] if size and view is not None else b""
+                aeth = None if op is Opcode.RDMA_READ_RESPONSE_MIDDLE else AETH(_ACK_SYN, item.msn)
+                pkt = Packet(
+                    op, dqpn, item.psn, False, False, False, 0xFFFF, False, False, None, aeth, None,
+                    None, None, None, payload,
+                )  # fmt: skip
+                out.append(pkt)
+                n += 1
+                item.off = off + size
+                item.resid = resid - size
+                item.psn = (item.psn + 1) & _MASK
+                if last:
+                    q.popleft()
+                    break
+        return n
+
+    # -- requests --
+
+    def on_request(self, pkt: Packet, info: OpInfo) -> None:
+        qp = self.qp
+        d = (pkt.psn - self.psn) & _MASK
+        if d:
+            if d < _HALF:
+                # PSN sequence error, class B: one NAK per gap, then silent drops.
+                if self.sent_psn_nak:
+                    qp.stats.drop("out_of_sequence")
+                    return
+                self.sent_psn_nak = True
+                self.queue_nak(NakCode.PSN_SEQUENCE_ERROR, self.psn)
+                return
+            qp.stats.duplicates += 1
+            self._duplicate(pkt, info)
+            return
+        self.sent_psn_nak = False
+        try:
+            self._execute(pkt, info)
+        except _Fatal as e:
+            self._fatal(pkt.psn, e.code, e.status)
+
+    def _fatal(self, psn: int, code: NakCode, status: WcStatus) -> None:
+        """Class A/C error: complete the receive WQE in use, NAK, error state."""
+        qp = self.qp
+        r = self.cur_recv
+        if r is not None:
+            self.cur_recv = None
+            qp.push_recv(Completion(wr_id=r.wr_id, status=status, opcode=WcOpcode.RECV, qp_num=qp.qpn))
+        qp.enter_error()
+        self.queue_nak(code, psn)
+
+    def _execute(self, pkt: Packet, info: OpInfo) -> None:
+        qp = self.qp
+        kind = info.kind
+        pos = info.position
+        # check_op_seq (rxe): a message continues with its own MIDDLE/LAST only.
+        in_msg = self.in_msg
+        if in_msg is not None:
+            if kind is not in_msg or pos is _FIRST or pos is _ONLY:
+                raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
+        elif (pos is _MIDDLE or pos is _LAST) and (kind is _SEND or kind is _WRITE):
+            raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
+        # check_op_valid: the QP must allow the operation (rxe check_qp_attr_access()).
+        if kind is not _SEND:
+            if not qp.access_bits & _QP_ACCESS[kind]:
+                raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
+        elif info.ieth:
+            # SEND with invalidate needs memory windows / fast-registered MRs,
+            # which this engine does not have (rxe fails the invalidate too).
+            raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
+        if kind is _SEND or kind is _WRITE:
+            self._send_write(pkt, info, kind, pos)
+        elif kind is _READ:
+            self._read(pkt)
+        else:
+            self._atomic(pkt)
+
+    def _send_write(self, pkt: Packet, info: OpInfo, kind: Kind, pos: Position) -> None:
+        qp = self.qp
+        # check_resource: a receive WQE for SEND FIRST/ONLY and WRITE with immediate.
+        rwqe: RecvWqe | None = None
+        if info.opcode in _RWQE_OPS:
+            if not self.rq:
+                qp.stats.rnr_naks_sent += 1
+                self._queue(self._ack(Opcode.ACKNOWLEDGE, pkt.psn, rnr_syndrome(self.min_rnr_timer)))
+                return
+            if kind is _SEND:
+                self.cur_recv = self.rq.popleft()
+                self.recv_off = 0
+            else:
+                rwqe = self.rq[0]
+        # check_length (rxe rxe_resp_check_length(), IBTA C9-92..C9-94).
+        payload = pkt.payload
+        plen = len(payload)
+        mtu = self.mtu
+        if pos is _FIRST or pos is _MIDDLE:
+            bad = plen != mtu
+        elif pos is _LAST:
+            bad = plen == 0 or plen > mtu
+        else:
+            bad = plen > mtu
+        if bad:
+            self._fail_rwqe(rwqe, WcStatus.REM_INV_REQ_ERR)
+            raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
+        end = pos is _LAST or pos is _ONLY
+        if kind is _SEND:
+            r = self.cur_recv
+            assert r is not None
+            if plen:
+                segs = r.segs
+                off = self.recv_off
+                if segs is None:
+                    raise _Fatal(NakCode.REMOTE_OPERATIONAL_ERROR, WcStatus.LOC_PROT_ERR)
+                if off + plen > r.length:
+                    raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.LOC_LEN_ERR)
+                if len(segs) == 1:
+                    segs[0][off : off + plen] = payload
+                else:
+                    scatter(segs, off, payload)
+                self.recv_off = off + plen
+            if end:
+                self.cur_recv = None
+                self.msn = (self.msn + 1) & _MASK
+                qp.push_recv(
+                    Completion(
+                        wr_id=r.wr_id,
+                        status=WcStatus.SUCCESS,
+                        opcode=WcOpcode.RECV,
+                        byte_len=self.recv_off,
+                        imm_data=pkt.imm,
+                        qp_num=qp.qpn,
+                        src_qp=qp.dest_qpn,
+                    )
+                )
+                self.in_msg = None
+            else:
+                self.in_msg = _SEND
+        else:
+            reth = pkt.reth
+            if reth is not None:
+                length = reth.dma_len
+                if length > MAX_MSG_SIZE:
+                    self._fail_rwqe(rwqe, WcStatus.REM_INV_REQ_ERR)
+                    raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
+                if length:
+                    view = qp.pd.remote_slice(reth.rkey, reth.va, length, Access.REMOTE_WRITE)
+                    if view is None:
+                        self._fail_rwqe(rwqe, WcStatus.REM_ACCESS_ERR)
+                        raise _Fatal(NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
+                else:
+                    view = None
+                self.w_view = view
+                self.w_off = 0
+                self.w_len = self.w_resid = length
+            resid = self.w_resid
+            if (plen != resid) if end else (plen >= resid):
+                self._fail_rwqe(rwqe, WcStatus.REM_INV_REQ_ERR)
+                raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
+            if plen:
+                view = self.w_view
+                assert view is not None
+                off = self.w_off
+                view[off : off + plen] = payload
+                self.w_off = off + plen
+                self.w_resid = resid - plen
+            if end:
+                self.w_view = None
+                self.in_msg = None
+                self.msn = (self.msn + 1) & _MASK
+                if rwqe is not None:
+                    self.rq.popleft()
+                    qp.push_recv(
+                        Completion(
+                            wr_id=rwqe.wr_id,
+                            status=WcStatus.SUCCESS,
+                            opcode=WcOpcode.RECV_RDMA_WITH_IMM,
+                            byte_len=self.w_len,
+                            imm_data=pkt.imm,
+                            qp_num=qp.qpn,
+                            src_qp=qp.dest_qpn,
+                        )
+                    )
+            else:
+                self.in_msg = _WRITE
+        psn = pkt.psn
+        self.psn = self.ack_psn = (psn + 1) & _MASK
+        if pkt.ackreq:
+            self._queue_ack(psn)
+
+    def _fail_rwqe(self, rwqe: RecvWqe | None, status: WcStatus) -> None:
+        """A WRITE with immediate failed: its receive WQE completes with ``status``."""
+        if rwqe is not None:
+            self.rq.popleft()
+            self.qp.push_recv(
+                Completion(
+                    wr_id=rwqe.wr_id,
+                    status=status,
+                    opcode=WcOpcode.RECV_RDMA_WITH_IMM,
+                    qp_num=self.qp.qpn,
+                )
+            )
+
+    def _new_resource(self, kind: Kind, first: int, last: int) -> RdAtomicResource:
+        """Take the next slot of the ring (rxe ``rxe_prepare_res()``: recycled, not enforced)."""
+        res = RdAtomicResource(kind, first, last)
+        ring = self.resources
+        ring[self.res_head] = res
+        self.res_head = (self.res_head + 1) % len(ring)
+        return res
+
+    def _find_resource(self, psn: int, kind: Kind) -> RdAtomicResource | None:
+        for res in self.resources:
+            if (
+                res is not None
+                and res.kind is kind
+                and _sdiff(psn, res.first_psn) >= 0
+                and _sdiff(psn, res.last_psn) <= 0
+            ):
+                return res
+        return None
+
+    def _read(self, pkt: Packet) -> None:
+        qp = self.qp
+        if not self.resources:
+            raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
+        reth = pkt.reth
+        assert reth is not None
+        length = reth.dma_len
+        if length > MAX_MSG_SIZE:
+            raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
+        view = None
+        if length:
+            view = qp.pd.remote_slice(reth.rkey, reth.va, length, Access.REMOTE_READ)
+            if view is None:
+                raise _Fatal(NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
+        psn = pkt.psn
+        npkts = max(length - 1, 0) // self.mtu + 1
+        res = self._new_resource(_READ, psn, (psn + npkts - 1) & _MASK)
+        res.va = reth.va
+        res.length = length
+        res.rkey = reth.rkey
+        # IBTA C9-148: a READ counts as a message when it executes.
+        self.msn = (self.msn + 1) & _MASK
+        self.psn = (psn + npkts) & _MASK
+        self.in_msg = None
+        if len(self.out) >= MAX_QUEUED_RESPONSES:
+            qp.stats.drop("response_queue_full")
+            return
+        self.out.append(ReadReply(view, length, psn, True, self.msn))
+
+    def _atomic(self, pkt: Packet) -> None:
+        qp = self.qp
+        if not self.resources:
+            raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
+        ae = pkt.atomic_eth
+        assert ae is not None
+        view = qp.pd.remote_slice(ae.rkey, ae.va, 8, Access.REMOTE_ATOMIC)
+        if view is None:
+            raise _Fatal(NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
+        if ae.va & 7:
+            raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
+        # IBTA §9.4.5: the target is a u64 in the responder's byte order (rxe
+        # operates on a CPU-native u64).
+        orig = int.from_bytes(view, _BYTEORDER)
+        if pkt.opcode is Opcode.COMPARE_SWAP:
+            if orig == ae.compare:
+                view[:] = (ae.swap_add & _U64).to_bytes(8, _BYTEORDER)
+        else:
+            view[:] = ((orig + ae.swap_add) & _U64).to_bytes(8, _BYTEORDER)
+        psn = pkt.psn
+        res = self._new_resource(_ATOMIC, psn, psn)
+        res.orig = orig
+        self.msn = (self.msn + 1) & _MASK
+        self.psn = self.ack_psn = (psn + 1) & _MASK
+        self.in_msg = None
+        self._queue(self._ack(Opcode.ATOMIC_ACKNOWLEDGE, psn, _ACK_SYN, orig))
+
+    def _duplicate(self, pkt: Packet, info: OpInfo) -> None:
+        """A request before ``psn`` (rxe ``duplicate_request()``, IBTA §9.9.2.1)."""
+        kind = info.kind
+        if kind is _SEND or kind is _WRITE:
+            # C9-105: acknowledge again, up to the last request executed.
+            self._queue_ack((self.ack_psn - 1) & _MASK)
+            return
+        psn = pkt.psn
+        if kind is _ATOMIC:
+            res = self._find_resource(psn, _ATOMIC)
+            if res is None:
+                self.qp.stats.drop("duplicate_without_resource")
+                return
+            # Replay the cached original value; never execute twice.
+            self._queue(self._ack(Opcode.ATOMIC_ACKNOWLEDGE, psn, _ACK_SYN, res.orig))
+            return
+        res = self._find_resource(psn, _READ)
+        reth = pkt.reth
+        assert reth is not None
+        va, length = reth.va, reth.dma_len
+        if res is None or reth.rkey != res.rkey or va < res.va or va + length > res.va + res.length:
+            self.qp.stats.drop("duplicate_without_resource")
+            return
+        view = None
+        if length:
+            view = self.qp.pd.remote_slice(reth.rkey, va, length, Access.REMOTE_READ)
+            if view is None:
+                self._fatal(psn, NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
+                return
+        if len(self.out) >= MAX_QUEUED_RESPONSES:
+            self.qp.stats.drop("response_queue_full")
+            return
+        self.out.append(ReadReply(view, length, psn, psn == res.first_psn, self.msn))
+
+    def flush(self) -> list[int]:
+        """Drop all receive state; the wr_ids of the receive WQEs to flush, oldest first."""
+        ids = []
+        r = self.cur_recv
+        if r is not None:
+            ids.append(r.wr_id)
+            self.cur_recv = None
+        ids.extend(w.wr_id for w in self.rq)
+        self.rq.clear()
+        self.out.clear()
+        self.in_msg = None
+        self.w_view = None
+        return ids

@@ -1,0 +1,144 @@
+"""Verbs value types: access flags, work requests, completions.
+
+Enum values are the libibverbs ones (``infiniband/verbs.h``), so they can be
+handed to and compared with pyverbs unchanged.
+"""
+
+from dataclasses import dataclass
+from enum import IntEnum, IntFlag
+from typing import NamedTuple
+
+
+class Access(IntFlag):
+    """Memory and QP access rights (``ibv_access_flags``; IBTA Vol. 1 §10.6.3.1)."""
+
+    NONE = 0
+    LOCAL_WRITE = 1
+    REMOTE_WRITE = 2
+    REMOTE_READ = 4
+    REMOTE_ATOMIC = 8
+
+
+class WrOpcode(IntEnum):
+    """Send work request operations (``ibv_wr_opcode``; IBTA §10.8.2.1)."""
+
+    RDMA_WRITE = 0
+    RDMA_WRITE_WITH_IMM = 1
+    SEND = 2
+    SEND_WITH_IMM = 3
+    RDMA_READ = 4
+    ATOMIC_CMP_AND_SWP = 5
+    ATOMIC_FETCH_AND_ADD = 6
+
+
+class WcOpcode(IntEnum):
+    """Work completion operations (``ibv_wc_opcode``; IBTA §11.4.2.1)."""
+
+    SEND = 0
+    RDMA_WRITE = 1
+    RDMA_READ = 2
+    COMP_SWAP = 3
+    FETCH_ADD = 4
+    RECV = 128
+    RECV_RDMA_WITH_IMM = 129
+
+
+class WcStatus(IntEnum):
+    """Work completion status (``ibv_wc_status``; IBTA §10.10.2, §11.6.2)."""
+
+    SUCCESS = 0
+    LOC_LEN_ERR = 1
+    LOC_QP_OP_ERR = 2
+    LOC_EEC_OP_ERR = 3
+    LOC_PROT_ERR = 4
+    WR_FLUSH_ERR = 5
+    MW_BIND_ERR = 6
+    BAD_RESP_ERR = 7
+    LOC_ACCESS_ERR = 8
+    REM_INV_REQ_ERR = 9
+    REM_ACCESS_ERR = 10
+    REM_OP_ERR = 11
+    RETRY_EXC_ERR = 12
+    RNR_RETRY_EXC_ERR = 13
+    LOC_RDD_VIOL_ERR = 14
+    REM_INV_RD_REQ_ERR = 15
+    REM_ABORT_ERR = 16
+    INV_EECN_ERR = 17
+    INV_EEC_STATE_ERR = 18
+    FATAL_ERR = 19
+    RESP_TIMEOUT_ERR = 20
+    GENERAL_ERR = 21
+
+
+class SGE(NamedTuple):
+    """Scatter/gather element (``ibv_sge``): ``length`` bytes at ``addr`` in the MR of ``lkey``."""
+
+    addr: int
+    length: int
+    lkey: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendWR:
+    """A send queue work request (``ibv_send_wr``).
+
+    The message length is the sum of the ``sg_list`` lengths (for READ and the
+    atomics, the local buffer the response lands in; atomics need exactly 8
+    bytes). ``imm_data`` is the ImmDt u32 exactly as on the wire. For
+    ATOMIC_CMP_AND_SWP ``compare_add`` is the compare value and ``swap`` the
+    swap value; for ATOMIC_FETCH_AND_ADD ``compare_add`` is the addend.
+    """
+
+    wr_id: int
+    opcode: WrOpcode
+    sg_list: tuple[SGE, ...] = ()
+    remote_addr: int = 0
+    rkey: int = 0
+    imm_data: int | None = None
+    compare_add: int = 0
+    swap: int = 0
+    signaled: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecvWR:
+    """A receive queue work request (``ibv_recv_wr``)."""
+
+    wr_id: int
+    sg_list: tuple[SGE, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion:
+    """A work completion (``ibv_wc``).
+
+    On error ``opcode`` still names the operation of the work request (verbs
+    leaves it undefined). ``imm_data`` is the ImmDt u32 exactly as on the wire.
+    """
+
+    wr_id: int
+    status: WcStatus
+    opcode: WcOpcode
+    byte_len: int = 0
+    imm_data: int | None = None
+    qp_num: int = 0
+    src_qp: int = 0
+    vendor_err: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QpCaps:
+    """Queue pair capacities (``ibv_qp_cap``) and engine limits.
+
+    ``large_mtu`` allows any power-of-two path MTU from 256 bytes to 1 MiB (for
+    the TCP transport, where no RoCE peer is involved). ``max_unacked_psns``
+    is the requester's window: at most that many PSNs sent and not yet
+    acknowledged (rxe ``RXE_MAX_UNACKED_PSNS``).
+    """
+
+    max_send_wr: int = 256
+    max_recv_wr: int = 256
+    max_send_sge: int = 16
+    max_recv_sge: int = 16
+    large_mtu: bool = False
+    max_unacked_psns: int = 128

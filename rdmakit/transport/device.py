@@ -1,0 +1,460 @@
+"""A soft RDMA device: one local address, one link (UDP 4791 or TCP), many QPs.
+
+The device is the short pump loop around the sans-IO engine. ``progress(now)``
+never blocks: it drains the link until it would block, feeds each packet to the
+QP its BTH names, fires due timers, and sends what the QPs produced, in batches.
+"""
+
+import ipaddress
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rdmakit.engine import CompletionQueue, EngineError, ProtectionDomain, QpCaps, QpState, QueuePair
+from rdmakit.wire import (
+    BTH_LEN,
+    ICRC_LEN,
+    ROCE_UDP_PORT,
+    Packet,
+    Payload,
+    WireError,
+    decode,
+    encode_headers,
+    icrc_ipv4,
+    icrc_ipv6,
+    pack_icrc,
+    pad_bytes,
+    unpack_icrc,
+)
+from rdmakit.wire.ident import solve_ipv4_ident
+
+from .tcp import TcpLink
+from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
+
+TransportName = Literal["roce-udp", "tcp"]
+#: Largest path MTU the TCP transport negotiates (frames may exceed RoCE MTUs).
+TCP_MTU = 1 << 20
+#: Retransmit timeout exponent per transport: 4.096 µs × 2^n (IBTA §9.7.6.1.3).
+#: TCP delivers reliably, so its timer only has to notice a peer that stopped.
+DEFAULT_TIMEOUT = {"roce-udp": 14, "tcp": 18}
+
+
+@dataclass(frozen=True, slots=True)
+class PeerAddress:
+    """Where a QP's packets go: the peer device's address and port."""
+
+    ip: str
+    port: int
+
+
+@dataclass(slots=True)
+class DeviceCounters:
+    """What the device saw that the engine never did (like rxe's hw counters)."""
+
+    packets_in: int = 0
+    packets_out: int = 0
+    icrc_ok: int = 0
+    icrc_solved: int = 0
+    bad_icrc: int = 0
+    malformed: int = 0
+    unknown_qp: int = 0
+    wrong_source: int = 0
+    dropped_state: int = 0
+    backlog_max: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, int]:
+        d = {k: getattr(self, k) for k in self.__slots__ if k != "by_reason"}
+        return d
+
+
+def _addr_bytes(ip: str) -> bytes:
+    return ipaddress.ip_address(ip).packed
+
+
+def gid_of(ip: str) -> str:
+    """The RoCEv2 GID of an address: IPv4-mapped IPv6 for IPv4 (IBTA Annex A17.8)."""
+    a = ipaddress.ip_address(ip)
+    v6 = ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + a.packed) if a.version == 4 else a
+    p = v6.packed
+    return ":".join(p[i : i + 2].hex() for i in range(0, 16, 2))
+
+
+class SoftDevice:
+    """A userspace RoCEv2 device bound to one local IP.
+
+    ``transport="roce-udp"`` speaks RoCEv2 on UDP (port 4791 unless ``port`` says
+    otherwise, for tests); ``transport="tcp"`` carries the same packets framed on
+    TCP streams (the listener's port defaults to 4791 too).
+    """
+
+    def __init__(
+        self,
+        ip: str,
+        *,
+        transport: TransportName = "roce-udp",
+        port: int = ROCE_UDP_PORT,
+        rng: random.Random | None = None,
+        gso: bool = True,
+        verify_icrc: bool = True,
+    ) -> None:
+        self.ip = str(ipaddress.ip_address(ip))
+        self.transport: TransportName = transport
+        self.rng = rng if rng is not None else random.Random()
+        self._local = _addr_bytes(self.ip)
+        self._v6 = len(self._local) == 16
+        self.gid = gid_of(self.ip)
+        self.verify_icrc = verify_icrc
+        self.counters = DeviceCounters()
+        self.udp: UdpLink | None = None
+        self.tcp: TcpLink | None = None
+        if transport == "roce-udp":
+            self.udp = UdpLink(self.ip, port, gso=gso)
+            self.port = self.udp.port
+        elif transport == "tcp":
+            self.tcp = TcpLink(self.ip, port)
+            self.port = self.tcp.port
+        else:
+            raise ValueError(f"unknown transport {transport!r}")
+        self.name = f"soft-{'udp' if transport == 'roce-udp' else 'tcp'}:{self.ip}"
+        self.pd = ProtectionDomain(self.rng)
+        self._qps: dict[int, QueuePair] = {}
+        self._peer_bytes: dict[str, bytes] = {}
+        self._backlog: list[tuple[list[Payload], int, int, tuple[str, int]]] = []
+        self.closed = False
+
+    # -- resources -----------------------------------------------------------------
+    @property
+    def max_mtu(self) -> int:
+        return TCP_MTU if self.transport == "tcp" else 4096
+
+    def create_qp(
+        self,
+        *,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+        caps: QpCaps | None = None,
+        pd: ProtectionDomain | None = None,
+    ) -> QueuePair:
+        if self.closed:
+            raise EngineError("BAD_STATE", "device is closed")
+        qpn = 0
+        while qpn < 2 or qpn in self._qps:  # QPN 0 and 1 are special (IBTA §3.5.3)
+            qpn = self.rng.getrandbits(24)
+        if caps is None:
+            caps = QpCaps(large_mtu=self.transport == "tcp")
+        qp = QueuePair(pd or self.pd, qpn=qpn, send_cq=send_cq, recv_cq=recv_cq, caps=caps, rng=self.rng)
+        self._qps[qpn] = qp
+        return qp
+
+    def destroy_qp(self, qp: QueuePair) -> None:
+        self._qps.pop(qp.qpn, None)
+
+    @property
+    def qps(self) -> Iterable[QueuePair]:
+        return self._qps.values()
+
+    def fileno(self) -> int:
+        link = self.udp or self.tcp
+        assert link is not None
+        return link.fileno()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for qp in list(self._qps.values()):
+            if qp.state is not QpState.RESET:
+                qp.modify(QpState.ERR)
+        self._qps.clear()
+        if self.udp:
+            self.udp.close()
+        if self.tcp:
+            self.tcp.close()
+
+    def __enter__(self) -> "SoftDevice":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the pump --------------------------------------------------------------------
+    def progress(self, now: float) -> bool:
+        """Do all the work that is ready, without blocking. True if anything happened."""
+        if self.closed:
+            return False
+        busy = self._receive(now)
+        for qp in self._qps.values():
+            t = qp.get_timer()
+            if t is not None and t <= now:
+                qp.handle_timer(now)
+                busy = True
+        return self._transmit(now) or busy
+
+    def next_deadline(self) -> float | None:
+        best: float | None = None
+        for qp in self._qps.values():
+            t = qp.get_timer()
+            if t is not None and (best is None or t < best):
+                best = t
+        return best
+
+    def wants_write(self) -> bool:
+        """True while sends wait for socket space (then wait for writability)."""
+        if self.tcp is not None:
+            return self.tcp.wants_write()
+        return bool(self._backlog)
+
+    def _count(self, reason: str) -> None:
+        d = self.counters.by_reason
+        d[reason] = d.get(reason, 0) + 1
+
+    def _deliver(self, pkt: Packet, src_ip: str, now: float) -> None:
+        qp = self._qps.get(pkt.dest_qp)
+        c = self.counters
+        if qp is None:
+            c.unknown_qp += 1
+            return
+        remote = qp.remote
+        if not isinstance(remote, PeerAddress) or remote.ip != src_ip:
+            c.wrong_source += 1  # rxe check_addr(): only the connected peer's address
+            return
+        qp.receive(pkt, now)
+
+    def _receive(self, now: float) -> bool:
+        if self.tcp is not None:
+            return self._receive_tcp(now)
+        link = self.udp
+        assert link is not None
+        c = self.counters
+        busy = False
+        verify, local, port, v6 = self.verify_icrc, self._local, self.port, self._v6
+        while True:
+            got = link.recv()
+            if got is None:
+                return busy
+            busy = True
+            segs, (src_ip, sport) = got
+            if not segs:
+                continue
+            src = self._peer_bytes.get(src_ip)
+            if src is None:
+                src = self._peer_bytes[src_ip] = _addr_bytes(src_ip)
+            for k, seg in enumerate(segs):
+                c.packets_in += 1
+                n = len(seg)
+                if n < BTH_LEN + ICRC_LEN:
+                    c.malformed += 1
+                    continue
+                body = seg[: n - ICRC_LEN]
+                if verify:
+                    received = unpack_icrc(seg)
+                    if v6:
+                        ok = icrc_ipv6(src, local, sport, port, body) == received
+                    else:
+                        ok = icrc_ipv4(src, local, sport, port, body, ident=k) == received or (
+                            k != 0 and icrc_ipv4(src, local, sport, port, body) == received
+                        )
+                        if not ok and solve_ipv4_ident(src, local, sport, port, body, received) is not None:
+                            c.icrc_solved += 1  # a peer with its own IP IDs (kernel rxe)
+                            ok = True
+                    if not ok:
+                        c.bad_icrc += 1
+                        continue
+                    c.icrc_ok += 1
+                try:
+                    pkt = decode(body)
+                except WireError:
+                    c.malformed += 1
+                    continue
+                self._deliver(pkt, src_ip, now)
+
+    def _receive_tcp(self, now: float) -> bool:
+        link = self.tcp
+        assert link is not None
+        c = self.counters
+        busy = False
+        for frames, src_ip, dead in link.poll():
+            busy = True
+            for body in frames:
+                c.packets_in += 1
+                try:
+                    pkt = decode(body)
+                except WireError:
+                    c.malformed += 1
+                    continue
+                self._deliver(pkt, src_ip, now)
+            if dead is not None:
+                # The stream to that peer is gone: TCP already retried for us.
+                for qp in self._qps.values():
+                    r = qp.remote
+                    if isinstance(r, PeerAddress) and (r.ip, r.port) == dead and qp.state is QpState.RTS:
+                        qp.transport_error(now)
+        return busy
+
+    def _transmit(self, now: float) -> bool:
+        busy = False
+        if self._backlog and not self._flush_backlog():
+            return True
+        for qp in self._qps.values():
+            pkts = qp.poll_transmit(now)
+            if not pkts:
+                continue
+            busy = True
+            remote = qp.remote
+            if not isinstance(remote, PeerAddress):
+                self.counters.dropped_state += len(pkts)
+                continue
+            self.counters.packets_out += len(pkts)
+            if self.tcp is not None:
+                self.tcp.send_packets(pkts, (remote.ip, remote.port))
+            else:
+                self._send_udp(pkts, remote)
+        return busy
+
+    def _flush_backlog(self) -> bool:
+        link = self.udp
+        assert link is not None
+        while self._backlog:
+            parts, seg, count, addr = self._backlog[0]
+            sent = link.send_gso(parts, seg, count, addr) if count > 1 else link.send(parts, addr)
+            if not sent:
+                return False
+            self._backlog.pop(0)
+        return True
+
+    def _send_udp(self, pkts: list[Packet], remote: PeerAddress) -> None:
+        link = self.udp
+        assert link is not None
+        dst = self._peer_bytes.get(remote.ip)
+        if dst is None:
+            dst = self._peer_bytes[remote.ip] = _addr_bytes(remote.ip)
+        addr = (remote.ip, remote.port)
+        local, sport, dport, v6 = self._local, self.port, remote.port, self._v6
+        gso = link.gso
+        parts: list[Payload] = []
+        seg = count = total = 0
+        send: Callable[[list[Payload], int, int], None] = self._send_or_queue(addr)
+        for pkt in pkts:
+            hdr = encode_headers(pkt)
+            pl = pkt.payload
+            pad = pad_bytes(len(pl))
+            size = len(hdr) + len(pl) + len(pad) + ICRC_LEN
+            if count and (not gso or size > seg or count >= GSO_MAX_SEGMENTS or total + size > GSO_MAX_BYTES):
+                send(parts, seg, count)
+                parts, seg, count, total = [], 0, 0, 0
+            if v6:
+                ic = icrc_ipv6(local, dst, sport, dport, hdr, pl, pad)
+            else:
+                ic = icrc_ipv4(local, dst, sport, dport, hdr, pl, pad, ident=count)
+            parts.append(hdr)
+            if pl:
+                parts.append(pl)
+            parts.append(pad + pack_icrc(ic))
+            if count == 0:
+                seg = size
+            count += 1
+            total += size
+            if size < seg:  # a shorter datagram can only end a GSO batch
+                send(parts, seg, count)
+                parts, seg, count, total = [], 0, 0, 0
+        if count:
+            send(parts, seg, count)
+
+    def _send_or_queue(self, addr: tuple[str, int]) -> Callable[[list[Payload], int, int], None]:
+        link = self.udp
+        assert link is not None
+        backlog = self._backlog
+
+        def send(parts: list[Payload], seg: int, count: int) -> None:
+            if not backlog:
+                ok = link.send_gso(parts, seg, count, addr) if count > 1 else link.send(parts, addr)
+                if ok:
+                    return
+            backlog.append((parts, seg, count, addr))
+            self.counters.backlog_max = max(self.counters.backlog_max, len(backlog))
+
+        return send
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Endpoint:
+    """What one side of an RC connection tells the other (IBTA §12.7 REQ/REP fields)."""
+
+    transport: TransportName
+    gid: str
+    ip: str
+    port: int
+    qpn: int
+    psn: int
+    mtu: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectOptions:
+    """RTR/RTS attributes (IBTA §11.2.5.3).
+
+    ``retry_cnt`` is 6, not 7: rxe (and this engine) never exhaust 7, and a peer
+    that vanished must end in RETRY_EXC_ERR, not a hang. ``rnr_retry`` 7 waits
+    for receives as long as it takes (IBTA §9.7.5.2.8), as perftest does.
+    """
+
+    access: int = 0xF
+    max_rd_atomic: int = 16
+    max_dest_rd_atomic: int = 16
+    min_rnr_timer: int = 12
+    timeout: int | None = None
+    retry_cnt: int = 6
+    rnr_retry: int = 7
+
+
+def local_endpoint(dev: SoftDevice, qp: QueuePair, psn: int, mtu: int | None = None) -> Endpoint:
+    return Endpoint(
+        transport=dev.transport,
+        gid=dev.gid,
+        ip=dev.ip,
+        port=dev.port,
+        qpn=qp.qpn,
+        psn=psn,
+        mtu=min(mtu or dev.max_mtu, dev.max_mtu),
+    )
+
+
+def init_qp(qp: QueuePair, access: int = 0xF) -> None:
+    """RESET → INIT, after which receives may be posted (IBTA §10.3.1)."""
+    qp.modify(QpState.INIT, port=1, pkey_index=0, access=access)
+
+
+def connect_qp(
+    dev: SoftDevice, qp: QueuePair, psn: int, peer: Endpoint, opts: ConnectOptions | None = None
+) -> None:
+    """Bring ``qp`` from RESET (or INIT) to RTS against ``peer``.
+
+    An endpoint's ``psn`` is the PSN its first request carries (the IB CM
+    "starting PSN", as ``ibv_rc_pingpong`` and perftest use it): this side sends
+    from its own ``psn`` and expects the peer's.
+    """
+    o = opts or ConnectOptions()
+    if peer.transport != dev.transport:
+        raise EngineError("INVALID_VALUE", f"peer speaks {peer.transport}, this device {dev.transport}")
+    mtu = min(peer.mtu, dev.max_mtu)
+    if qp.state is QpState.RESET:
+        init_qp(qp, o.access)
+    qp.modify(
+        QpState.RTR,
+        path_mtu=mtu,
+        dest_qpn=peer.qpn,
+        rq_psn=peer.psn,
+        max_dest_rd_atomic=o.max_dest_rd_atomic,
+        min_rnr_timer=o.min_rnr_timer,
+        remote=PeerAddress(peer.ip, peer.port),
+    )
+    qp.modify(
+        QpState.RTS,
+        timeout=DEFAULT_TIMEOUT[dev.transport] if o.timeout is None else o.timeout,
+        retry_cnt=o.retry_cnt,
+        rnr_retry=o.rnr_retry,
+        sq_psn=psn,
+        max_rd_atomic=o.max_rd_atomic,
+    )

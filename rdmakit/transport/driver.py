@@ -1,0 +1,216 @@
+"""Drivers: what pumps soft devices with a real clock.
+
+:class:`Driver` is synchronous and never blocks in ``progress()``: the DOCA
+polling API calls it from ``progress_retrieve``. For event-driven mode it exposes
+one file descriptor (an epoll set holding every device's sockets and a timerfd
+armed at the engines' next deadline) that turns readable when ``progress()`` has
+work to do; it can be waited on with ``select``, ``epoll`` or
+``trio.lowlevel.wait_readable``.
+
+:class:`TrioDriver` runs the same pump as a trio task: it waits for readability
+once, then drains without awaiting per packet.
+"""
+
+import contextlib
+import ctypes
+import os
+import select
+import time
+from collections.abc import Callable
+
+import trio
+
+from .device import SoftDevice
+
+_CLOCK_MONOTONIC = 1
+_TFD_NONBLOCK = 0o4000
+_TFD_CLOEXEC = 0o2000000
+_TFD_TIMER_ABSTIME = 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long))
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = (("it_interval", _Timespec), ("it_value", _Timespec))
+
+
+class TimerFd:
+    """A Linux timerfd on CLOCK_MONOTONIC (the clock of ``time.monotonic``)."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._settime = libc.timerfd_settime
+        fd = int(libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC))
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "timerfd_create failed")
+        self.fd = fd
+        self.armed_at: float | None = None
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def arm(self, deadline: float | None) -> None:
+        """Fire at the monotonic time ``deadline`` (None disarms)."""
+        if deadline == self.armed_at:
+            return
+        spec = _Itimerspec()
+        if deadline is not None:
+            d = max(deadline, 1e-9)
+            spec.it_value.tv_sec = int(d)
+            spec.it_value.tv_nsec = max(1, int((d - int(d)) * 1e9))
+        if self._settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+        self.armed_at = deadline
+
+    def clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.fd, 8)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Driver:
+    """Pumps a set of soft devices from the real monotonic clock."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.devices: list[SoftDevice] = []
+        self._ep = select.epoll()
+        self._timer = TimerFd()
+        self._ep.register(self._timer.fileno(), select.EPOLLIN)
+        self.closed = False
+
+    def add(self, dev: SoftDevice) -> None:
+        if dev not in self.devices:
+            self.devices.append(dev)
+            self._ep.register(dev.fileno(), select.EPOLLIN)
+
+    def remove(self, dev: SoftDevice) -> None:
+        if dev in self.devices:
+            self.devices.remove(dev)
+            with contextlib.suppress(OSError, ValueError):
+                self._ep.unregister(dev.fileno())
+
+    def fileno(self) -> int:
+        """Readable when ``progress()`` has something to do (after :meth:`arm`)."""
+        return self._ep.fileno()
+
+    def progress(self) -> bool:
+        """Run every device once, without blocking. True if anything happened."""
+        self._timer.clear()
+        now = self.clock()
+        busy = False
+        for dev in self.devices:
+            if dev.progress(now):
+                busy = True
+        # Keep fileno() honest for event-driven callers: readable at the next deadline.
+        self._timer.arm(self.next_deadline())
+        return busy
+
+    def next_deadline(self) -> float | None:
+        best: float | None = None
+        for dev in self.devices:
+            t = dev.next_deadline()
+            if t is not None and (best is None or t < best):
+                best = t
+            if dev.wants_write():
+                t = self.clock() + 0.0002  # socket full: look again very soon
+                best = t if best is None else min(best, t)
+        return best
+
+    def arm(self) -> None:
+        """Make ``fileno()`` turn readable at the next engine deadline as well.
+
+        ``progress()`` does this too; call it after posting work without progress.
+        """
+        self._timer.arm(self.next_deadline())
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until a device has input, a deadline passes, or ``timeout`` runs out."""
+        self.arm()
+        self._ep.poll(-1 if timeout is None else max(timeout, 0.0))
+
+    def run_until(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Pump until ``done()`` or ``timeout`` seconds pass; returns ``done()``."""
+        end = self.clock() + timeout
+        while not done():
+            if self.progress():
+                continue
+            if done():
+                return True
+            left = end - self.clock()
+            if left <= 0:
+                return done()
+            self.wait(left)
+        return True
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._ep.close()
+        self._timer.close()
+
+    def __enter__(self) -> "Driver":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TrioDriver:
+    """The pump as a trio task, for async applications.
+
+    ``async with TrioDriver(driver) as td:`` starts it; ``await td.wait_for(pred)``
+    returns once ``pred()`` holds after a round of progress.
+    """
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self._changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._wait_scope: trio.CancelScope | None = None
+
+    async def __aenter__(self) -> "TrioDriver":
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        self._nursery.start_soon(self._run)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        await self._nursery_cm.__aexit__(None, None, None)
+
+    def kick(self) -> None:
+        """Something was posted: run the pump now rather than at the next packet or deadline."""
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+
+    def _wake(self) -> None:
+        ev, self._changed = self._changed, trio.Event()
+        ev.set()
+
+    async def _run(self) -> None:
+        d = self.driver
+        fd = d.fileno()
+        while True:
+            busy = d.progress()
+            self._wake()
+            if busy:
+                await trio.lowlevel.checkpoint()
+                continue
+            d.arm()  # the epoll set includes the timerfd: deadlines wake us too
+            with trio.CancelScope() as scope:
+                self._wait_scope = scope
+                await trio.lowlevel.wait_readable(fd)
+            self._wait_scope = None
+
+    async def wait_for(self, pred: Callable[[], bool]) -> None:
+        while not pred():
+            await self._changed.wait()

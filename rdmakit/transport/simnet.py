@@ -1,0 +1,307 @@
+"""A seeded, simulated RoCEv2 network in virtual time (like ``trio.testing``).
+
+``SimNet`` carries packets between engine QPs attached at addresses. Each
+packet goes through the real codec: ``encode`` plus the rxe ICRC over a
+simulated IPv4/UDP header (fixed per-endpoint addresses, UDP 4791) on the way
+out; faults are applied to those bytes; on delivery the ICRC is checked (a
+mismatch is dropped and counted, as rxe does) and the bytes are decoded
+(``WireError`` dropped and counted) before ``QueuePair.receive``.
+
+Every random choice comes from one ``random.Random(seed)``, and ties in time
+are broken by send order, so a seed replays exactly: ``trace`` records every
+packet's fate and ``trace_digest()`` hashes it.
+
+Faults (``Faults``): loss, duplication, reordering (an extra random delay),
+fixed delay plus jitter, bit corruption, an optional link rate, and
+partitions (all packets between two addresses, or all packets, dropped
+between two times or until ``heal``).
+
+Usage::
+
+    net = SimNet(seed, Faults(loss=0.01))
+    net.attach("a", qp_a)          # qp_a.remote must be "b" (set at RTR)
+    net.attach("b", qp_b)
+    qp_a.post_send(...)
+    assert net.run(until=lambda: len(cq_a) == n, max_time=1.0)
+"""
+
+import hashlib
+import heapq
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from rdmakit.wire import (
+    ROCE_UDP_PORT,
+    Packet,
+    WireError,
+    decode,
+    encode,
+    icrc_ipv4,
+    pack_icrc,
+    unpack_icrc,
+)
+
+Address = Hashable
+_SPORT = 0xC000
+#: Steps at one instant of virtual time after which ``run`` declares a livelock.
+_MAX_STALL = 1_000_000
+
+
+class SimQP(Protocol):
+    """What the network needs of an engine QP (``rdmakit.engine.QueuePair`` fits)."""
+
+    @property
+    def qpn(self) -> int: ...
+    @property
+    def remote(self) -> object: ...
+    def receive(self, pkt: Packet, now: float) -> None: ...
+    def handle_timer(self, now: float) -> None: ...
+    def get_timer(self) -> float | None: ...
+    def poll_transmit(self, now: float, max_packets: int | None = None) -> list[Packet]: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Faults:
+    """Per-packet fault probabilities and delays (seconds)."""
+
+    loss: float = 0.0
+    duplicate: float = 0.0
+    #: Probability of an extra uniform(0, reorder_delay) delay.
+    reorder: float = 0.0
+    reorder_delay: float = 50e-6
+    delay: float = 10e-6
+    #: Extra uniform(0, jitter) delay on every packet.
+    jitter: float = 0.0
+    #: Probability that one random bit of the datagram flips.
+    corrupt: float = 0.0
+    #: Link rate in bytes per second per direction; None for unlimited.
+    rate: float | None = None
+
+
+class TraceEvent(NamedTuple):
+    time: float
+    src: str
+    dst: str
+    size: int
+    crc: int  # the packet's ICRC as sent: a digest of its bytes
+    fate: str  # "sent", "lost", "partitioned", "dup", "corrupted", "delivered", "bad_icrc", ...
+
+
+class _Partition:
+    __slots__ = ("between", "end", "start")
+
+    def __init__(self, start: float, end: float, between: frozenset[Address] | None) -> None:
+        self.start = start
+        self.end = end
+        self.between = between
+
+
+class SimNet:
+    """The network: endpoints, attached QPs, an event heap and the virtual clock ``now``."""
+
+    def __init__(self, seed: int, faults: Faults | None = None, *, trace: bool = True) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.faults = faults or Faults()
+        self.now = 0.0
+        self.stats: Counter[str] = Counter()
+        self.trace: list[TraceEvent] | None = [] if trace else None
+        self._qps: list[tuple[Address, SimQP]] = []
+        self._by_addr_qpn: dict[tuple[Address, int], SimQP] = {}
+        self._ips: dict[Address, bytes] = {}
+        self._heap: list[tuple[float, int, Address, Address, bytes]] = []
+        self._seq = 0
+        self._partitions: list[_Partition] = []
+        self._link_free: dict[tuple[Address, Address], float] = {}
+        #: Per-direction fault overrides: (src, dst) -> Faults.
+        self.link_faults: dict[tuple[Address, Address], Faults] = {}
+
+    # -- topology --
+
+    def _ip(self, address: Address) -> bytes:
+        ip = self._ips.get(address)
+        if ip is None:
+            n = len(self._ips) + 1
+            ip = self._ips[address] = bytes((10, 0, n >> 8 & 0xFF, n & 0xFF))
+        return ip
+
+    def attach(self, address: Address, qp: SimQP) -> None:
+        """Attach ``qp`` at ``address``; packets for (address, qp.qpn) reach it."""
+        key = (address, qp.qpn)
+        if key in self._by_addr_qpn:
+            raise ValueError(f"QPN {qp.qpn:#x} is already attached at {address!r}")
+        self._ip(address)
+        self._by_addr_qpn[key] = qp
+        self._qps.append((address, qp))
+
+    def detach(self, address: Address, qp: SimQP) -> None:
+        self._by_addr_qpn.pop((address, qp.qpn), None)
+        self._qps = [(a, q) for a, q in self._qps if q is not qp]
+
+    def partition(
+        self,
+        start: float | None = None,
+        end: float | None = None,
+        between: tuple[Address, Address] | None = None,
+    ) -> None:
+        """Drop every packet sent in [start, end) between two addresses.
+
+        Defaults: from now, forever, between all addresses.
+        """
+        self._partitions.append(
+            _Partition(
+                self.now if start is None else start,
+                math.inf if end is None else end,
+                None if between is None else frozenset(between),
+            )
+        )
+
+    def heal(self) -> None:
+        """End every partition now."""
+        for p in self._partitions:
+            p.end = min(p.end, self.now)
+
+    def _partitioned(self, src: Address, dst: Address) -> bool:
+        now = self.now
+        for p in self._partitions:
+            if p.start <= now < p.end and (p.between is None or (src in p.between and dst in p.between)):
+                return True
+        return False
+
+    # -- packets --
+
+    def _record(self, src: Address, dst: Address, size: int, crc: int, fate: str) -> None:
+        self.stats[fate] += 1
+        if self.trace is not None:
+            self.trace.append(TraceEvent(self.now, str(src), str(dst), size, crc, fate))
+
+    def send(self, src: Address, dst: Address, pkt: Packet) -> None:
+        """Put one packet on the wire from ``src`` to ``dst`` (engines' output goes through here)."""
+        body = encode(pkt)
+        crc = icrc_ipv4(self._ip(src), self._ip(dst), _SPORT, ROCE_UDP_PORT, body)
+        self.send_bytes(src, dst, body + pack_icrc(crc))
+
+    def send_bytes(self, src: Address, dst: Address, datagram: bytes) -> None:
+        """Put a raw datagram (BTH .. ICRC) on the wire, subject to faults."""
+        f = self.link_faults.get((src, dst), self.faults)
+        rng = self.rng
+        crc = unpack_icrc(datagram) if len(datagram) >= 4 else 0
+        size = len(datagram)
+        self._record(src, dst, size, crc, "sent")
+        if self._partitioned(src, dst):
+            self._record(src, dst, size, crc, "partitioned")
+            return
+        if f.loss and rng.random() < f.loss:
+            self._record(src, dst, size, crc, "lost")
+            return
+        copies = 2 if f.duplicate and rng.random() < f.duplicate else 1
+        if copies == 2:
+            self._record(src, dst, size, crc, "duplicated")
+        depart = self.now
+        if f.rate:
+            link = (src, dst)
+            depart = max(depart, self._link_free.get(link, 0.0)) + (size + 42) / f.rate
+            self._link_free[link] = depart
+        for _ in range(copies):
+            data = datagram
+            if f.corrupt and rng.random() < f.corrupt and data:
+                bit = rng.randrange(len(data) * 8)
+                b = bytearray(data)
+                b[bit >> 3] ^= 1 << (bit & 7)
+                data = bytes(b)
+                self._record(src, dst, size, crc, "corrupted")
+            t = depart + f.delay
+            if f.jitter:
+                t += rng.uniform(0.0, f.jitter)
+            if f.reorder and rng.random() < f.reorder:
+                t += rng.uniform(0.0, f.reorder_delay)
+            self._seq += 1
+            heapq.heappush(self._heap, (t, self._seq, src, dst, data))
+
+    def _deliver(self, src: Address, dst: Address, data: bytes) -> None:
+        crc = unpack_icrc(data) if len(data) >= 4 else 0
+        if len(data) < 16:
+            self._record(src, dst, len(data), crc, "runt")
+            return
+        body = memoryview(data)[:-4]
+        if icrc_ipv4(self._ip(src), self._ip(dst), _SPORT, ROCE_UDP_PORT, body) != crc:
+            self._record(src, dst, len(data), crc, "bad_icrc")
+            return
+        try:
+            pkt = decode(body)
+        except WireError:
+            self._record(src, dst, len(data), crc, "undecodable")
+            return
+        qp = self._by_addr_qpn.get((dst, pkt.dest_qp))
+        if qp is None:
+            self._record(src, dst, len(data), crc, "no_qp")
+            return
+        self._record(src, dst, len(data), crc, "delivered")
+        qp.receive(pkt, self.now)
+
+    def _pump(self) -> None:
+        """Send everything every QP has ready now."""
+        now = self.now
+        for addr, qp in self._qps:
+            pkts = qp.poll_transmit(now)
+            if pkts:
+                dst = qp.remote
+                for pkt in pkts:
+                    self.send(addr, dst, pkt)
+
+    # -- time --
+
+    def next_event_time(self) -> float | None:
+        t = self._heap[0][0] if self._heap else None
+        for _, qp in self._qps:
+            d = qp.get_timer()
+            if d is not None and (t is None or d < t):
+                t = d
+        return t
+
+    def run(self, until: Callable[[], bool] | None = None, *, max_time: float = 60.0) -> bool:
+        """Advance virtual time until ``until()`` holds or nothing is left to do.
+
+        Returns True if ``until()`` holds (or, without ``until``, the network
+        went idle) within ``max_time`` seconds of virtual time; False if time
+        ran out first (``now`` is then ``start + max_time``).
+        """
+        deadline = self.now + max_time
+        heap = self._heap
+        stalled = 0
+        while True:
+            self._pump()
+            if until is not None and until():
+                return True
+            t = self.next_event_time()
+            if t is None:
+                return until is None
+            if t > deadline:
+                self.now = deadline
+                return False
+            if t > self.now:
+                self.now = t
+                stalled = 0
+            else:
+                stalled += 1
+                if stalled > _MAX_STALL:
+                    raise RuntimeError(f"no progress in virtual time at t={self.now} (seed {self.seed})")
+            now = self.now
+            while heap and heap[0][0] <= now:
+                _, _, src, dst, data = heapq.heappop(heap)
+                self._deliver(src, dst, data)
+            for _, qp in self._qps:
+                d = qp.get_timer()
+                if d is not None and d <= now:
+                    qp.handle_timer(now)
+
+    def trace_digest(self) -> str:
+        """SHA-256 of the trace: equal digests, identical packet histories."""
+        h = hashlib.sha256()
+        for ev in self.trace or ():
+            h.update(f"{ev.time!r} {ev.src} {ev.dst} {ev.size} {ev.crc} {ev.fate}\n".encode())
+        return h.hexdigest()

@@ -1,0 +1,262 @@
+"""The TCP transport: the same RC packets, framed on TCP streams.
+
+Each device listens on ``(ip, port)``. To send to a peer device it opens one
+stream to the peer's listener (from its own IP) and opens it with a preface
+naming its own listener, so the receiver knows which device is talking. Every
+packet then travels as a frame (:mod:`rdmakit.wire.framing`): the streams are
+checksummed and ordered, so no ICRC is sent. Streams are one-way in use (a
+device sends on the stream it opened and receives on the ones it accepted);
+each side still reads its outgoing stream to notice the peer going away.
+
+All sockets sit behind one epoll descriptor, so a single ``fileno()`` tells an
+event loop that something is ready.
+"""
+
+import contextlib
+import errno
+import select
+import socket
+import struct
+from collections import deque
+from collections.abc import Iterator, Sequence
+
+from rdmakit.wire import FRAME_HEADER, MAX_FRAME, Packet, encode_headers, pad_bytes
+
+PREFACE_MAGIC = b"RDMAKIT\x01"
+_PREFACE = struct.Struct(">8s16sH")
+_IOV_MAX = 512
+_READ_CHUNK = 4 << 20
+_BUF = 32 << 20
+
+Addr = tuple[str, int]
+
+
+def _ip16(ip: str) -> bytes:
+    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    b = socket.inet_pton(fam, ip)
+    return b if len(b) == 16 else b"\0" * 10 + b"\xff\xff" + b
+
+
+def _ip_str(b: bytes) -> str:
+    if b[:12] == b"\0" * 10 + b"\xff\xff":
+        return socket.inet_ntop(socket.AF_INET, b[12:])
+    return socket.inet_ntop(socket.AF_INET6, b)
+
+
+class _Stream:
+    __slots__ = ("addr", "buf", "dead", "end", "out", "peer", "sock", "start")
+
+    def __init__(self, sock: socket.socket, peer: Addr | None) -> None:
+        self.sock = sock
+        self.peer = peer  # the remote device (its listener), once known
+        self.out: deque[memoryview] = deque()
+        self.buf = bytearray(_READ_CHUNK)
+        self.start = 0
+        self.end = 0
+        self.dead = False
+
+
+class TcpLink:
+    def __init__(self, ip: str, port: int) -> None:
+        self.ip = ip
+        self.family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        ls = socket.socket(self.family, socket.SOCK_STREAM)
+        try:
+            ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            ls.bind((ip, port))
+            ls.listen(64)
+            ls.setblocking(False)
+        except OSError:
+            ls.close()
+            raise
+        self.listener = ls
+        self.port: int = ls.getsockname()[1]
+        self._ep = select.epoll()
+        self._ep.register(ls.fileno(), select.EPOLLIN)
+        self._by_fd: dict[int, _Stream] = {}
+        self._out: dict[Addr, _Stream] = {}
+        self._preface = _PREFACE.pack(PREFACE_MAGIC, _ip16(ip), self.port)
+        self.bad_prefaces = 0
+        self.bad_frames = 0
+
+    def fileno(self) -> int:
+        return self._ep.fileno()
+
+    def close(self) -> None:
+        for s in list(self._by_fd.values()):
+            s.sock.close()
+        self._by_fd.clear()
+        self._out.clear()
+        self.listener.close()
+        self._ep.close()
+
+    def wants_write(self) -> bool:
+        return any(s.out for s in self._out.values())
+
+    # -- sending -----------------------------------------------------------------------
+    def _stream_to(self, addr: Addr) -> _Stream:
+        s = self._out.get(addr)
+        if s is not None and not s.dead:
+            return s
+        sock = socket.socket(self.family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            sock.setsockopt(socket.SOL_SOCKET, opt, _BUF)
+        sock.bind((self.ip, 0))  # the peer checks packets come from our GID's address
+        sock.setblocking(False)
+        err = sock.connect_ex(addr)
+        s = _Stream(sock, addr)
+        if err not in (0, errno.EINPROGRESS):
+            s.dead = True
+        s.out.append(memoryview(self._preface))
+        self._out[addr] = s
+        self._by_fd[sock.fileno()] = s
+        self._ep.register(sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
+        return s
+
+    def send_packets(self, pkts: Sequence[Packet], addr: Addr) -> None:
+        s = self._stream_to(addr)
+        out = s.out
+        for pkt in pkts:
+            hdr = encode_headers(pkt)
+            pl = pkt.payload
+            n = len(pl)
+            out.append(memoryview(FRAME_HEADER.pack(len(hdr) + n + (-n & 3)) + hdr))
+            if n:
+                out.append(memoryview(pl).cast("B"))
+                if n & 3:
+                    out.append(memoryview(pad_bytes(n)))
+        self._flush(s)
+
+    def _flush(self, s: _Stream) -> None:
+        out = s.out
+        while out and not s.dead:
+            iov = [out[i] for i in range(min(len(out), _IOV_MAX))]
+            try:
+                sent = s.sock.sendmsg(iov)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                s.dead = True  # the queued packets are lost: poll() reports the peer
+                return
+            while sent:
+                head = out[0]
+                if sent >= len(head):
+                    sent -= len(head)
+                    out.popleft()
+                else:
+                    out[0] = head[sent:]
+                    sent = 0
+
+    # -- receiving ---------------------------------------------------------------------
+    def poll(self) -> Iterator[tuple[list[memoryview], str, Addr | None]]:
+        """Yield ``(frame bodies, peer ip, failed peer or None)`` for each ready stream.
+
+        Frame bodies are views into the stream's buffer, valid until the next poll.
+        A peer is reported failed when a stream we send on could not be opened or
+        died with data still queued: the packets in it are lost for good.
+        """
+        for fd, ev in self._ep.poll(0):
+            if fd == self.listener.fileno():
+                self._accept()
+                continue
+            s = self._by_fd.get(fd)
+            if s is None:
+                continue
+            if ev & select.EPOLLOUT:
+                self._flush(s)
+            if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+                frames = self._read(s)
+                if frames and s.peer is not None:
+                    yield frames, s.peer[0], None
+            if s.dead:
+                failed = bool(s.out) and s.peer is not None and self._out.get(s.peer) is s
+                self._drop(s)
+                if failed and s.peer is not None:
+                    yield [], s.peer[0], s.peer
+            elif not s.out and ev & select.EPOLLOUT:
+                self._ep.modify(fd, select.EPOLLIN)
+        for s in list(self._out.values()):
+            if s.dead:
+                self._drop(s)
+                if s.peer is not None:
+                    yield [], s.peer[0], s.peer
+            elif s.out:
+                self._ep.modify(s.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUF)
+            s = _Stream(sock, None)
+            self._by_fd[sock.fileno()] = s
+            self._ep.register(sock.fileno(), select.EPOLLIN)
+
+    def _drop(self, s: _Stream) -> None:
+        fd = s.sock.fileno()
+        if fd >= 0:
+            self._by_fd.pop(fd, None)
+            with contextlib.suppress(OSError):
+                self._ep.unregister(fd)
+        s.sock.close()
+        if s.peer is not None and self._out.get(s.peer) is s:
+            del self._out[s.peer]
+
+    def _read(self, s: _Stream) -> list[memoryview]:
+        """Read what is there and return the whole frames it completes."""
+        if s.start:  # keep only the partial frame, at the front
+            rest = s.end - s.start
+            s.buf[:rest] = s.buf[s.start : s.end]
+            s.start, s.end = 0, rest
+        buf = s.buf
+        while True:
+            if s.end == len(buf):
+                need = 0
+                if s.peer is not None and s.end >= 4:
+                    need = 4 + min(FRAME_HEADER.unpack_from(buf, 0)[0], MAX_FRAME)
+                if need <= len(buf):
+                    break  # full of whole frames: parse them first
+                grown = bytearray(need)
+                grown[: s.end] = buf[: s.end]
+                s.buf = buf = grown
+            try:
+                n = s.sock.recv_into(memoryview(buf)[s.end :])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                s.dead = True
+                break
+            if n == 0:
+                s.dead = True
+                break
+            s.end += n
+        frames: list[memoryview] = []
+        pos, end = s.start, s.end
+        if s.peer is None:
+            if end - pos < _PREFACE.size:
+                return frames
+            magic, ip16, port = _PREFACE.unpack_from(buf, pos)
+            if magic != PREFACE_MAGIC:
+                self.bad_prefaces += 1
+                s.dead = True
+                return frames
+            s.peer = (_ip_str(ip16), port)
+            pos += _PREFACE.size
+        view = memoryview(buf)
+        while end - pos >= 4:
+            (n,) = FRAME_HEADER.unpack_from(buf, pos)
+            if not 12 <= n <= MAX_FRAME:
+                s.dead = True  # garbage on the stream: nothing after it can be trusted
+                self.bad_frames += 1
+                break
+            if end - pos - 4 < n:
+                break
+            frames.append(view[pos + 4 : pos + 4 + n])
+            pos += 4 + n
+        s.start = pos
+        return frames

@@ -1,0 +1,23 @@
+"""Shared fixtures: unique loopback addresses so parallel tests never share a port."""
+
+import itertools
+import os
+from collections.abc import Callable
+
+import pytest
+
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+_WORKER_NO = int(_worker[2:]) if _worker[2:].isdigit() else 0
+_counter = itertools.count(1)
+
+
+def _next_ip() -> str:
+    # 127.<pid-spread>.<worker>.<n>: every test gets its own addresses in 127/8.
+    n = next(_counter)
+    return f"127.{100 + os.getpid() % 100}.{(_WORKER_NO * 8 + n // 250) % 256}.{1 + n % 250}"
+
+
+@pytest.fixture
+def new_ip() -> Callable[[], str]:
+    """Returns a function that gives a fresh loopback address at each call."""
+    return _next_ip

@@ -1,0 +1,57 @@
+"""Fixtures for the DOCA layer: seeded local devices and started memory maps."""
+
+import os
+import random
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from rdmakit.doca import AccessFlag, Dev, LocalBackendDevice, Mmap, local_devinfo
+
+
+@pytest.fixture
+def seed() -> int:
+    """The seed of this test's random source; printed so a failure replays."""
+    value = int(os.environ.get("RDMAKIT_SEED", random.SystemRandom().randrange(1 << 32)))
+    print(f"RDMAKIT_SEED={value}")
+    return value
+
+
+@pytest.fixture
+def rng(seed: int) -> random.Random:
+    return random.Random(seed)
+
+
+@pytest.fixture
+def dev(rng: random.Random) -> Iterator[Dev]:
+    with Dev.open(local_devinfo("local0", rng=rng)) as opened:
+        yield opened
+
+
+@pytest.fixture
+def backend(dev: Dev) -> LocalBackendDevice:
+    assert isinstance(dev.backend, LocalBackendDevice)
+    return dev.backend
+
+
+MmapFactory = Callable[..., Mmap]
+
+
+@pytest.fixture
+def make_mmap(dev: Dev) -> Iterator[MmapFactory]:
+    """``make_mmap(size_or_buffer, access=LOCAL_READ_WRITE)``: a started mmap on `dev`."""
+    made: list[Mmap] = []
+
+    def make(memory: int | object = 4096, access: int = AccessFlag.LOCAL_READ_WRITE) -> Mmap:
+        mmap = Mmap()
+        mmap.set_permissions(access)
+        mmap.set_memrange(bytearray(memory) if isinstance(memory, int) else memory)  # type: ignore[arg-type]
+        mmap.add_dev(dev)
+        mmap.start()
+        made.append(mmap)
+        return mmap
+
+    yield make
+    for mmap in made:
+        if mmap.num_bufs == 0:
+            mmap.destroy()

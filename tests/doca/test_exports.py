@@ -1,0 +1,50 @@
+"""The public façade of rdmakit.doca (trio's test_exports)."""
+
+import importlib
+import pkgutil
+
+import rdmakit.doca
+
+MODULES = sorted(
+    name for info in pkgutil.iter_modules(rdmakit.doca.__path__) if not (name := info.name).startswith("_")
+)
+
+
+def test_every_module_is_covered() -> None:
+    """The façade is built from these modules; a new module must be added to it."""
+    assert MODULES == [
+        "backend",
+        "buf",
+        "ctx",
+        "device",
+        "errors",
+        "graph",
+        "inventory",
+        "mmap",
+        "sync_event",
+    ]
+
+
+def test_facade_exports_each_modules_public_names() -> None:
+    """Every name a module lists in __all__ is re-exported by rdmakit.doca, as the same object."""
+    for name in MODULES:
+        module = importlib.import_module(f"rdmakit.doca.{name}")
+        for public in module.__all__:
+            assert public in rdmakit.doca.__all__, f"rdmakit.doca.{name}.{public} is not exported"
+            assert getattr(rdmakit.doca, public) is getattr(module, public)
+
+
+def test_facade_exports_nothing_else() -> None:
+    """__all__ is sorted, has no duplicates and every entry comes from some module's __all__."""
+    listed = rdmakit.doca.__all__
+    assert len(set(listed)) == len(listed)
+    from_modules = {
+        public for name in MODULES for public in importlib.import_module(f"rdmakit.doca.{name}").__all__
+    }
+    assert set(listed) == from_modules
+
+
+def test_public_names_resolve() -> None:
+    """Every exported name exists."""
+    for public in rdmakit.doca.__all__:
+        assert hasattr(rdmakit.doca, public), public
