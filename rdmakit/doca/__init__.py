@@ -120,7 +120,7 @@ __all__ = [
     "local_devinfo",
     "register_provider",
 ]
+from rdmakit.doca.soft import SOFT_CAPS, SoftBackendDevice, SoftBackendQP, soft_devinfo
+from rdmakit.doca.soft import install as _install_soft
 
-from rdmakit.doca import soft as _soft
-
-_soft.install()
+_install_soft()

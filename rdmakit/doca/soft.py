@@ -44,14 +44,7 @@ from rdmakit.transport.device import (
 from rdmakit.transport.driver import Driver
 from rdmakit.wire import PSN_MASK, ROCE_UDP_PORT
 
-__all__ = [
-    "SOFT_CAPS",
-    "SoftBackendDevice",
-    "SoftBackendQP",
-    "driver",
-    "install",
-    "soft_devinfo",
-]
+__all__ = ["SOFT_CAPS", "SoftBackendDevice", "SoftBackendQP", "soft_devinfo"]
 
 _RDMA_JOBS = frozenset(
     {

@@ -87,6 +87,7 @@ class SendWqe:
     __slots__ = (
         "first_psn",
         "has_rd",
+        "imm",
         "is_write",
         "kind",
         "last_psn",
@@ -123,6 +124,8 @@ class SendWqe:
             self.kind = SEND_WRITE
         self.ops = _SEGMENT_OPS.get(opcode)
         self.is_write = opcode in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
+        #: ImmDt for the last packet; verbs ignores imm_data on other opcodes.
+        self.imm = wr.imm_data if opcode in (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM) else None
         self.state = POSTED
         self.started = False
         self.first_psn = 0
@@ -358,7 +361,7 @@ class Requester:
                 else:
                     payload = gather(wqe.segs, off, size)
                 reth = RETH(wr.remote_addr, wr.rkey, length) if first and wqe.is_write else None
-                imm = wr.imm_data if last else None
+                imm = wqe.imm if last else None
                 pkt = Packet(
                     op, dqpn, psn, ackreq, False, False, 0xFFFF, False, False, reth, None, None,
                     None, imm, None, payload,

@@ -8,7 +8,7 @@ garbage length cannot make a receiver allocate without limit.
 
 import struct
 
-from .errors import WireError
+from .errors import LocalWireError, WireError
 from .packet import BTH_LEN
 
 FRAME_HEADER = struct.Struct(">I")
@@ -16,13 +16,20 @@ MAX_FRAME = 1 << 26
 
 
 def frame_header(body_len: int) -> bytes:
+    """The length prefix of a frame whose body is ``body_len`` bytes."""
     if not BTH_LEN <= body_len <= MAX_FRAME:
-        raise WireError(f"frame body of {body_len} bytes is out of range")
+        raise LocalWireError(f"frame body of {body_len} bytes is out of range")
     return FRAME_HEADER.pack(body_len)
 
 
 class FrameDecoder:
-    """Incremental frame parser: ``feed`` bytes, then take ``next_frame`` until None."""
+    """Incremental frame parser: ``feed`` bytes, then take ``next_frame`` until None.
+
+    A length outside ``[BTH_LEN, MAX_FRAME]`` raises :class:`WireError` (the
+    peer's fault) as soon as its 4 bytes are in, before the body arrives; the
+    stream cannot be resynchronised after that, and every later
+    ``next_frame`` raises again.
+    """
 
     __slots__ = ("_buf", "_pos")
 
@@ -34,7 +41,10 @@ class FrameDecoder:
         if self._pos:
             del self._buf[: self._pos]
             self._pos = 0
-        self._buf += data
+        try:
+            self._buf += data
+        except (TypeError, ValueError, BufferError) as e:
+            raise LocalWireError(f"feed() takes a byte buffer: {e}") from None
 
     def next_frame(self) -> bytes | None:
         """The next whole frame body, or None if more bytes are needed."""
@@ -43,13 +53,15 @@ class FrameDecoder:
             return None
         (n,) = FRAME_HEADER.unpack_from(buf, pos)
         if not BTH_LEN <= n <= MAX_FRAME:
-            raise WireError(f"frame length {n} is out of range")
+            raise WireError(f"frame length {n} is out of range [{BTH_LEN}, {MAX_FRAME}]")
         end = pos + 4 + n
         if len(buf) < end:
             return None
         self._pos = end
-        return bytes(buf[pos + 4 : end])
+        with memoryview(buf) as mv, mv[pos + 4 : end] as body:
+            return bytes(body)
 
     @property
     def buffered(self) -> int:
+        """Bytes fed but not yet returned as frames."""
         return len(self._buf) - self._pos

@@ -5,13 +5,26 @@ extension headers the opcode calls for, in the order RETH, AETH, AtomicETH,
 AtomicAckETH, ImmDt, IETH; then payload and 0-3 pad bytes (the BTH's PadCnt).
 The ICRC that follows on a RoCEv2 UDP datagram is handled in :mod:`.icrc`.
 All multi-byte fields are big-endian.
+
+Invariants the codec keeps (checked by ``tests/wire``):
+
+* ``decode(encode(p)) == p`` for every valid ``Packet`` ``p``;
+* ``encode(decode(b)) == b`` for every ``b`` that ``decode`` accepts, once the
+  reserved BTH bits (byte 4 bits 5:0, byte 8 bits 6:0) and the pad bytes of
+  ``b`` are cleared: those are the only bits ``decode`` ignores;
+* ``decode`` raises :class:`WireError` and nothing else; the encoders raise
+  :class:`LocalWireError` for a ``Packet`` that cannot go on the wire.
+
+The hot paths are written flat on purpose: one precompiled ``struct`` per
+header layout packs or unpacks the BTH and its extension headers in one call,
+no ``Enum`` is constructed, and ``Packet`` is built with ``tuple.__new__``.
 """
 
 import struct
 from enum import IntEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from .errors import WireError
+from .errors import LocalWireError, WireError
 from .opcodes import OPCODE_INFO, Opcode, OpInfo
 
 BTH_LEN = 12
@@ -90,15 +103,24 @@ def nak_syndrome(code: NakCode) -> int:
     return (AckKind.NAK << 5) | int(code)
 
 
-def parse_syndrome(syndrome: int) -> tuple[AckKind, int]:
-    """Split an AETH syndrome into its kind and 5-bit value.
+#: Syndrome bits 7:5 -> kind; None for the reserved kinds 010 and 1xx.
+_ACK_KINDS: tuple[AckKind | None, ...] = tuple(
+    AckKind(k) if k in AckKind._value2member_map_ else None for k in range(8)
+)
 
-    Raises WireError for the reserved kinds (010, 1xx).
+
+def parse_syndrome(syndrome: int) -> tuple[AckKind, int]:
+    """Split an AETH syndrome (a u8) into its kind and 5-bit value.
+
+    Raises WireError for the reserved kinds (010, 1xx) and for values that are
+    not a u8.
     """
     try:
-        kind = AckKind(syndrome >> 5)
-    except ValueError:
-        raise WireError(f"reserved AETH syndrome 0x{syndrome:02x}") from None
+        kind = _ACK_KINDS[syndrome >> 5] if 0 <= syndrome <= 0xFF else None
+    except TypeError:
+        raise WireError(f"AETH syndrome is not an int: {syndrome!r}") from None
+    if kind is None:
+        raise WireError(f"reserved AETH syndrome 0x{syndrome:02x}")
     return kind, syndrome & 0x1F
 
 
@@ -143,118 +165,295 @@ def pad_len(payload_len: int) -> int:
 _PADS = (b"", b"\0", b"\0\0", b"\0\0\0")
 
 
-def encode_headers(pkt: Packet) -> bytes:
-    """BTH and extension headers for ``pkt``; the PadCnt comes from the payload."""
-    info = OPCODE_INFO.get(pkt.opcode)
-    if info is None:
-        raise WireError(f"not an RC opcode: 0x{int(pkt.opcode):02x}")
-    plen = len(pkt.payload)
-    if plen and not info.payload:
-        raise WireError(f"{info.opcode.name} carries no payload")
-    byte1 = (pkt.se << 7) | (pkt.migreq << 6) | (pad_len(plen) << 4)
-    word1 = (pkt.fecn << 31) | (pkt.becn << 30) | (pkt.dest_qp & 0xFFFFFF)
-    word2 = (pkt.ackreq << 31) | (pkt.psn & 0xFFFFFF)
-    out = _BTH.pack(pkt.opcode, byte1, pkt.pkey, word1, word2)
-    if info.ext_len == 0:
-        return out
-    try:
-        if info.reth:
-            assert pkt.reth is not None, "RETH required"
-            out += _RETH.pack(*pkt.reth)
-        if info.aeth:
-            assert pkt.aeth is not None, "AETH required"
-            out += _AETH.pack((pkt.aeth.syndrome << 24) | (pkt.aeth.msn & 0xFFFFFF))
-        if info.atomic_eth:
-            assert pkt.atomic_eth is not None, "AtomicETH required"
-            out += _ATOMIC_ETH.pack(*pkt.atomic_eth)
-        if info.atomic_ack_eth:
-            assert pkt.atomic_ack is not None, "AtomicAckETH required"
-            out += _U64.pack(pkt.atomic_ack)
-        if info.imm:
-            assert pkt.imm is not None, "ImmDt required"
-            out += _U32.pack(pkt.imm)
-        if info.ieth:
-            assert pkt.ieth is not None, "IETH required"
-            out += _U32.pack(pkt.ieth)
-    except (AssertionError, struct.error) as e:
-        raise WireError(f"{info.opcode.name}: {e}") from None
-    return out
-
-
 def pad_bytes(payload_len: int) -> bytes:
     return _PADS[-payload_len & 3]
 
 
+# --- Header layouts -------------------------------------------------------------
+#
+# Every RC opcode has one of these layouts: the extension headers after the BTH
+# and whether a payload may follow. One struct per layout covers the BTH and all
+# of its extension headers. The layout of each opcode is derived from
+# OPCODE_INFO (below), not written twice.
+
+_L_BARE = 0  # payload only: SEND_FIRST/MIDDLE/LAST/ONLY, WRITE_MIDDLE/LAST, READ_RESPONSE_MIDDLE
+_L_AETH = 1  # AETH + payload: READ_RESPONSE_FIRST/LAST/ONLY
+_L_AETH_ONLY = 2  # AETH: ACKNOWLEDGE
+_L_RETH = 3  # RETH + payload: WRITE_FIRST/ONLY
+_L_RETH_ONLY = 4  # RETH: READ_REQUEST
+_L_IMM = 5  # ImmDt + payload: SEND_LAST/ONLY_WITH_IMMEDIATE, WRITE_LAST_WITH_IMMEDIATE
+_L_RETH_IMM = 6  # RETH + ImmDt + payload: WRITE_ONLY_WITH_IMMEDIATE
+_L_IETH = 7  # IETH + payload: SEND_LAST/ONLY_WITH_INVALIDATE
+_L_ATOMIC = 8  # AtomicETH: COMPARE_SWAP, FETCH_ADD
+_L_ATOMIC_ACK = 9  # AETH + AtomicAckETH: ATOMIC_ACKNOWLEDGE
+
+# (reth, aeth, atomic_eth, atomic_ack_eth, imm, ieth, payload) -> layout
+_LAYOUT_OF_HEADERS = {
+    (False, False, False, False, False, False, True): _L_BARE,
+    (False, True, False, False, False, False, True): _L_AETH,
+    (False, True, False, False, False, False, False): _L_AETH_ONLY,
+    (True, False, False, False, False, False, True): _L_RETH,
+    (True, False, False, False, False, False, False): _L_RETH_ONLY,
+    (False, False, False, False, True, False, True): _L_IMM,
+    (True, False, False, False, True, False, True): _L_RETH_IMM,
+    (False, False, False, False, False, True, True): _L_IETH,
+    (False, False, True, False, False, False, False): _L_ATOMIC,
+    (False, True, False, True, False, False, False): _L_ATOMIC_ACK,
+}
+
+#: BTH + extension headers of each layout, as one struct.
+_STRUCTS = {
+    _L_BARE: _BTH,
+    _L_AETH: struct.Struct(">BBHIII"),
+    _L_AETH_ONLY: struct.Struct(">BBHIII"),
+    _L_RETH: struct.Struct(">BBHIIQII"),
+    _L_RETH_ONLY: struct.Struct(">BBHIIQII"),
+    _L_IMM: struct.Struct(">BBHIII"),
+    _L_RETH_IMM: struct.Struct(">BBHIIQIII"),
+    _L_IETH: struct.Struct(">BBHIII"),
+    _L_ATOMIC: struct.Struct(">BBHIIQIQQ"),
+    _L_ATOMIC_ACK: struct.Struct(">BBHIIIQ"),
+}
+
+
+def _layout(info: OpInfo) -> int:
+    key = (info.reth, info.aeth, info.atomic_eth, info.atomic_ack_eth, info.imm, info.ieth, info.payload)
+    layout = _LAYOUT_OF_HEADERS[key]
+    assert _STRUCTS[layout].size == BTH_LEN + info.ext_len, info
+    return layout
+
+
+#: opcode -> layout, for the encoder (keys are Opcode members; ints hash the same).
+_ENC_LAYOUT: dict[int, int] = {op: _layout(info) for op, info in OPCODE_INFO.items()}
+#: opcode byte -> (Opcode member, layout, BTH + extension header length), for the decoder.
+_DEC_INFO: dict[int, tuple[Opcode, int, int]] = {
+    int(op): (info.opcode, _layout(info), BTH_LEN + info.ext_len) for op, info in OPCODE_INFO.items()
+}
+
+#: PadCnt (byte 1 bits 5:4) for a payload length mod 4.
+_PADCNT_BITS = (0x00, 0x30, 0x20, 0x10)
+_U24 = 0xFFFFFF
+
+_S_BTH = _BTH
+_S_AETH = _STRUCTS[_L_AETH]
+_S_RETH = _STRUCTS[_L_RETH]
+_S_RETH_IMM = _STRUCTS[_L_RETH_IMM]
+_S_ATOMIC = _STRUCTS[_L_ATOMIC]
+_S_ATOMIC_ACK = _STRUCTS[_L_ATOMIC_ACK]
+_S_U32 = _STRUCTS[_L_IMM]  # BTH + one u32: ImmDt or IETH
+
+
+class _Invalid(Exception):
+    """The fast path met something it does not handle; the slow path says what."""
+
+
+def encode_headers(pkt: Packet) -> bytes:
+    """BTH and extension headers for ``pkt``; the PadCnt comes from the payload.
+
+    Raises :class:`LocalWireError` if the opcode is not an RC opcode, a header
+    the opcode carries is missing or one it does not carry is set, a payload is
+    given to an opcode without one, or a field is out of range.
+    """
+    try:
+        (op, qp, psn, ackreq, se, migreq, pkey, fecn, becn,
+         reth, aeth, atomic_eth, atomic_ack, imm, ieth, payload) = pkt  # fmt: skip
+        layout = _ENC_LAYOUT[op]
+        plen = len(payload)
+        if qp > _U24 or psn > _U24 or (type(payload) is memoryview and payload.itemsize != 1):
+            raise _Invalid
+        b1 = (0x80 if se else 0) | (0x40 if migreq else 0) | _PADCNT_BITS[plen & 3]
+        w1 = (0x80000000 if fecn else 0) | (0x40000000 if becn else 0) | qp
+        w2 = (0x80000000 if ackreq else 0) | psn
+        if reth is None and atomic_eth is None and atomic_ack is None and imm is None and ieth is None:
+            if layout == _L_BARE:
+                if aeth is None:
+                    return _S_BTH.pack(op, b1, pkey, w1, w2)
+            elif aeth is not None and (layout == _L_AETH or (layout == _L_AETH_ONLY and not plen)):
+                syndrome, msn = aeth
+                if msn <= _U24:
+                    return _S_AETH.pack(op, b1, pkey, w1, w2, (syndrome << 24) | msn)
+        elif aeth is None and atomic_eth is None and atomic_ack is None and ieth is None:
+            if imm is None:
+                if reth is not None and (layout == _L_RETH or (layout == _L_RETH_ONLY and not plen)):
+                    va, rkey, dma_len = reth
+                    return _S_RETH.pack(op, b1, pkey, w1, w2, va, rkey, dma_len)
+            elif reth is None:
+                if layout == _L_IMM:
+                    return _S_U32.pack(op, b1, pkey, w1, w2, imm)
+            elif layout == _L_RETH_IMM:
+                va, rkey, dma_len = reth
+                return _S_RETH_IMM.pack(op, b1, pkey, w1, w2, va, rkey, dma_len, imm)
+        elif reth is None and aeth is None and atomic_ack is None and imm is None:
+            if atomic_eth is None:
+                if layout == _L_IETH:
+                    return _S_U32.pack(op, b1, pkey, w1, w2, ieth)
+            elif ieth is None and layout == _L_ATOMIC and not plen:
+                va, rkey, swap_add, compare = atomic_eth
+                return _S_ATOMIC.pack(op, b1, pkey, w1, w2, va, rkey, swap_add, compare)
+        elif (
+            layout == _L_ATOMIC_ACK and not plen and aeth is not None and atomic_ack is not None
+            and reth is None and atomic_eth is None and imm is None and ieth is None
+        ):  # fmt: skip
+            syndrome, msn = aeth
+            if msn <= _U24:
+                return _S_ATOMIC_ACK.pack(op, b1, pkey, w1, w2, (syndrome << 24) | msn, atomic_ack)
+    except (_Invalid, KeyError, TypeError, ValueError, struct.error):
+        pass
+    raise LocalWireError(_why_not_encodable(pkt))
+
+
+def _why_not_encodable(pkt: Any) -> str:
+    """What is wrong with a packet the fast path refused (slow, thorough)."""
+    if not isinstance(pkt, Packet):
+        if not (isinstance(pkt, tuple) and len(pkt) == len(Packet._fields)):
+            return f"not a Packet: {type(pkt).__name__}"
+        pkt = Packet._make(pkt)
+    try:
+        info = OPCODE_INFO.get(pkt.opcode)
+    except TypeError:
+        info = None
+    if info is None:
+        return f"not an RC opcode: {pkt.opcode!r}"
+    name = info.opcode.name
+    for field, bits in (("dest_qp", 24), ("psn", 24), ("pkey", 16)):
+        value = getattr(pkt, field)
+        if not isinstance(value, int) or not 0 <= value < 1 << bits:
+            return f"{name}: {field} {value!r} is not a u{bits}"
+    payload = pkt.payload
+    if not isinstance(payload, bytes | bytearray | memoryview) or (
+        isinstance(payload, memoryview) and payload.itemsize != 1
+    ):
+        return f"{name}: payload {type(payload).__name__} is not a byte buffer"
+    plen = len(payload)
+    if plen and not info.payload:
+        return f"{name} carries no payload"
+    headers = (
+        ("reth", "RETH", info.reth, RETH, ((64, "va"), (32, "rkey"), (32, "dma_len"))),
+        ("aeth", "AETH", info.aeth, AETH, ((8, "syndrome"), (24, "msn"))),
+        ("atomic_eth", "AtomicETH", info.atomic_eth, AtomicETH,
+         ((64, "va"), (32, "rkey"), (64, "swap_add"), (64, "compare"))),
+        ("atomic_ack", "AtomicAckETH", info.atomic_ack_eth, None, ((64, "atomic_ack"),)),
+        ("imm", "ImmDt", info.imm, None, ((32, "imm"),)),
+        ("ieth", "IETH", info.ieth, None, ((32, "ieth"),)),
+    )  # fmt: skip
+    for field, title, wanted, cls, widths in headers:
+        value = getattr(pkt, field)
+        if not wanted:
+            if value is not None:
+                return f"{name} carries no {title}"
+            continue
+        if value is None:
+            return f"{name} lacks its {title}"
+        values = (value,) if cls is None else tuple(value) if isinstance(value, tuple) else None
+        if values is None or len(values) != len(widths):
+            return f"{name}: {title} {value!r} is not a {cls.__name__ if cls else 'u' + str(widths[0][0])}"
+        for v, (bits, fname) in zip(values, widths, strict=True):
+            if not isinstance(v, int) or not 0 <= v < 1 << bits:
+                return f"{name}: {title} {fname} {v!r} is not a u{bits}"
+    return f"{name}: cannot encode {pkt!r}"
+
+
 def encode(pkt: Packet) -> bytes:
     """The whole packet without ICRC: headers, payload, pad."""
-    return encode_headers(pkt) + bytes(pkt.payload) + _PADS[-len(pkt.payload) & 3]
+    hdrs = encode_headers(pkt)
+    payload = pkt[15]  # .payload, also for a plain 16-tuple
+    pad = -len(payload) & 3
+    try:
+        if pad:
+            return b"".join((hdrs, payload, _PADS[pad]))
+        return hdrs + payload
+    except (TypeError, BufferError) as e:
+        raise LocalWireError(f"{pkt[0]!r}: payload is not a contiguous byte buffer: {e}") from None
+
+
+_new_packet = tuple.__new__
+_BYTES_TYPES = (bytes, bytearray)
 
 
 def decode(data: bytes | bytearray | memoryview) -> Packet:
     """Parse a packet (BTH .. pad, no ICRC).
 
     The payload is a zero-copy ``memoryview`` slice of ``data``. Raises
-    :class:`WireError` and nothing else, whatever the bytes.
+    :class:`WireError` and nothing else, whatever the bytes. Reserved BTH bits
+    and the contents of the pad bytes are ignored (IBTA §9.2: reserved fields
+    are not checked by the receiver).
     """
-    try:
-        mv = data if isinstance(data, memoryview) else memoryview(data)
-        if mv.ndim != 1 or mv.itemsize != 1 or not mv.contiguous:
-            mv = memoryview(mv.tobytes())
-    except TypeError as e:
-        raise WireError(f"not a byte buffer: {e}") from None
+    if type(data) in _BYTES_TYPES:
+        mv = memoryview(data)
+    else:
+        mv = _byte_view(data)
     n = len(mv)
     if n < BTH_LEN:
         raise WireError(f"packet of {n} bytes is shorter than a BTH")
-    op, byte1, pkey, word1, word2 = _BTH.unpack_from(mv, 0)
-    info = OPCODE_INFO.get(op)
-    if info is None:
+    op, b1, pkey, w1, w2 = _BTH.unpack_from(mv, 0)
+    dec = _DEC_INFO.get(op)
+    if dec is None:
         raise WireError(f"unknown or non-RC opcode 0x{op:02x}")
-    if byte1 & 0x0F:
+    opcode, layout, off = dec
+    if b1 & 0x0F:
         # IBTA §9.2.1.4: TVer must be 0; rxe drops others (hdr_check()).
-        raise WireError(f"unsupported transport header version {byte1 & 0x0F}")
-    pad = (byte1 >> 4) & 3
-    off = BTH_LEN
-    end = n - pad
-    if end < off + info.ext_len:
-        raise WireError(f"{info.opcode.name}: {n} bytes cannot hold its headers and pad")
-    reth = aeth = atomic_eth = None
-    atomic_ack = imm = ieth = None
-    if info.reth:
-        reth = RETH._make(_RETH.unpack_from(mv, off))
-        off += 16
-    if info.aeth:
-        (w,) = _AETH.unpack_from(mv, off)
-        aeth = AETH(w >> 24, w & 0xFFFFFF)
-        off += 4
-    if info.atomic_eth:
-        atomic_eth = AtomicETH._make(_ATOMIC_ETH.unpack_from(mv, off))
-        off += 28
-    if info.atomic_ack_eth:
-        (atomic_ack,) = _U64.unpack_from(mv, off)
-        off += 8
-    if info.imm:
-        (imm,) = _U32.unpack_from(mv, off)
-        off += 4
-    if info.ieth:
-        (ieth,) = _U32.unpack_from(mv, off)
-        off += 4
-    if not info.payload and end != off:
-        raise WireError(f"{info.opcode.name} carries no payload, got {end - off} bytes")
-    return Packet(
-        info.opcode,
-        word1 & 0xFFFFFF,
-        word2 & 0xFFFFFF,
-        bool(word2 >> 31),
-        bool(byte1 & 0x80),
-        bool(byte1 & 0x40),
-        pkey,
-        bool(word1 >> 31),
-        bool(word1 & 0x40000000),
-        reth,
-        aeth,
-        atomic_eth,
-        atomic_ack,
-        imm,
-        ieth,
-        mv[off:end],
-    )
+        raise WireError(f"unsupported transport header version {b1 & 0x0F}")
+    if n & 3:
+        # Headers, payload and pad fill whole 4-byte words (IBTA §9.2: PadCnt
+        # aligns the payload; the IB LRH counts the packet length in words).
+        raise WireError(f"{opcode.name}: packet of {n} bytes is not a multiple of 4")
+    end = n - ((b1 >> 4) & 3)
+    if end < off:
+        raise WireError(f"{opcode.name}: {n} bytes cannot hold its headers and pad")
+    ackreq = w2 >= 0x80000000
+    se = b1 >= 0x80
+    migreq = (b1 & 0x40) != 0
+    fecn = w1 >= 0x80000000
+    becn = (w1 & 0x40000000) != 0
+    qp = w1 & _U24
+    psn = w2 & _U24
+    if layout == _L_BARE:
+        return _new_packet(Packet, (opcode, qp, psn, ackreq, se, migreq, pkey, fecn, becn,
+                                    None, None, None, None, None, None, mv[off:end]))  # fmt: skip
+    if layout in (_L_AETH, _L_AETH_ONLY):
+        (w,) = _AETH.unpack_from(mv, BTH_LEN)
+        if layout == _L_AETH_ONLY and end != off:
+            raise WireError(f"{opcode.name} carries no payload, got {end - off} bytes")
+        aeth = _new_packet(AETH, (w >> 24, w & _U24))
+        return _new_packet(Packet, (opcode, qp, psn, ackreq, se, migreq, pkey, fecn, becn,
+                                    None, aeth, None, None, None, None, mv[off:end]))  # fmt: skip
+    if layout in (_L_RETH, _L_RETH_ONLY):
+        if layout == _L_RETH_ONLY and end != off:
+            raise WireError(f"{opcode.name} carries no payload, got {end - off} bytes")
+        reth = _new_packet(RETH, _RETH.unpack_from(mv, BTH_LEN))
+        return _new_packet(Packet, (opcode, qp, psn, ackreq, se, migreq, pkey, fecn, becn,
+                                    reth, None, None, None, None, None, mv[off:end]))  # fmt: skip
+    if layout in (_L_IMM, _L_IETH):
+        (v,) = _U32.unpack_from(mv, BTH_LEN)
+        if layout == _L_IMM:
+            return _new_packet(Packet, (opcode, qp, psn, ackreq, se, migreq, pkey, fecn, becn,
+                                        None, None, None, None, v, None, mv[off:end]))  # fmt: skip
+        return _new_packet(Packet, (opcode, qp, psn, ackreq, se, migreq, pkey, fecn, becn,
+                                    None, None, None, None, None, v, mv[off:end]))  # fmt: skip
+    if layout == _L_RETH_IMM:
+        va, rkey, dma_len, imm = _S_RETH_IMM.unpack_from(mv, 0)[5:]
+        reth = _new_packet(RETH, (va, rkey, dma_len))
+        return _new_packet(Packet, (opcode, qp, psn, ackreq, se, migreq, pkey, fecn, becn,
+                                    reth, None, None, None, imm, None, mv[off:end]))  # fmt: skip
+    if end != off:
+        raise WireError(f"{opcode.name} carries no payload, got {end - off} bytes")
+    if layout == _L_ATOMIC:
+        atomic_eth = _new_packet(AtomicETH, _ATOMIC_ETH.unpack_from(mv, BTH_LEN))
+        return _new_packet(Packet, (opcode, qp, psn, ackreq, se, migreq, pkey, fecn, becn,
+                                    None, None, atomic_eth, None, None, None, mv[off:end]))  # fmt: skip
+    # _L_ATOMIC_ACK
+    w, atomic_ack = _S_ATOMIC_ACK.unpack_from(mv, 0)[5:]
+    aeth = _new_packet(AETH, (w >> 24, w & _U24))
+    return _new_packet(Packet, (opcode, qp, psn, ackreq, se, migreq, pkey, fecn, becn,
+                                None, aeth, None, atomic_ack, None, None, mv[off:end]))  # fmt: skip
+
+
+def _byte_view(data: object) -> memoryview:
+    """A flat unsigned-byte view of any buffer, or WireError."""
+    try:
+        mv = data if isinstance(data, memoryview) else memoryview(data)  # type: ignore[arg-type]
+        if mv.format != "B" or mv.ndim != 1 or not mv.c_contiguous:
+            mv = memoryview(mv.tobytes())
+    except (TypeError, ValueError) as e:
+        raise WireError(f"not a byte buffer: {e}") from None
+    return mv

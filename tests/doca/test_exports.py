@@ -21,6 +21,7 @@ def test_every_module_is_covered() -> None:
         "graph",
         "inventory",
         "mmap",
+        "soft",
         "sync_event",
     ]
 
