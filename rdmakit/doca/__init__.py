@@ -33,6 +33,7 @@ from rdmakit.doca.device import (
     devinfo_list,
     local_devinfo,
     register_provider,
+    register_resolver,
 )
 from rdmakit.doca.errors import (
     DocaError,
@@ -60,6 +61,8 @@ from rdmakit.doca.mmap import (
     Mmap,
     MmapDescriptor,
 )
+from rdmakit.doca.soft import SOFT_CAPS, SoftBackendDevice, SoftBackendQP, soft_devinfo
+from rdmakit.doca.soft import install as _install_soft
 from rdmakit.doca.sync_event import (
     U64_MAX,
     SyncEvent,
@@ -75,6 +78,7 @@ __all__ = [
     "DESCRIPTOR_FORMAT",
     "LOCAL_CAPS",
     "MAX_REFCOUNT",
+    "SOFT_CAPS",
     "U64_MAX",
     "AccessFlag",
     "BackendCaps",
@@ -104,6 +108,8 @@ __all__ = [
     "MemoryRegistration",
     "Mmap",
     "MmapDescriptor",
+    "SoftBackendDevice",
+    "SoftBackendQP",
     "StateChangedCallback",
     "SyncEvent",
     "SyncEventAddJob",
@@ -119,8 +125,8 @@ __all__ = [
     "error_from_wc_status",
     "local_devinfo",
     "register_provider",
+    "register_resolver",
+    "soft_devinfo",
 ]
-from rdmakit.doca.soft import SOFT_CAPS, SoftBackendDevice, SoftBackendQP, soft_devinfo
-from rdmakit.doca.soft import install as _install_soft
 
 _install_soft()
