@@ -1,6 +1,6 @@
 """A responder process for two-process transport tests.
 
-Usage: peer.py TRANSPORT IP INFO_OUT REQUEST_IN [--retry-timeout N]
+Usage: peer.py TRANSPORT IP INFO_OUT REQUEST_IN [--no-gso]
 
 Publishes its endpoint and memory (JSON, written atomically), connects to the
 requester named in REQUEST_IN, keeps receives posted, and prints one JSON line per
@@ -27,7 +27,7 @@ NRECV = 8
 
 def main() -> int:
     transport, ip, out_path, in_path = sys.argv[1:5]
-    dev = SoftDevice(ip, transport=transport)  # type: ignore[arg-type]
+    dev = SoftDevice(ip, transport=transport, gso="--no-gso" not in sys.argv)  # type: ignore[arg-type]
     drv = Driver()
     drv.add(dev)
     cq = CompletionQueue(4096)
@@ -58,7 +58,10 @@ def main() -> int:
     connect_qp(dev, qp, psn, peer)
     print(json.dumps({"ready": True}), flush=True)
     done = False
+    parent = os.getppid()
     while not done:
+        if os.getppid() != parent:
+            return 3  # the requester died: nobody will say BYE
         drv.progress() or drv.wait(0.5)
         for wc in cq.poll(64):
             slot = wc.wr_id % NRECV

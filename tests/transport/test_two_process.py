@@ -22,13 +22,13 @@ SIZES = [0, 1, 1024, 4096, 4097, 3 << 20]
 
 
 class Requester:
-    def __init__(self, transport: str, ip: str, tmp: Path, peer_ip: str) -> None:
+    def __init__(self, transport: str, ip: str, tmp: Path, peer_ip: str, *, gso: bool = True) -> None:
         self.tmp = tmp
+        argv = [sys.executable, str(PEER), transport, peer_ip, str(tmp / "peer.json"), str(tmp / "req.json")]
         self.proc = subprocess.Popen(
-            [sys.executable, str(PEER), transport, peer_ip, str(tmp / "peer.json"), str(tmp / "req.json")],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        self.dev = SoftDevice(ip, transport=transport)  # type: ignore[arg-type]
+            [*argv, *([] if gso else ["--no-gso"])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.dev = SoftDevice(ip, transport=transport, gso=gso)  # type: ignore[arg-type]
         self.drv = Driver()
         self.drv.add(self.dev)
         self.cq = CompletionQueue(4096)
@@ -70,53 +70,65 @@ class Requester:
         return [x for x in lines if "wr_id" in x], lines[-1]
 
 
+def exercise(r: Requester) -> list[tuple[str, int, int | None, str]]:
+    """Every RC operation at every size; returns the receives the peer must report."""
+    rng = random.Random(7)
+    expected_recv: list[tuple[str, int, int | None, str]] = []
+    for n in SIZES:
+        r.mem[:n] = rng.randbytes(n)
+        digest = hashlib.sha256(r.mem[:n]).hexdigest()
+        wc = r.post(WrOpcode.SEND, n)
+        assert (wc.status, wc.opcode) == (WcStatus.SUCCESS, WcOpcode.SEND)
+        expected_recv.append(("RECV", n, None, digest))
+        wc = r.post(WrOpcode.SEND_WITH_IMM, n, imm_data=0x1234_0000 + n)
+        assert wc.status is WcStatus.SUCCESS
+        expected_recv.append(("RECV", n, 0x1234_0000 + n, digest))
+        # WRITE then READ it back into another part of local memory.
+        wc = r.post(WrOpcode.RDMA_WRITE, n)
+        assert (wc.status, wc.opcode) == (WcStatus.SUCCESS, WcOpcode.RDMA_WRITE)
+        wc = r.post(WrOpcode.RDMA_READ, n, offset=4 << 20)
+        assert (wc.status, wc.opcode, wc.byte_len) == (WcStatus.SUCCESS, WcOpcode.RDMA_READ, n)
+        assert r.mem[4 << 20 : (4 << 20) + n] == r.mem[:n]
+        wc = r.post(WrOpcode.RDMA_WRITE_WITH_IMM, n, imm_data=0xABCD_0000 + n)
+        assert wc.status is WcStatus.SUCCESS
+        # byte_len is the RETH length (rxe do_complete()); the receive buffer is untouched.
+        expected_recv.append(("RECV_RDMA_WITH_IMM", n, 0xABCD_0000 + n, ""))
+    # Atomics on an 8-byte aligned word of the peer's memory (initially zero).
+    wc = r.post(WrOpcode.ATOMIC_FETCH_AND_ADD, 8, offset=64, remote_offset=6 << 20, compare_add=5)
+    assert (wc.status, wc.opcode) == (WcStatus.SUCCESS, WcOpcode.FETCH_ADD)
+    assert int.from_bytes(r.mem[64:72], "little") == 0
+    wc = r.post(WrOpcode.ATOMIC_CMP_AND_SWP, 8, offset=64, remote_offset=6 << 20, compare_add=5, swap=99)
+    assert (wc.status, wc.opcode) == (WcStatus.SUCCESS, WcOpcode.COMP_SWAP)
+    assert int.from_bytes(r.mem[64:72], "little") == 5
+    wc = r.post(WrOpcode.RDMA_READ, 8, offset=128, remote_offset=6 << 20)
+    assert int.from_bytes(r.mem[128:136], "little") == 99
+    r.mem[:3] = b"BYE"
+    assert r.post(WrOpcode.SEND, 3).status is WcStatus.SUCCESS
+    return expected_recv
+
+
+def check_peer_report(
+    recvs: list[dict[str, object]], last: dict[str, object], expected: list[object]
+) -> None:
+    got = [
+        (x["opcode"], x["byte_len"], x["imm"], x["sha256"] if x["opcode"] == "RECV" else "") for x in recvs
+    ]
+    assert got[:-1] == expected
+    assert all(x["status"] == "SUCCESS" for x in recvs)
+    counters = last["counters"]
+    assert isinstance(counters, dict)
+    assert counters["bad_icrc"] == counters["malformed"] == counters["unknown_qp"] == 0
+
+
 @pytest.mark.parametrize("transport", ["roce-udp", "tcp"])
 def test_every_rc_operation_between_two_processes(
     transport: str, tmp_path: Path, new_ip: Callable[[], str]
 ) -> None:
     r = Requester(transport, new_ip(), tmp_path, new_ip())
-    rng = random.Random(7)
-    expected_recv: list[tuple[str, int, int | None, str]] = []
     try:
-        for n in SIZES:
-            r.mem[:n] = rng.randbytes(n)
-            digest = hashlib.sha256(r.mem[:n]).hexdigest()
-            wc = r.post(WrOpcode.SEND, n)
-            assert (wc.status, wc.opcode) == (WcStatus.SUCCESS, WcOpcode.SEND)
-            expected_recv.append(("RECV", n, None, digest))
-            wc = r.post(WrOpcode.SEND_WITH_IMM, n, imm_data=0x1234_0000 + n)
-            assert wc.status is WcStatus.SUCCESS
-            expected_recv.append(("RECV", n, 0x1234_0000 + n, digest))
-            # WRITE then READ it back into another part of local memory.
-            wc = r.post(WrOpcode.RDMA_WRITE, n)
-            assert (wc.status, wc.opcode) == (WcStatus.SUCCESS, WcOpcode.RDMA_WRITE)
-            wc = r.post(WrOpcode.RDMA_READ, n, offset=4 << 20)
-            assert (wc.status, wc.opcode, wc.byte_len) == (WcStatus.SUCCESS, WcOpcode.RDMA_READ, n)
-            assert r.mem[4 << 20 : (4 << 20) + n] == r.mem[:n]
-            wc = r.post(WrOpcode.RDMA_WRITE_WITH_IMM, n, imm_data=0xABCD_0000 + n)
-            assert wc.status is WcStatus.SUCCESS
-            # byte_len is the RETH length (rxe do_complete()); the receive buffer is untouched.
-            expected_recv.append(("RECV_RDMA_WITH_IMM", n, 0xABCD_0000 + n, ""))
-        # Atomics on an 8-byte aligned word of the peer's memory (initially zero).
-        wc = r.post(WrOpcode.ATOMIC_FETCH_AND_ADD, 8, offset=64, remote_offset=6 << 20, compare_add=5)
-        assert (wc.status, wc.opcode) == (WcStatus.SUCCESS, WcOpcode.FETCH_ADD)
-        assert int.from_bytes(r.mem[64:72], "little") == 0
-        wc = r.post(WrOpcode.ATOMIC_CMP_AND_SWP, 8, offset=64, remote_offset=6 << 20, compare_add=5, swap=99)
-        assert (wc.status, wc.opcode) == (WcStatus.SUCCESS, WcOpcode.COMP_SWAP)
-        assert int.from_bytes(r.mem[64:72], "little") == 5
-        wc = r.post(WrOpcode.RDMA_READ, 8, offset=128, remote_offset=6 << 20)
-        assert int.from_bytes(r.mem[128:136], "little") == 99
-        r.mem[:3] = b"BYE"
-        assert r.post(WrOpcode.SEND, 3).status is WcStatus.SUCCESS
+        expected = exercise(r)
     except BaseException:
         r.close(failed=True)
         raise
     recvs, last = r.close()
-    got = [
-        (x["opcode"], x["byte_len"], x["imm"], x["sha256"] if x["opcode"] == "RECV" else "") for x in recvs
-    ]
-    assert got[:-1] == expected_recv
-    assert all(x["status"] == "SUCCESS" for x in recvs)
-    counters = last["counters"]
-    assert isinstance(counters, dict)
-    assert counters["bad_icrc"] == counters["malformed"] == counters["unknown_qp"] == 0
+    check_peer_report(recvs, last, list(expected))

@@ -1,0 +1,123 @@
+"""Faults on real sockets: a peer that dies, garbage on port 4791, a corrupted ICRC."""
+
+import os
+import random
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rdmakit.engine import SGE, Access, Completion, CompletionQueue, QpState, SendWR, WcStatus, WrOpcode
+from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
+from rdmakit.transport.driver import Driver
+from rdmakit.transport.udp import UdpLink
+
+from .test_two_process import Requester
+
+BIG = 6 << 20
+
+
+@pytest.mark.parametrize("transport", ["roce-udp", "tcp"])
+def test_peer_killed_mid_transfer_ends_in_retry_exceeded(
+    transport: str, tmp_path: Path, new_ip: Callable[[], str]
+) -> None:
+    """IBTA §9.7.6.1.3: the requester gives up after retry_cnt timeouts; C10-102: QP to ERR."""
+    r = Requester(transport, new_ip(), tmp_path, new_ip())
+    try:
+        wrs = [
+            SendWR(wr_id=i, opcode=WrOpcode.RDMA_WRITE, sg_list=(SGE(r.mr.addr, BIG, r.mr.lkey),),
+                   remote_addr=r.peer["addr"], rkey=r.peer["rkey"])
+            for i in range(4)
+        ]  # fmt: skip
+        for wr in wrs:
+            r.qp.post_send(wr)
+        # Let the transfer get going, then kill the responder without warning.
+        assert r.drv.run_until(lambda: r.qp.stats.packets_in > 0, 30)
+        os.kill(r.proc.pid, signal.SIGKILL)
+        r.proc.communicate(timeout=10)  # reap it and close its pipes
+        done: list[Completion] = []
+        assert r.drv.run_until(lambda: bool(done.extend(r.cq.poll(8))) or len(done) == 4, 60)
+    finally:
+        r.dev.close()
+        r.drv.close()
+    statuses = [wc.status for wc in done]
+    # The WR in flight fails with retry exceeded; the rest are flushed behind it.
+    assert WcStatus.RETRY_EXC_ERR in statuses
+    first = statuses.index(WcStatus.RETRY_EXC_ERR)
+    assert all(s is WcStatus.SUCCESS for s in statuses[:first])
+    assert all(s is WcStatus.WR_FLUSH_ERR for s in statuses[first + 1 :])
+    assert [wc.wr_id for wc in done] == [0, 1, 2, 3]  # completions in posting order
+    assert r.qp.state is QpState.ERR
+
+
+@pytest.fixture
+def pair(new_ip: Callable[[], str]) -> Iterator[tuple[SoftDevice, SoftDevice, Driver]]:
+    a, b = SoftDevice(new_ip(), gso=False), SoftDevice(new_ip(), gso=False)
+    drv = Driver()
+    drv.add(a)
+    drv.add(b)
+    yield a, b, drv
+    a.close()
+    b.close()
+    drv.close()
+
+
+def _write(a: SoftDevice, b: SoftDevice, drv: Driver, size: int) -> tuple[Completion, bytes, bytes]:
+    cqa, cqb = CompletionQueue(64), CompletionQueue(64)
+    qa, qb = a.create_qp(send_cq=cqa, recv_cq=cqa), b.create_qp(send_cq=cqb, recv_cq=cqb)
+    connect_qp(a, qa, 10, local_endpoint(b, qb, 20))
+    connect_qp(b, qb, 20, local_endpoint(a, qa, 10))
+    src = bytearray(random.Random(3).randbytes(size))
+    dst = bytearray(size)
+    mra = a.pd.register(src, 0x1_0000, Access.LOCAL_WRITE)
+    mrb = b.pd.register(dst, 0x9_0000, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+    qa.post_send(SendWR(wr_id=1, opcode=WrOpcode.RDMA_WRITE, sg_list=(SGE(mra.addr, size, mra.lkey),),
+                        remote_addr=mrb.addr, rkey=mrb.rkey))  # fmt: skip
+    got: list[Completion] = []
+    assert drv.run_until(lambda: bool(got.extend(cqa.poll(1))) or bool(got), 30)
+    return got[0], bytes(src), bytes(dst)
+
+
+def test_garbage_datagrams_are_counted_and_dropped(pair: tuple[SoftDevice, SoftDevice, Driver]) -> None:
+    a, b, drv = pair
+    rng = random.Random(11)
+    junk = [b"", b"x", b"\0" * 11, rng.randbytes(16), rng.randbytes(300), b"\xff" * 64, rng.randbytes(4000)]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((a.ip, 0))  # from the peer's address, so only the packet itself is wrong
+        for j in junk:
+            s.sendto(j, (b.ip, b.port))
+    wc, src, dst = _write(a, b, drv, 100_000)
+    assert wc.status is WcStatus.SUCCESS
+    assert dst == src
+    c = b.counters
+    # Every junk datagram is refused before the engine: too short, or its ICRC fails.
+    assert c.malformed + c.bad_icrc == len(junk)
+    assert c.malformed >= 3
+
+
+def test_a_packet_with_a_bad_icrc_is_dropped_and_the_transfer_completes(
+    pair: tuple[SoftDevice, SoftDevice, Driver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b, drv = pair
+    link = a.udp
+    assert link is not None
+    real_send = UdpLink.send
+    sent = [0]
+
+    def corrupt_fifth(self: UdpLink, parts: list[bytes], addr: tuple[str, int]) -> bool:
+        sent[0] += 1
+        if self is link and sent[0] == 5:
+            last = bytearray(parts[-1])
+            last[-1] ^= 0x40  # one bit of the ICRC
+            parts = [*parts[:-1], bytes(last)]
+        return real_send(self, parts, addr)
+
+    monkeypatch.setattr(UdpLink, "send", corrupt_fifth)
+    wc, src, dst = _write(a, b, drv, 20 * 4096)
+    assert wc.status is WcStatus.SUCCESS
+    assert dst == src
+    assert b.counters.bad_icrc == 1
+    assert b.counters.icrc_solved == 0  # no IP ID explains a flipped ICRC bit
+    assert sum(qp.stats.retransmits for qp in a.qps) >= 1  # recovered by retransmission
