@@ -44,13 +44,14 @@ class CliError(Exception):
         self.status = status
 
 
-def add_general_flags(p: argparse.ArgumentParser) -> None:
+def add_general_flags(p: argparse.ArgumentParser, *, json_file: bool = True) -> None:
     p.add_argument(
         "-l", "--log-level", type=int, default=40, choices=sorted(DOCA_LOG_LEVELS), metavar="LEVEL",
         help="DOCA log level: 10 disable, 20 critical, 30 error, 40 warning (default), 50 info, 60 debug",
     )  # fmt: skip
     p.add_argument("-v", "--version", action="version", version=f"rdmakit {__version__}")
-    p.add_argument("--json", metavar="FILE", help="read the same options from a JSON file (long flag names)")
+    if json_file:
+        p.add_argument("--json", metavar="FILE", help="read these options from a JSON file (long flag names)")
 
 
 def _apply_json(parser: argparse.ArgumentParser, args: argparse.Namespace, argv_flags: set[str]) -> None:

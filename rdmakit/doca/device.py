@@ -25,6 +25,7 @@ __all__ = [
     "DevInfo",
     "DevInfoProvider",
     "devinfo_list",
+    "find_devinfo",
     "local_devinfo",
     "register_provider",
     "register_resolver",
@@ -165,6 +166,21 @@ def register_resolver(resolver: DevInfoResolver) -> Callable[[], None]:
     return unregister
 
 
+def find_devinfo(spec: str) -> DevInfo:
+    """The device `spec` names: a listed device's name, IP or PCI address, else a resolver's.
+
+    NOT_FOUND when nothing matches.
+    """
+    for info in devinfo_list():
+        if info.matches(spec):
+            return info
+    for resolve in list(_resolvers):
+        found = resolve(spec)
+        if found is not None:
+            return found
+    raise DocaError(DocaErrorCode.NOT_FOUND, f"no device matches {spec!r}", Fault.CALLER)
+
+
 def devinfo_list() -> list[DevInfo]:
     """All devices of all providers, in provider registration order (``doca_devinfo_create_list``)."""
     found: list[DevInfo] = []
@@ -200,15 +216,7 @@ class Dev:
         if isinstance(spec, DevInfo):
             info = spec
         else:
-            matches = [info for info in devinfo_list() if info.matches(spec)]
-            for resolve in () if matches else list(_resolvers):
-                found = resolve(spec)
-                if found is not None:
-                    matches.append(found)
-                    break
-            if not matches:
-                raise DocaError(DocaErrorCode.NOT_FOUND, f"no device matches {spec!r}", Fault.CALLER)
-            info = matches[0]
+            info = find_devinfo(spec)
         return cls(info, info.opener())
 
     @property
