@@ -1,0 +1,440 @@
+"""The DOCA RDMA sample pairs (RDMA guide ch. 6), scriptable end to end.
+
+Each pair swaps descriptor files as the DOCA samples do: every side writes its
+connection descriptor to ``-ld`` and reads the peer's from ``-re``; a side
+that exports memory writes its mmap descriptor to ``-m`` and the other reads
+it. Files are written atomically and each side waits (``--timeout``) for the
+peer's file to appear instead of asking for Enter (``--interactive`` brings the
+prompt back). A side removes the files it wrote when it leaves.
+
+A responder of a one-sided operation (read, write, atomics) learns that the
+requester is done from a short SEND the requester makes on the same
+connection after its operation completed (a JSON note saying what it did);
+it then prints what it observed and exits. Exit status: 0 on success, 1 on an
+error, 3 on a timeout; errors are one line.
+"""
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rdmakit.cli.common import CliError, add_general_flags, log, run, wait_for_file, write_atomic
+from rdmakit.cli.session import Session
+from rdmakit.doca import (
+    AccessFlag,
+    DocaError,
+    Mmap,
+    RdmaAtomicCmpSwpJob,
+    RdmaAtomicFetchAddJob,
+    RdmaOpcode,
+    RdmaReadJob,
+    RdmaRecvJob,
+    RdmaResult,
+    RdmaSendImmJob,
+    RdmaSendJob,
+    RdmaWriteImmJob,
+    RdmaWriteJob,
+    read_connection_descriptor,
+    read_mmap_descriptor,
+)
+
+DEFAULT_STRING = "Hi DOCA RDMA!"
+#: DOCA's sample defaults (``rdma_common.h``).
+DEFAULT_LOCAL = "/tmp/local_connection_desc_path.txt"
+DEFAULT_REMOTE = "/tmp/remote_connection_desc_path.txt"
+DEFAULT_RESOURCE = "/tmp/remote_resource_desc_path.txt"
+#: Memory each side offers: enough for any string given on the command line.
+MEM_SIZE = 1 << 20
+DONE_MAX = 4096
+DEFAULT_IMMEDIATE = 0xABCD
+
+
+@dataclass
+class Files:
+    """The descriptor files of one side, and which of them it wrote."""
+
+    local: Path
+    remote: Path
+    resource: Path
+    written: list[Path]
+
+    def write(self, path: Path, data: bytes) -> None:
+        write_atomic(path, data)
+        self.written.append(path)
+
+    def cleanup(self) -> None:
+        for p in self.written:
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+def _device(args: argparse.Namespace) -> str:
+    if not args.device:  # not required by argparse: --json FILE may give it
+        raise CliError("the -d/--device argument is required (an address, tcp:ADDR, or a verbs device)", 2)
+    return str(args.device)
+
+
+def _session(args: argparse.Namespace, permissions: int) -> Session:
+    return Session(_device(args), permissions=permissions, gid_index=args.gid_index)
+
+
+def _peer_descriptor(args: argparse.Namespace, files: Files) -> bytes:
+    """Wait for the peer's connection descriptor; validate it (errors name file and field)."""
+    if args.interactive:
+        input(f"Peer's connection descriptor expected in {files.remote}; press Enter when it is there ")
+    wait_for_file(files.remote, args.timeout, "the peer's connection descriptor")
+    try:
+        return read_connection_descriptor(files.remote).to_bytes()
+    except DocaError as e:
+        raise CliError(str(e)) from e
+
+
+def _remote_mmap(args: argparse.Namespace, files: Files, s: Session) -> Mmap:
+    wait_for_file(files.resource, args.timeout, "the peer's memory descriptor")
+    try:
+        desc = read_mmap_descriptor(files.resource).to_bytes()
+        return s.import_mmap(desc)
+    except DocaError as e:
+        raise CliError(str(e)) from e
+
+
+def _start_and_connect(args: argparse.Namespace, files: Files, s: Session, desc: bytes | None = None) -> None:
+    """Publish this side's descriptor (starting the context unless ``desc`` is given) and connect."""
+    files.write(files.local, desc if desc is not None else s.start())
+    log.info("connection descriptor written to %s", files.local)
+    peer = _peer_descriptor(args, files)
+    try:
+        s.rdma.connect(peer)
+    except DocaError as e:
+        raise CliError(f"cannot connect to the peer in {files.remote}: {e}") from e
+    log.info("connected")
+
+
+def _string_bytes(text: str) -> bytes:
+    data = text.encode()
+    if len(data) > MEM_SIZE:
+        raise CliError(f"the string is {len(data)} bytes; at most {MEM_SIZE} fit")
+    return data
+
+
+# -- the "done" note of one-sided pairs --------------------------------------------------------
+
+
+def _send_done(args: argparse.Namespace, s: Session, note: dict[str, object]) -> None:
+    mem = bytearray(json.dumps(note).encode())
+    m = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
+    s.run(RdmaSendJob(ctx=s.rdma, src_buf=s.data(m, 0, len(mem))), args.timeout, "telling the responder")
+
+
+def _post_done_recv(s: Session) -> tuple[RdmaRecvJob, bytearray]:
+    mem = bytearray(DONE_MAX)
+    m = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
+    job = RdmaRecvJob(ctx=s.rdma, dst_buf=s.room(m, 0, DONE_MAX))
+    s.submit(job)
+    return job, mem
+
+
+def _wait_done(args: argparse.Namespace, s: Session, job: RdmaRecvJob, mem: bytearray) -> dict[str, object]:
+    ev = s.wait([job], args.timeout, "the requester to finish")[0]
+    if not ev.ok:
+        raise CliError(f"the connection failed before the requester finished: {ev.error}")
+    assert isinstance(ev.result, RdmaResult)
+    try:
+        note = json.loads(bytes(mem[: ev.result.length]))
+    except ValueError as e:
+        raise CliError("the requester's completion note is not JSON") from e
+    if not isinstance(note, dict):
+        raise CliError("the requester's completion note is not a JSON object")
+    return note
+
+
+# -- the pairs ------------------------------------------------------------------------------------
+
+
+def write_requester(args: argparse.Namespace, files: Files) -> int:
+    data = _string_bytes(args.write_string)
+    with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
+        mem = bytearray(data)
+        local = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
+        _start_and_connect(args, files, s)
+        remote = _remote_mmap(args, files, s)
+        job = RdmaWriteJob(
+            ctx=s.rdma, src_buf=s.data(local, 0, len(data)), dst_buf=s.room(remote, 0, len(data))
+        )
+        s.run(job, args.timeout, "the RDMA write")
+        _send_done(args, s, {"done": "write", "length": len(data)})
+    print(f"Written to the responder: {args.write_string}")
+    return 0
+
+
+def write_responder(args: argparse.Namespace, files: Files) -> int:
+    perms = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE
+    with _session(args, perms) as s:
+        mem = bytearray(MEM_SIZE)
+        m = s.mmap(mem, perms)
+        files.write(files.resource, m.export_rdma(s.dev))
+        desc = s.start()
+        job, note_mem = _post_done_recv(s)  # receives may be posted once started (INIT)
+        _start_and_connect(args, files, s, desc)
+        note = _wait_done(args, s, job, note_mem)
+    n = int(note.get("length", 0))  # type: ignore[call-overload]
+    print(f"Remote write: {mem[: max(0, min(n, MEM_SIZE))].decode(errors='replace')}")
+    return 0
+
+
+def read_requester(args: argparse.Namespace, files: Files) -> int:
+    with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
+        mem = bytearray(MEM_SIZE)
+        local = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
+        _start_and_connect(args, files, s)
+        remote = _remote_mmap(args, files, s)
+        job = RdmaReadJob(
+            ctx=s.rdma, src_buf=s.data(remote, 0, remote.length), dst_buf=s.room(local, 0, MEM_SIZE)
+        )
+        ev = s.run(job, args.timeout, "the RDMA read")
+        assert isinstance(ev.result, RdmaResult)
+        n = ev.result.length
+        _send_done(args, s, {"done": "read", "length": n})
+    print(f"Read from the responder: {mem[:n].decode(errors='replace')}")
+    return 0
+
+
+def read_responder(args: argparse.Namespace, files: Files) -> int:
+    data = _string_bytes(args.read_string)
+    perms = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ
+    with _session(args, perms) as s:
+        mem = bytearray(data)
+        m = s.mmap(mem, perms)
+        files.write(files.resource, m.export_rdma(s.dev))
+        desc = s.start()
+        job, note_mem = _post_done_recv(s)  # receives may be posted once started (INIT)
+        _start_and_connect(args, files, s, desc)
+        note = _wait_done(args, s, job, note_mem)
+    print(f"The requester read {note.get('length')} bytes: {args.read_string}")
+    return 0
+
+
+def write_imm_requester(args: argparse.Namespace, files: Files) -> int:
+    data = _string_bytes(args.write_string)
+    with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
+        mem = bytearray(data)
+        local = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
+        _start_and_connect(args, files, s)
+        remote = _remote_mmap(args, files, s)
+        job = RdmaWriteImmJob(
+            ctx=s.rdma,
+            src_buf=s.data(local, 0, len(data)),
+            dst_buf=s.room(remote, 0, len(data)),
+            immediate=args.immediate,
+        )
+        s.run(job, args.timeout, "the RDMA write with immediate")
+    print(f"Written to the responder with immediate {args.immediate:#010x}: {args.write_string}")
+    return 0
+
+
+def write_imm_responder(args: argparse.Namespace, files: Files) -> int:
+    perms = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE
+    with _session(args, perms) as s:
+        mem = bytearray(MEM_SIZE)
+        m = s.mmap(mem, perms)
+        files.write(files.resource, m.export_rdma(s.dev))
+        desc = s.start()
+        job = RdmaRecvJob(ctx=s.rdma, dst_buf=None)
+        s.submit(job)
+        _start_and_connect(args, files, s, desc)
+        ev = s.wait([job], args.timeout, "the write with immediate")[0]
+        if not ev.ok:
+            raise CliError(f"the write with immediate failed: {ev.error}")
+    r = ev.result
+    assert isinstance(r, RdmaResult)
+    if r.opcode is not RdmaOpcode.RECV_WRITE_WITH_IMM or r.immediate is None:
+        raise CliError(f"expected a write with immediate, received {r.opcode!r}")
+    print(f"Remote write with immediate {r.immediate:#010x}: {mem[: r.length].decode(errors='replace')}")
+    return 0
+
+
+def _sender(imm: bool) -> Callable[[argparse.Namespace, Files], int]:
+    def sender(args: argparse.Namespace, files: Files) -> int:
+        data = _string_bytes(args.send_string)
+        with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
+            mem = bytearray(data)
+            local = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
+            _start_and_connect(args, files, s)
+            src = s.data(local, 0, len(data)) if data else None
+            job = (
+                RdmaSendImmJob(ctx=s.rdma, src_buf=src, immediate=args.immediate)
+                if imm
+                else RdmaSendJob(ctx=s.rdma, src_buf=src)
+            )
+            s.run(job, args.timeout, "the send")
+        extra = f" with immediate {args.immediate:#010x}" if imm else ""
+        print(f"Sent{extra}: {args.send_string}")
+        return 0
+
+    return sender
+
+
+def _receiver(imm: bool) -> Callable[[argparse.Namespace, Files], int]:
+    def receiver(args: argparse.Namespace, files: Files) -> int:
+        with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
+            mem = bytearray(MEM_SIZE)
+            m = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
+            desc = s.start()
+            job = RdmaRecvJob(ctx=s.rdma, dst_buf=s.room(m, 0, MEM_SIZE))
+            s.submit(job)  # before connecting, so the first send finds it
+            _start_and_connect(args, files, s, desc)
+            ev = s.wait([job], args.timeout, "a message")[0]
+            if not ev.ok:
+                raise CliError(f"the receive failed: {ev.error}")
+        r = ev.result
+        assert isinstance(r, RdmaResult)
+        text = mem[: r.length].decode(errors="replace")
+        if imm:
+            if r.immediate is None:
+                raise CliError("expected a send with immediate, received a plain send")
+            print(f"Received with immediate {r.immediate:#010x}: {text}")
+        else:
+            print(f"Received: {text}")
+        return 0
+
+    return receiver
+
+
+def atomic_requester(args: argparse.Namespace, files: Files) -> int:
+    with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
+        result = bytearray(8)
+        res = s.mmap(result, AccessFlag.LOCAL_READ_WRITE)
+        _start_and_connect(args, files, s)
+        remote = _remote_mmap(args, files, s)
+        if remote.length < 8:
+            raise CliError("the responder's memory is smaller than one 8-byte word")
+        dst = s.data(remote, 0, 8)
+        if args.op == "cas":
+            job: RdmaAtomicCmpSwpJob | RdmaAtomicFetchAddJob = RdmaAtomicCmpSwpJob(
+                ctx=s.rdma, dst_buf=dst, result_buf=s.room(res, 0, 8), cmp=args.compare, swap=args.swap
+            )
+        else:
+            job = RdmaAtomicFetchAddJob(ctx=s.rdma, dst_buf=dst, result_buf=s.room(res, 0, 8), add=args.add)
+        s.run(job, args.timeout, f"the atomic {args.op}")
+        original = int.from_bytes(result, sys.byteorder)
+        _send_done(args, s, {"done": args.op, "original": original})
+    if args.op == "cas":
+        swapped = "swapped" if original == args.compare else "not swapped"
+        print(f"Compare-and-swap: original value {original}, {swapped}")
+    else:
+        print(f"Fetch-and-add: original value {original}, added {args.add}")
+    return 0
+
+
+def atomic_responder(args: argparse.Namespace, files: Files) -> int:
+    perms = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_ATOMIC | AccessFlag.RDMA_READ
+    with _session(args, perms) as s:
+        word = bytearray(args.initial.to_bytes(8, sys.byteorder))
+        m = s.mmap(word, perms)
+        files.write(files.resource, m.export_rdma(s.dev))
+        desc = s.start()
+        job, note_mem = _post_done_recv(s)  # receives may be posted once started (INIT)
+        _start_and_connect(args, files, s, desc)
+        note = _wait_done(args, s, job, note_mem)
+    final = int.from_bytes(word, sys.byteorder)
+    print(f"Atomic {note.get('done')}: value was {args.initial}, is now {final}")
+    return 0
+
+
+SAMPLES: dict[str, tuple[str, Callable[[argparse.Namespace, Files], int], tuple[str, ...]]] = {
+    "rdma-read-requester": ("read the responder's memory", read_requester, ()),
+    "rdma-read-responder": ("export memory holding --read-string for reading", read_responder, ("read",)),
+    "rdma-write-requester": ("write --write-string into the responder's memory", write_requester, ("write",)),
+    "rdma-write-responder": ("export memory for writing; print what was written", write_responder, ()),
+    "rdma-write-immediate-requester": ("write with immediate", write_imm_requester, ("write", "imm")),
+    "rdma-write-immediate-responder": ("receive a write with immediate", write_imm_responder, ()),
+    "rdma-send": ("send --send-string", _sender(False), ("send",)),
+    "rdma-receive": ("receive one message", _receiver(False), ()),
+    "rdma-send-immediate": ("send --send-string with an immediate", _sender(True), ("send", "imm")),
+    "rdma-receive-immediate": ("receive one message with its immediate", _receiver(True), ()),
+    "rdma-atomic-requester": (
+        "compare-and-swap or fetch-and-add a remote word",
+        atomic_requester,
+        ("atomic",),
+    ),
+    "rdma-atomic-responder": ("export one 8-byte word for atomics", atomic_responder, ("initial",)),
+}
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _runner(fn: Callable[[argparse.Namespace, Files], int]) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        files = Files(
+            Path(args.local_descriptor_path),
+            Path(args.remote_descriptor_path),
+            Path(args.remote_resource_descriptor_path),
+            [],
+        )
+        try:
+            return fn(args, files)
+        finally:
+            files.cleanup()
+
+    return handler
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    for name, (summary, fn, extras) in SAMPLES.items():
+        p = sub.add_parser(name, help=summary, description=f"DOCA RDMA sample: {summary}.")
+        add_general_flags(p)
+        p.add_argument(
+            "-d",
+            "--device",
+            help="device: a soft device by address (127.0.0.2), tcp:ADDR for the TCP transport, "
+            "or a verbs device by name (rxe0)",
+        )
+        p.add_argument(
+            "-ld",
+            "--local-descriptor-path",
+            default=DEFAULT_LOCAL,
+            help=f"where to write this side's connection descriptor ({DEFAULT_LOCAL})",
+        )
+        p.add_argument(
+            "-re",
+            "--remote-descriptor-path",
+            default=DEFAULT_REMOTE,
+            help=f"where to read the peer's connection descriptor ({DEFAULT_REMOTE})",
+        )
+        p.add_argument(
+            "-m",
+            "--remote-resource-descriptor-path",
+            default=DEFAULT_RESOURCE,
+            help=f"the exported memory descriptor ({DEFAULT_RESOURCE})",
+        )
+        p.add_argument("-g", "--gid-index", type=int, default=0, help="GID index (0)")
+        p.add_argument("-s", "--send-string", default=DEFAULT_STRING, help="string to send")
+        p.add_argument("-r", "--read-string", default=DEFAULT_STRING, help="string the responder offers")
+        p.add_argument("-w", "--write-string", default=DEFAULT_STRING, help="string to write")
+        p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the peer (30)")
+        p.add_argument(
+            "--interactive", action="store_true", help="ask for Enter before reading the peer's file"
+        )
+        if "imm" in extras:
+            p.add_argument(
+                "--immediate", type=_int, default=DEFAULT_IMMEDIATE, help="32-bit immediate (0xABCD)"
+            )
+        if "atomic" in extras:
+            p.add_argument(
+                "--op", choices=("cas", "faa"), default="faa", help="compare-and-swap or fetch-and-add"
+            )
+            p.add_argument("--compare", type=_int, default=0, help="value to compare with (cas)")
+            p.add_argument("--swap", type=_int, default=1, help="value to swap in (cas)")
+            p.add_argument("--add", type=_int, default=1, help="value to add (faa)")
+        if "initial" in extras:
+            p.add_argument("--initial", type=_int, default=0, help="the word's initial value (0)")
+        p.set_defaults(handler=run(p, _runner(fn)))

@@ -1,0 +1,126 @@
+"""One side of an RDMA program: what every DOCA RDMA sample allocates.
+
+As ``rdma_common.c`` ``allocate_rdma_resources`` does: open the device, create
+the RDMA context with its permissions and a work queue, a buffer inventory,
+and memory maps on demand. `Session.run` submits jobs and waits for their
+events on the work queue's event handle (event-driven mode), with a deadline.
+"""
+
+import contextlib
+import time
+from collections.abc import Iterable
+
+from rdmakit.cli.common import CliError
+from rdmakit.doca import (
+    AccessFlag,
+    Buf,
+    BufInventory,
+    Dev,
+    DocaError,
+    DocaErrorCode,
+    Event,
+    Job,
+    Mmap,
+    Rdma,
+    WorkQ,
+)
+from rdmakit.transport.driver import wait_readable
+
+
+class Session:
+    """A device, an `Rdma` context on an event-driven `WorkQ`, an inventory, mmaps."""
+
+    def __init__(
+        self, device: str, *, permissions: int, gid_index: int = 0, depth: int = 64, buffers: int = 64
+    ) -> None:
+        try:
+            self.dev = Dev.open(device)
+        except DocaError as e:
+            if e.code is DocaErrorCode.NOT_FOUND:
+                raise CliError(f"no such device: {device!r} (see 'rdmakit devices')") from e
+            raise
+        self.rdma = Rdma()
+        self.rdma.add_dev(self.dev)
+        self.rdma.set_permissions(permissions)
+        if gid_index:
+            self.rdma.set_gid_index(gid_index)
+        self.wq = WorkQ(depth, event_driven=True)
+        self.rdma.workq_add(self.wq)
+        self.inv = BufInventory(buffers)
+        self.inv.start()
+        self.mmaps: list[Mmap] = []
+        self._events: dict[int, Event] = {}
+
+    def mmap(self, memory: bytearray | memoryview, permissions: int) -> Mmap:
+        m = Mmap()
+        m.set_permissions(permissions)
+        m.set_memrange(memory)
+        m.add_dev(self.dev)
+        m.start()
+        self.mmaps.append(m)
+        return m
+
+    def import_mmap(self, descriptor: bytes) -> Mmap:
+        m = Mmap.create_from_export(descriptor, self.dev)
+        self.mmaps.append(m)
+        return m
+
+    def data(self, m: Mmap, offset: int, length: int) -> Buf:
+        """A buffer whose data is ``length`` bytes at ``offset`` (a source)."""
+        return self.inv.get_by_data(m, m.addr + offset, length)
+
+    def room(self, m: Mmap, offset: int, length: int) -> Buf:
+        """An empty buffer of ``length`` bytes at ``offset`` (a destination)."""
+        return self.inv.get_by_addr(m, m.addr + offset, length)
+
+    def start(self) -> bytes:
+        """Start the context and return its connection descriptor."""
+        self.rdma.start()
+        return self.rdma.export()
+
+    def submit(self, job: Job) -> None:
+        self.wq.submit(job)
+
+    def wait(self, jobs: Iterable[Job], timeout: float, what: str) -> list[Event]:
+        """The events of ``jobs`` (in order), or CliError after ``timeout`` seconds."""
+        jobs = list(jobs)
+        want = {id(j) for j in jobs}
+        events = self._events
+        deadline = time.monotonic() + timeout
+        while not want <= events.keys():
+            while (ev := self.wq.progress_retrieve()) is not None:
+                events[id(ev.job)] = ev
+            if want <= events.keys():
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CliError(f"timed out after {timeout:g} s waiting for {what}", status=3)
+            self.wq.arm()
+            if wait_readable(self.wq.fileno(), min(left, 1.0)):
+                self.wq.clear()
+        return [events.pop(id(j)) for j in jobs]
+
+    def run(self, job: Job, timeout: float, what: str) -> Event:
+        """Submit ``job`` and wait for its event; a failed job is a CliError naming ``what``."""
+        self.submit(job)
+        ev = self.wait([job], timeout, what)[0]
+        if not ev.ok:
+            raise CliError(f"{what} failed: {ev.error}")
+        return ev
+
+    def close(self) -> None:
+        """Children before parents: context, work queue, mmaps, inventory, device."""
+        steps = [self.rdma.close, self.wq.close, *(m.destroy for m in reversed(self.mmaps)), self.inv.destroy]
+        for step in steps:
+            with contextlib.suppress(DocaError):
+                step()
+        self.dev.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+ALL_REMOTE = AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC

@@ -1,0 +1,147 @@
+"""Awaiting DOCA jobs from trio, on the same `WorkQ`, contexts and jobs as the synchronous API.
+
+::
+
+    workq = WorkQ(depth, event_driven=True)
+    rdma.workq_add(workq)
+    event = await aio.run_job(workq, RdmaSendJob(ctx=rdma, src_buf=buf))
+
+The WorkQ must be event-driven: waiting is ``trio.lowlevel.wait_readable`` on
+its event handle, in the loop ``doca_workq_event_handle_arm`` describes
+(retrieve until nothing is left, arm, wait, clear), never a busy loop. Any
+number of tasks may wait on one WorkQ: one of them drives the handle at a
+time, and every event it retrieves is handed to the task waiting for that
+job. An event nobody waits for is kept until `wait_job` or `next_event`
+takes it, so a cancelled wait loses nothing: the job stays in flight and its
+event can still be awaited.
+
+Failed jobs are returned, not raised: check ``event.ok`` and ``event.error``
+as with ``WorkQ.progress_retrieve``. Misuse (submitting to a stopped context,
+a full WorkQ, ...) raises `DocaError` at once, as ``WorkQ.submit`` does.
+"""
+
+import weakref
+from collections.abc import Callable, Sequence
+
+import trio
+
+from rdmakit.doca.ctx import Event, Job, WorkQ
+from rdmakit.doca.errors import DocaError, DocaErrorCode
+
+__all__ = ["next_event", "run_job", "run_jobs", "wait_job"]
+
+
+class _Waiters:
+    """Per-WorkQ state: retrieved events not yet claimed, and who drives the handle."""
+
+    __slots__ = ("changed", "driving", "events", "wanted")
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.wanted: dict[int, int] = {}  # id(job) -> tasks in wait_job for it
+        self.driving = False
+        self.changed = trio.Event()
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def take_job(self, job: Job) -> Event | None:
+        for i, ev in enumerate(self.events):
+            if ev.job is job:
+                return self.events.pop(i)
+        return None
+
+    def take_any(self) -> Event | None:
+        for i, ev in enumerate(self.events):
+            if id(ev.job) not in self.wanted:
+                return self.events.pop(i)
+        return None
+
+
+_by_workq: "weakref.WeakKeyDictionary[WorkQ, _Waiters]" = weakref.WeakKeyDictionary()
+
+
+def _waiters(workq: WorkQ) -> _Waiters:
+    if not workq.event_driven:
+        raise DocaError(DocaErrorCode.BAD_STATE, "rdmakit.doca.aio needs WorkQ(..., event_driven=True)")
+    st = _by_workq.get(workq)
+    if st is None:
+        st = _by_workq[workq] = _Waiters()
+    return st
+
+
+async def _wait(workq: WorkQ, take: Callable[[_Waiters], Event | None]) -> Event:
+    st = _waiters(workq)
+    await trio.lowlevel.checkpoint_if_cancelled()
+    while True:
+        ev = take(st)
+        if ev is not None:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return ev
+        if st.driving:
+            await st.changed.wait()
+            continue
+        st.driving = True
+        try:
+            got = False
+            while (retrieved := workq.progress_retrieve()) is not None:
+                st.events.append(retrieved)
+                got = True
+            if got:
+                continue
+            workq.arm()
+            await trio.lowlevel.wait_readable(workq.fileno())
+            workq.clear()
+        finally:
+            st.driving = False
+            st.wake()
+
+
+async def wait_job(workq: WorkQ, job: Job) -> Event:
+    """Wait for the event of `job`, already submitted to `workq`."""
+    st = _waiters(workq)
+    key = id(job)
+    st.wanted[key] = st.wanted.get(key, 0) + 1
+    try:
+        return await _wait(workq, lambda s: s.take_job(job))
+    finally:
+        left = st.wanted[key] - 1
+        if left:
+            st.wanted[key] = left
+        else:
+            del st.wanted[key]
+
+
+async def run_job(workq: WorkQ, job: Job) -> Event:
+    """Submit `job` to `workq` and wait for its event."""
+    _waiters(workq)
+    workq.submit(job)
+    return await wait_job(workq, job)
+
+
+async def run_jobs(workq: WorkQ, jobs: Sequence[Job]) -> list[Event]:
+    """Submit every job, then wait for all their events; returned in the order of `jobs`.
+
+    If a submission raises, the jobs already submitted are awaited first,
+    then the error propagates.
+    """
+    _waiters(workq)
+    submitted: list[Job] = []
+    failure: DocaError | None = None
+    for job in jobs:
+        try:
+            workq.submit(job)
+        except DocaError as exc:
+            failure = exc
+            break
+        submitted.append(job)
+    events = [await wait_job(workq, job) for job in submitted]
+    if failure is not None:
+        raise failure
+    return events
+
+
+async def next_event(workq: WorkQ) -> Event:
+    """The next event of `workq` that no `wait_job` is waiting for."""
+    return await _wait(workq, _Waiters.take_any)
