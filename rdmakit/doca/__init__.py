@@ -26,6 +26,16 @@ from rdmakit.doca.ctx import (
     StateChangedCallback,
     WorkQ,
 )
+from rdmakit.doca.descriptor import (
+    CONNECTION_FORMAT,
+    MAX_DESCRIPTOR_SIZE,
+    ConnectionDescriptor,
+    Transport,
+    read_connection_descriptor,
+    read_descriptor,
+    read_mmap_descriptor,
+    write_descriptor,
+)
 from rdmakit.doca.device import (
     Dev,
     DevInfo,
@@ -62,6 +72,23 @@ from rdmakit.doca.mmap import (
     Mmap,
     MmapDescriptor,
 )
+from rdmakit.doca.rdma import (
+    RDMA_PERMISSIONS,
+    Rdma,
+    RdmaAtomicCmpSwpJob,
+    RdmaAtomicFetchAddJob,
+    RdmaJob,
+    RdmaOpcode,
+    RdmaReadJob,
+    RdmaRecvJob,
+    RdmaResult,
+    RdmaSendImmJob,
+    RdmaSendJob,
+    RdmaState,
+    RdmaTransportType,
+    RdmaWriteImmJob,
+    RdmaWriteJob,
+)
 from rdmakit.doca.soft import SOFT_CAPS, SoftBackendDevice, SoftBackendQP, soft_devinfo
 from rdmakit.doca.soft import install as _install_soft
 from rdmakit.doca.sync_event import (
@@ -75,10 +102,13 @@ from rdmakit.doca.sync_event import (
 )
 
 __all__ = [
+    "CONNECTION_FORMAT",
     "DEFAULT_MAX_LIST_LEN",
     "DESCRIPTOR_FORMAT",
     "LOCAL_CAPS",
+    "MAX_DESCRIPTOR_SIZE",
     "MAX_REFCOUNT",
+    "RDMA_PERMISSIONS",
     "SOFT_CAPS",
     "U64_MAX",
     "AccessFlag",
@@ -89,6 +119,7 @@ __all__ = [
     "BufArray",
     "BufInventory",
     "BufPool",
+    "ConnectionDescriptor",
     "Ctx",
     "CtxState",
     "Dev",
@@ -109,6 +140,20 @@ __all__ = [
     "MemoryRegistration",
     "Mmap",
     "MmapDescriptor",
+    "Rdma",
+    "RdmaAtomicCmpSwpJob",
+    "RdmaAtomicFetchAddJob",
+    "RdmaJob",
+    "RdmaOpcode",
+    "RdmaReadJob",
+    "RdmaRecvJob",
+    "RdmaResult",
+    "RdmaSendImmJob",
+    "RdmaSendJob",
+    "RdmaState",
+    "RdmaTransportType",
+    "RdmaWriteImmJob",
+    "RdmaWriteJob",
     "SoftBackendDevice",
     "SoftBackendQP",
     "StateChangedCallback",
@@ -118,6 +163,7 @@ __all__ = [
     "SyncEventSetJob",
     "SyncEventWaitEqJob",
     "SyncEventWaitGtJob",
+    "Transport",
     "UserCallback",
     "WorkQ",
     "devinfo_list",
@@ -126,9 +172,13 @@ __all__ = [
     "error_from_wc_status",
     "find_devinfo",
     "local_devinfo",
+    "read_connection_descriptor",
+    "read_descriptor",
+    "read_mmap_descriptor",
     "register_provider",
     "register_resolver",
     "soft_devinfo",
+    "write_descriptor",
 ]
 
 _install_soft()

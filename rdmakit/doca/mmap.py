@@ -278,9 +278,9 @@ class MmapDescriptor:
             gid = IPv6Address(gid_text)
         except ValueError as exc:
             raise _bad("gid", f"{gid_text!r} is not a GID") from exc
-        mtu = _get_int(obj, "mtu", 0, 4097)
-        if mtu not in _MTUS:
-            raise _bad("mtu", f"{mtu} is not an IB MTU")
+        mtu = _get_int(obj, "mtu", 0, (1 << 20) + 1)
+        if mtu not in _MTUS and not (mtu > 4096 and mtu & (mtu - 1) == 0):  # > 4096: a soft TCP device
+            raise _bad("mtu", f"{mtu} is not an IB MTU (nor a power of two up to 2**20, for TCP)")
         return cls(addr=addr, length=length, rkey=rkey, access=access, device=device, gid=gid, mtu=mtu)
 
 

@@ -214,3 +214,10 @@ class TrioDriver:
     async def wait_for(self, pred: Callable[[], bool]) -> None:
         while not pred():
             await self._changed.wait()
+
+
+def wait_readable(fd: int, timeout: float | None) -> bool:
+    """Block until ``fd`` is readable or ``timeout`` seconds pass; True if readable."""
+    with select.epoll(1) as ep:
+        ep.register(fd, select.EPOLLIN)
+        return bool(ep.poll(-1 if timeout is None else max(timeout, 0.0)))

@@ -5,8 +5,12 @@ import pkgutil
 
 import rdmakit.doca
 
+#: Modules used as a namespace (``from rdmakit.doca import aio``), not flattened into the façade.
+NAMESPACES = ["aio"]
 MODULES = sorted(
-    name for info in pkgutil.iter_modules(rdmakit.doca.__path__) if not (name := info.name).startswith("_")
+    name
+    for info in pkgutil.iter_modules(rdmakit.doca.__path__)
+    if not (name := info.name).startswith("_") and name not in NAMESPACES
 )
 
 
@@ -16,11 +20,13 @@ def test_every_module_is_covered() -> None:
         "backend",
         "buf",
         "ctx",
+        "descriptor",
         "device",
         "errors",
         "graph",
         "inventory",
         "mmap",
+        "rdma",
         "soft",
         "sync_event",
     ]
@@ -49,3 +55,11 @@ def test_public_names_resolve() -> None:
     """Every exported name exists."""
     for public in rdmakit.doca.__all__:
         assert hasattr(rdmakit.doca, public), public
+
+
+def test_namespace_modules_import() -> None:
+    """``rdmakit.doca.aio`` is public as a module: its names stay out of the flat façade."""
+    for name in NAMESPACES:
+        module = importlib.import_module(f"rdmakit.doca.{name}")
+        assert module.__all__
+        assert not set(module.__all__) & set(rdmakit.doca.__all__)
