@@ -18,6 +18,12 @@ from rdmakit.doca.buf import (
     MAX_REFCOUNT,
     Buf,
 )
+from rdmakit.doca.comm_channel import (
+    COMCH_MAX_MSG_LIMIT,
+    COMCH_MAX_MSG_SIZE,
+    CommChannel,
+    CommChannelServer,
+)
 from rdmakit.doca.ctx import (
     Ctx,
     CtxState,
@@ -45,6 +51,10 @@ from rdmakit.doca.device import (
     local_devinfo,
     register_provider,
     register_resolver,
+)
+from rdmakit.doca.dma import (
+    Dma,
+    DmaMemcpyJob,
 )
 from rdmakit.doca.errors import (
     DocaError,
@@ -89,6 +99,11 @@ from rdmakit.doca.rdma import (
     RdmaWriteImmJob,
     RdmaWriteJob,
 )
+from rdmakit.doca.shm import (
+    DPU_DESCRIPTOR_FORMAT,
+    DpuDescriptor,
+    SharedMemory,
+)
 from rdmakit.doca.soft import SOFT_CAPS, SoftBackendDevice, SoftBackendQP, soft_devinfo
 from rdmakit.doca.soft import install as _install_soft
 from rdmakit.doca.sync_event import (
@@ -102,9 +117,12 @@ from rdmakit.doca.sync_event import (
 )
 
 __all__ = [
+    "COMCH_MAX_MSG_LIMIT",
+    "COMCH_MAX_MSG_SIZE",
     "CONNECTION_FORMAT",
     "DEFAULT_MAX_LIST_LEN",
     "DESCRIPTOR_FORMAT",
+    "DPU_DESCRIPTOR_FORMAT",
     "LOCAL_CAPS",
     "MAX_DESCRIPTOR_SIZE",
     "MAX_REFCOUNT",
@@ -119,6 +137,8 @@ __all__ = [
     "BufArray",
     "BufInventory",
     "BufPool",
+    "CommChannel",
+    "CommChannelServer",
     "ConnectionDescriptor",
     "Ctx",
     "CtxState",
@@ -126,8 +146,11 @@ __all__ = [
     "DevInfo",
     "DevInfoProvider",
     "DeviceCaps",
+    "Dma",
+    "DmaMemcpyJob",
     "DocaError",
     "DocaErrorCode",
+    "DpuDescriptor",
     "Event",
     "Fault",
     "Graph",
@@ -154,6 +177,7 @@ __all__ = [
     "RdmaTransportType",
     "RdmaWriteImmJob",
     "RdmaWriteJob",
+    "SharedMemory",
     "SoftBackendDevice",
     "SoftBackendQP",
     "StateChangedCallback",

@@ -43,6 +43,8 @@ from rdmakit.engine.types import Access
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from 3.12
 
+    from rdmakit.doca.shm import DpuDescriptor, SharedRegion
+
 __all__ = [
     "DESCRIPTOR_FORMAT",
     "AccessFlag",
@@ -66,6 +68,7 @@ class AccessFlag(IntFlag):
 
 _ALL_MASK = int(sum(AccessFlag))
 _RDMA_FLAGS = AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC
+_PCI_FLAGS = AccessFlag.PCI_READ_ONLY | AccessFlag.PCI_READ_WRITE
 # Permissions under which a device writes into the memory.
 _WRITE_FLAGS = (
     AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC | AccessFlag.PCI_READ_WRITE
@@ -302,7 +305,8 @@ class Mmap:
         self._started = False
         self._exported = False
         self._destroyed = False
-        self._remote: MmapDescriptor | None = None
+        self._remote: MmapDescriptor | DpuDescriptor | None = None
+        self._shared: SharedRegion | None = None  # the pages of a DPU import (rdmakit.doca.shm)
         self._num_bufs = 0
 
     # -- properties ---------------------------------------------------------
@@ -350,7 +354,7 @@ class Mmap:
         return self._remote is not None
 
     @property
-    def descriptor(self) -> MmapDescriptor | None:
+    def descriptor(self) -> "MmapDescriptor | DpuDescriptor | None":
         """The peer's descriptor of a remote mmap; None for a local one."""
         return self._remote
 
@@ -496,6 +500,9 @@ class Mmap:
         if self._view is not None:
             self._view.release()
             self._view = None
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
         self._destroyed = True
 
     close = destroy
@@ -550,19 +557,74 @@ class Mmap:
         self._exported = True
         return desc.to_bytes()
 
+    def export_dpu(self, dev: Dev) -> bytes:
+        """A descriptor the DPU passes to `create_from_export` (``doca_mmap_export_pci``).
+
+        Needs a started local mmap, registered on `dev`, with PCI_READ_ONLY or
+        PCI_READ_WRITE. Without a BlueField the DPU is another process on this
+        machine, and the range must lie in a `SharedMemory` (NOT_SUPPORTED
+        otherwise): see ``rdmakit.doca.shm``.
+        """
+        from rdmakit.doca import shm  # shm builds on this module
+
+        self._check_alive()
+        if self._remote is not None:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, "cannot re-export an imported mmap")
+        if not self._started:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, "export_dpu: mmap is not started")
+        if not self._permissions & _PCI_FLAGS:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, "export_dpu: no PCI_READ_ONLY/READ_WRITE permission")
+        self.registration(dev)
+        descriptor = shm.export_range(self._addr, self._length, self._permissions, dev.name)
+        self._exported = True
+        return descriptor
+
+    export_pci = export_dpu
+
     @classmethod
-    def create_from_export(cls, descriptor: bytes, dev: Dev) -> Self:
+    def create_from_export(cls, descriptor: bytes, dev: Dev, *, fd: int | None = None) -> Self:
         """A remote mmap from a peer's descriptor (``doca_mmap_create_from_export``).
 
-        It has the peer's address range, rkey and permissions but no local
-        memory; `dev` is the local device that will reach the peer.
+        From `export_rdma`: the peer's address range, rkey and permissions but
+        no local memory; `dev` is the local device that will reach the peer.
+        From `export_dpu`: the host's range, reachable through `dev` by jobs
+        (registered on it, writable only with PCI_READ_WRITE), still without
+        a local `view`; `fd` is the memory's descriptor when it came over a
+        comm channel (else the exporter's ``/proc/PID/fd`` is opened).
         """
+        from rdmakit.doca import shm  # shm builds on this module
+
+        if shm.DpuDescriptor.matches(descriptor):
+            return cls._create_from_dpu_export(descriptor, dev, fd)
+        if fd is not None:
+            raise DocaError(DocaErrorCode.INVALID_VALUE, "fd goes only with an export_dpu descriptor")
         desc = MmapDescriptor.from_bytes(descriptor)
         mmap = cls()
         dev._adopt(mmap)
         mmap._remote = desc
         mmap._addr, mmap._length = desc.addr, desc.length
         mmap._permissions = desc.access
+        mmap._devs.append(dev)
+        mmap._started = True
+        return mmap
+
+    @classmethod
+    def _create_from_dpu_export(cls, descriptor: bytes, dev: Dev, fd: int | None) -> Self:
+        from rdmakit.doca import shm
+
+        dev.backend  # noqa: B018 - raises BAD_STATE when closed
+        region = shm.import_region(descriptor, fd=fd)
+        desc = region.descriptor
+        access = Access.LOCAL_WRITE if region.writable else Access.NONE
+        try:
+            reg = dev.backend.register_memory(region.view, desc.addr, access)
+        except BaseException:
+            region.close()
+            raise
+        mmap = cls()
+        dev._adopt(mmap)
+        mmap._remote, mmap._shared, mmap._regs[dev] = desc, region, reg
+        mmap._addr, mmap._length, mmap._permissions = desc.addr, desc.length, desc.access
         mmap._devs.append(dev)
         mmap._started = True
         return mmap
@@ -586,8 +648,10 @@ class Mmap:
     def __repr__(self) -> str:
         if self._destroyed:
             state = "destroyed"
-        elif self._remote is not None:
+        elif isinstance(self._remote, MmapDescriptor):
             state = f"remote rkey={self._remote.rkey:#x}"
+        elif self._remote is not None:
+            state = f"exported by pid {self._remote.pid}"
         else:
             state = "started" if self._started else "idle"
         return f"<Mmap {self._addr:#x}+{self._length} {self._permissions!r} {state}>"

@@ -19,14 +19,17 @@ def test_every_module_is_covered() -> None:
     assert MODULES == [
         "backend",
         "buf",
+        "comm_channel",
         "ctx",
         "descriptor",
         "device",
+        "dma",
         "errors",
         "graph",
         "inventory",
         "mmap",
         "rdma",
+        "shm",
         "soft",
         "sync_event",
     ]

@@ -1,0 +1,891 @@
+"""DOCA DMA programs: the DMA Copy application and the DMA samples.
+
+- ``rdmakit dma-copy``: DOCA's DMA Copy application. A host and a DPU copy a
+  file one way or the other over DMA; the control path is a comm channel.
+- ``rdmakit dma-local-copy``: the DMA Local Copy sample (one process).
+- ``rdmakit dma-copy-host`` / ``rdmakit dma-copy-dpu``: the DMA Copy Host and
+  DPU samples, which meet through ``export_desc.txt`` and ``buffer_info.txt``.
+
+Without a BlueField, ``-p``/``-r`` name an emulated device pair: any
+well-formed PCI address is accepted, and the two processes (both on this
+machine) meet on the comm channel's service name. The host's memory reaches
+the DPU process as shared memory (``rdmakit.doca.shm``); the DPU copies with
+DMA jobs, no socket in the data path.
+
+The DMA Copy protocol (the application's ``comch_msg`` types, as JSON)::
+
+    host -> DPU   direction {file_in_host, file_size}
+    DPU  -> host  direction {file_in_host, file_size}      or status {ok: false}
+    host -> DPU   export {addr, length, descriptor, sha256} + the memory's fd
+    DPU           copies in chunks, sending progress {phase, done, total}
+    source side:  its sha256 (host: in export; DPU: copied {sha256})
+    dest side:    verifies, renames the file into place, status {ok: true}
+
+Either side sends status {ok: false, error} when it fails, and a side that
+goes away is noticed on the channel (CONNECTION_RESET). A destination file is
+written unnamed (``O_TMPFILE``) and linked into place only once its checksum
+matches, so a failed or killed copy leaves no partial file behind.
+"""
+
+import argparse
+import dataclasses
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from pathlib import Path
+from typing import Any, TextIO
+
+from rdmakit.cli.common import CliError, add_general_flags, run, wait_for_file, write_atomic
+from rdmakit.doca import (
+    AccessFlag,
+    Buf,
+    BufInventory,
+    CommChannel,
+    CommChannelServer,
+    Dev,
+    Dma,
+    DmaMemcpyJob,
+    DocaError,
+    DocaErrorCode,
+    Mmap,
+    SharedMemory,
+    WorkQ,
+    devinfo_list,
+    local_devinfo,
+)
+
+log = logging.getLogger("rdmakit.dma")
+
+DEFAULT_SERVICE = "dma-copy"
+SAMPLE_SERVICE = "dma-copy-sample"
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_CHUNK = 1 << 20  # the guide's 1 MB hardware limit, now one job's size
+SAMPLE_TEXT = "This is a sample piece of text"
+_DEPTH = 16  # DMA jobs in flight
+_HASH_BLOCK = 16 << 20
+_PROGRESS_MIN = 8 << 20  # files this large get a progress bar on a TTY
+_HEARTBEAT = 0.25  # seconds between progress messages on the channel
+_PCI = re.compile(r"(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+
+
+# ---------------------------------------------------------------------------
+# Shared pieces
+
+
+def _pci(value: str | None, flag: str) -> str | None:
+    if value is None:
+        return None
+    if not _PCI.fullmatch(value):
+        raise CliError(f"{flag}: {value!r} is not a PCI address (BB:DD.F or DDDD:BB:DD.F)")
+    return value.lower() if value.count(":") == 2 else f"0000:{value.lower()}"
+
+
+def _open_dev(pci: str | None) -> Dev:
+    """The DMA device at `pci`, or an emulated one (a local device carrying that address)."""
+    if pci is None:
+        return Dev.open(local_devinfo("local0"))
+    for info in devinfo_list():
+        if info.matches(pci) and Dma.cap_is_supported(info):
+            return Dev.open(info)
+    log.info("no DMA device at %s: using an emulated one", pci)
+    return Dev.open(dataclasses.replace(local_devinfo(f"emu-{pci}"), pci_addr=pci))
+
+
+@contextmanager
+def _cli_errors() -> Iterator[None]:
+    """TIME_OUT is exit status 3, as `wait_for_file`; other errors go to `run`."""
+    try:
+        yield
+    except DocaError as exc:
+        if exc.code is DocaErrorCode.TIME_OUT:
+            raise CliError(str(exc), status=3) from exc
+        raise
+
+
+class _Progress:
+    """A one-line progress bar on a TTY, for large transfers; silent otherwise."""
+
+    def __init__(self, label: str, total: int, stream: TextIO | None = None) -> None:
+        self._stream = stream if stream is not None else sys.stderr
+        self._label = label
+        self._total = total
+        self._enabled = total >= _PROGRESS_MIN and self._stream.isatty()
+        self._shown = False
+        self._last = 0.0
+
+    def update(self, done: int, *, force: bool = False) -> None:
+        if not self._enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < 0.1:
+            return
+        self._last = now
+        frac = done / self._total if self._total else 1.0
+        width = 30
+        bar = "#" * int(frac * width)
+        self._stream.write(
+            f"\r{self._label} [{bar:<{width}}] {frac:4.0%} {done / 2**20:.1f}/{self._total / 2**20:.1f} MiB"
+        )
+        self._stream.flush()
+        self._shown = True
+
+    def done(self) -> None:
+        if self._enabled:
+            self.update(self._total, force=True)
+            self._stream.write("\n")
+            self._stream.flush()
+            self._enabled = False
+
+    def abandon(self) -> None:
+        if self._shown and self._enabled:
+            self._stream.write("\n")
+            self._stream.flush()
+        self._enabled = False
+
+
+class _Destination:
+    """A file that appears under its name only when `commit` is called: ``O_TMPFILE``, linked in.
+
+    Where ``O_TMPFILE`` is not supported, a hidden ``.NAME.*.partial`` file
+    in the same directory (removed by `discard`; a process killed outright
+    leaves it behind, under that name only).
+    """
+
+    def __init__(self, path: str, size: int) -> None:
+        self.path = Path(path)
+        parent = self.path.parent
+        self._tmp: str | None = None
+        self.fd = self._dir = -1
+        try:
+            self._dir = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.fd = os.open(parent, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            if self._dir < 0 or exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                self.discard()
+                raise CliError(f"cannot write {path}: {exc.strerror}") from exc
+            try:
+                self.fd, self._tmp = tempfile.mkstemp(
+                    prefix=f".{self.path.name}.", suffix=".partial", dir=parent
+                )
+            except OSError as exc2:
+                self.discard()
+                raise CliError(f"cannot write {path}: {exc2.strerror}") from exc2
+        fd = self.fd
+        try:
+            if size:
+                os.posix_fallocate(fd, 0, size)  # ENOSPC now, not SIGBUS in the middle of the copy
+        except OSError as exc:
+            self.discard()
+            raise CliError(f"cannot write {path}: {exc.strerror}") from exc
+
+    def commit(self) -> None:
+        """Flush and link the file in; never replaces a file that appeared meanwhile."""
+        try:
+            os.fsync(self.fd)
+            # linkat(AT_SYMLINK_FOLLOW) (a dir fd makes os.link use linkat), in the directory opened first
+            if self._tmp is None:
+                os.link(
+                    f"/proc/self/fd/{self.fd}", self.path.name, dst_dir_fd=self._dir, follow_symlinks=True
+                )
+            else:
+                os.link(self._tmp, self.path.name, dst_dir_fd=self._dir)
+                os.unlink(self._tmp)
+                self._tmp = None
+        except OSError as exc:
+            raise CliError(f"cannot create {self.path}: {exc.strerror}") from exc
+        self.discard()
+
+    def discard(self) -> None:
+        """Close and forget the unnamed file; idempotent."""
+        for fd in (self.fd, self._dir):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self._dir = -1
+        if self._tmp is not None:
+            with suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+            self._tmp = None
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _local_file(path: str) -> int | None:
+    """The size of `path` if it exists (a readable regular file), else None."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise CliError(f"{path} is not a regular file")
+    if not os.access(path, os.R_OK):
+        raise CliError(f"cannot read {path}: {os.strerror(errno.EACCES)}")
+    return st.st_size
+
+
+def _started_mmap(dev: Dev, memory: memoryview, access: AccessFlag) -> Mmap:
+    mmap = Mmap()
+    try:
+        mmap.set_permissions(access)
+        mmap.set_memrange(memory)
+        mmap.add_dev(dev)
+        mmap.start()
+    except BaseException:
+        mmap.destroy()
+        raise
+    return mmap
+
+
+# ---------------------------------------------------------------------------
+# The DMA Copy protocol
+
+_SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
+    "direction": {"file_in_host": (bool,), "file_size": (int,)},
+    "export": {"addr": (int,), "length": (int,), "descriptor": (str, type(None)), "sha256": (str,)},
+    "progress": {"phase": (str,), "done": (int,), "total": (int,)},
+    "copied": {"sha256": (str,)},
+    "status": {"ok": (bool,), "error": (str,)},
+}
+
+
+class _PeerFailed(CliError):
+    """The peer reported a failure: nothing to tell it back."""
+
+
+class _Link:
+    """This side's end of the DMA Copy conversation over a `CommChannel`."""
+
+    def __init__(self, chan: CommChannel, peer: str, timeout: float) -> None:
+        self.chan = chan
+        self.peer = peer  # "host" or "DPU"
+        self.timeout = timeout
+        self._last_beat = 0.0
+
+    def send(self, kind: str, *, fds: tuple[int, ...] = (), **fields: Any) -> None:
+        data = json.dumps({"type": kind, **fields}, separators=(",", ":")).encode()
+        self.chan.send(data, fds=fds, timeout=self.timeout)
+
+    def settle(self, exc: CliError | DocaError) -> None:
+        """This side failed with `exc`: tell the peer, or say plainly that the peer went away."""
+        if isinstance(exc, DocaError) and exc.code in (
+            DocaErrorCode.CONNECTION_RESET,
+            DocaErrorCode.NOT_CONNECTED,
+        ):
+            raise CliError(f"the {self.peer} went away before the copy was complete ({exc.name})") from exc
+        self.fail(str(exc))
+
+    def fail(self, error: str) -> None:
+        """Tell the peer this side failed; best effort (it may be gone)."""
+        with suppress(DocaError):
+            self.send("status", ok=False, error=error)
+
+    def beat(self, phase: str, done: int, total: int) -> None:
+        """A progress message, at most every `_HEARTBEAT` seconds: the peer's timeout restarts."""
+        now = time.monotonic()
+        if now - self._last_beat >= _HEARTBEAT or done == total:
+            self._last_beat = now
+            log.debug("%s: %d of %d bytes", phase, done, total)
+            self.send("progress", phase=phase, done=done, total=total)
+
+    def digest(self, view: memoryview | None, phase: str) -> str:
+        """The sha256 of `view` (None: empty), with a progress bar and heartbeats to the peer."""
+        total = len(view) if view is not None else 0
+        bar = _Progress("hashing" if phase == "hash" else "verifying", total)
+        digest = hashlib.sha256()
+        for offset in range(0, total, _HASH_BLOCK):
+            assert view is not None
+            block = view[offset : offset + _HASH_BLOCK]
+            done = offset + len(block)
+            digest.update(block)
+            block.release()
+            bar.update(done)
+            self.beat(phase, done, total)
+        bar.done()
+        return digest.hexdigest()
+
+    def check_peer(self) -> None:
+        """Between chunks: CONNECTION_RESET if the peer went away, its failure if it reported one."""
+        data = self.chan.try_recv()
+        if data is not None:
+            msg = self._decode(data)
+            if msg["type"] == "status" and not msg["ok"]:
+                raise _PeerFailed(f"the {self.peer} failed: {msg['error']}")
+            if msg["type"] != "progress":
+                raise CliError(f"protocol error: the {self.peer} sent {msg['type']!r} during the copy")
+
+    def recv(self, want: str, bar: _Progress | None = None) -> tuple[dict[str, Any], list[int]]:
+        """The next `want` message; progress messages restart the timeout (and copy progress drives `bar`)."""
+        while True:
+            data, fds = self.chan.recv_fds(self.timeout)
+            try:
+                msg = self._decode(data)
+                if msg["type"] == "status" and not msg["ok"]:
+                    raise _PeerFailed(f"the {self.peer} failed: {msg['error']}")
+                if msg["type"] == "progress":
+                    log.debug("the %s: %s %d of %d bytes", self.peer, msg["phase"], msg["done"], msg["total"])
+                    if bar is not None and msg["phase"] == "copy":
+                        bar.update(msg["done"])
+                    continue
+                if msg["type"] != want:
+                    raise CliError(
+                        f"protocol error: expected {want!r} from the {self.peer}, got {msg['type']!r}"
+                    )
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            return msg, fds
+
+    def _decode(self, data: bytes) -> dict[str, Any]:
+        try:
+            raw: object = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            raise CliError(f"protocol error: the {self.peer} sent a message that is not JSON") from None
+        if not isinstance(raw, dict) or not isinstance(raw.get("type"), str) or raw["type"] not in _SCHEMA:
+            raise CliError(f"protocol error: the {self.peer} sent an unknown message")
+        msg: dict[str, Any] = raw
+        kind = msg["type"]
+        for key, types in _SCHEMA[kind].items():
+            if key == "error" and msg.get("ok", True):
+                continue
+            if key not in msg or type(msg[key]) not in types:
+                raise CliError(f"protocol error: bad {kind} message from the {self.peer} ({key})")
+        return msg
+
+
+def _copy_chunks(
+    link: _Link,
+    dev: Dev,
+    src: Mmap,
+    dst: Mmap,
+    size: int,
+    *,
+    chunk: int,
+    bar: _Progress,
+    pause: float,
+) -> None:
+    """Copy `size` bytes from the start of `src` to the start of `dst`, `chunk` bytes per DMA job."""
+    with ExitStack() as stack:
+        dma = stack.enter_context(Dma(dev))
+        workq = stack.enter_context(WorkQ(_DEPTH))
+        chunk = max(1, min(chunk, dma.max_buf_size))
+        inventory = BufInventory(2 * _DEPTH)
+        inventory.start()
+        stack.callback(inventory.destroy)
+        dma.workq_add(workq)
+        dma.start()
+        held: list[Buf] = []
+
+        def release_all() -> None:
+            for buf in held:
+                buf.dec_refcount()
+            held.clear()
+
+        stack.callback(release_all)
+        offset = done = inflight = 0
+        while done < size:
+            while inflight < _DEPTH and offset < size:
+                n = min(chunk, size - offset)
+                s = inventory.get_by_args(src, src.addr + offset, n, src.addr + offset, n)
+                held.append(s)
+                d = inventory.get_by_args(dst, dst.addr + offset, n, dst.addr + offset, 0)
+                held.append(d)
+                workq.submit(DmaMemcpyJob(ctx=dma, src=s, dst=d))
+                offset += n
+                inflight += 1
+            event = workq.progress_retrieve()
+            if event is None:
+                continue
+            inflight -= 1
+            job = event.job
+            assert isinstance(job, DmaMemcpyJob)
+            for buf in (job.src, job.dst):
+                held.remove(buf)
+                buf.dec_refcount()
+            if not event.ok:
+                assert event.error is not None
+                raise event.error
+            assert isinstance(event.result, int)
+            done += event.result
+            bar.update(done)
+            link.beat("copy", done, size)
+            link.check_peer()
+            if pause:
+                time.sleep(pause)
+        dma.stop()
+
+
+# ---------------------------------------------------------------------------
+# rdmakit dma-copy
+
+
+def _dma_copy(args: argparse.Namespace) -> int:
+    if not args.file:
+        raise CliError("-f/--file is required")
+    if args.role not in ("host", "dpu"):
+        raise CliError("--role host|dpu is required")
+    pci = _pci(args.pci_addr, "-p/--pci-addr")
+    rep = _pci(args.rep_pci, "-r/--rep-pci")
+    if args.chunk_size <= 0:
+        raise CliError("--chunk-size must be positive")
+    if args.role == "host" and rep is not None:
+        log.debug("-r/--rep-pci is for the DPU side; ignored on the host")
+    with _cli_errors(), ExitStack() as stack:
+        dev = stack.enter_context(_open_dev(pci))
+        if args.role == "host":
+            return _host(args, dev, stack)
+        if rep is not None:
+            log.info("DPU side: device %s, representor %s (emulated)", dev.name, rep)
+        return _dpu(args, dev, stack)
+
+
+def _host(args: argparse.Namespace, dev: Dev, stack: ExitStack) -> int:
+    path: str = args.file
+    size = _local_file(path)
+    source = stack.enter_context(SharedMemory.from_file(path)) if size else None
+    log.info("connecting to the DPU on %r", args.service)
+    chan = stack.enter_context(CommChannel.connect(args.service, timeout=args.timeout))
+    link = _Link(chan, "DPU", args.timeout)
+    try:
+        return _host_flow(args, dev, stack, link, size, source)
+    except _PeerFailed:
+        raise
+    except (CliError, DocaError) as exc:
+        link.settle(exc)
+        raise
+
+
+def _host_flow(
+    args: argparse.Namespace,
+    dev: Dev,
+    stack: ExitStack,
+    link: _Link,
+    size: int | None,
+    source: SharedMemory | None,
+) -> int:
+    path: str = args.file
+    if size is not None:
+        log.info("%s is on the host: it will be copied to the DPU", path)
+    else:
+        log.info("%s is not on the host: it will be copied from the DPU", path)
+    link.send("direction", file_in_host=size is not None, file_size=size or 0)
+    reply, _ = link.recv("direction")
+    if reply["file_in_host"] != (size is not None):
+        raise CliError("protocol error: the DPU disagrees about where the file is")
+    if size is None:
+        size = int(reply["file_size"])
+        if size < 0:
+            raise CliError("protocol error: negative file size from the DPU")
+        dest = _Destination(path, size)
+        stack.callback(dest.discard)
+        memory = stack.enter_context(SharedMemory.from_fd(dest.fd, writable=True)) if size else None
+        access = AccessFlag.LOCAL_READ_WRITE | AccessFlag.PCI_READ_WRITE
+        digest = ""
+    else:
+        dest, memory = None, source
+        access = AccessFlag.PCI_READ_ONLY
+        digest = link.digest(source.buf if source else None, "hash")
+    if memory is not None:
+        mmap = _started_mmap(dev, memory.buf, access)
+        stack.callback(mmap.destroy)
+        descriptor: str | None = mmap.export_dpu(dev).decode()
+        fds = (memory.fd,) if link.chan.fd_passing else ()
+        link.send("export", addr=mmap.addr, length=size, descriptor=descriptor, sha256=digest, fds=fds)
+    else:
+        link.send("export", addr=0, length=0, descriptor=None, sha256=digest)
+    bar = _Progress("DPU copying", size)
+    stack.callback(bar.abandon)
+    if dest is None:
+        link.recv("status", bar)
+        bar.done()
+        print(f"dma-copy: {size} bytes host -> DPU, sha256 {digest}")
+        return 0
+    copied, _ = link.recv("copied", bar)
+    bar.done()
+    got = link.digest(memory.buf if memory else None, "verify")
+    if got != copied["sha256"]:
+        raise CliError(f"checksum mismatch: the DPU sent sha256 {copied['sha256']}, {path} has {got}")
+    log.info("checksum verified; writing %s", path)
+    dest.commit()
+    try:
+        link.send("status", ok=True, error="")
+    except DocaError as exc:
+        log.warning("the copy is complete, but the DPU did not hear so: %s", exc)
+    print(f"dma-copy: {size} bytes DPU -> host, sha256 {got}")
+    return 0
+
+
+def _dpu(args: argparse.Namespace, dev: Dev, stack: ExitStack) -> int:
+    path: str = args.file
+    size = _local_file(path)
+    server = CommChannelServer(args.service)
+    try:
+        log.info("waiting for the host on %r", args.service)
+        chan = stack.enter_context(server.accept(args.timeout))
+    finally:
+        server.close()
+    link = _Link(chan, "host", args.timeout)
+    try:
+        return _dpu_flow(args, dev, stack, link, size)
+    except _PeerFailed:
+        raise
+    except (CliError, DocaError) as exc:
+        link.settle(exc)
+        raise
+
+
+def _dpu_flow(args: argparse.Namespace, dev: Dev, stack: ExitStack, link: _Link, size: int | None) -> int:
+    path: str = args.file
+    request, _ = link.recv("direction")
+    host_has = request["file_in_host"]
+    if host_has and size is not None:
+        raise CliError(f"{path} exists on both the host and the DPU: which way to copy?")
+    if not host_has and size is None:
+        raise CliError(f"{path} exists on neither the host nor the DPU")
+    dest: _Destination | None = None
+    if size is None:
+        size = int(request["file_size"])
+        if size < 0:
+            raise CliError("protocol error: negative file size from the host")
+        log.info("%s will be copied from the host (%d bytes)", path, size)
+        dest = _Destination(path, size)
+        stack.callback(dest.discard)
+        local = stack.enter_context(SharedMemory.from_fd(dest.fd, writable=True)) if size else None
+        access = AccessFlag.LOCAL_READ_WRITE
+    else:
+        log.info("%s will be copied to the host (%d bytes)", path, size)
+        local = stack.enter_context(SharedMemory.from_file(path)) if size else None
+        access = AccessFlag.LOCAL_READ_ONLY
+    link.send("direction", file_in_host=host_has, file_size=0 if host_has else size)
+    export, fds = link.recv("export")
+    stack.callback(_close_all, fds)
+    if export["length"] != size or (size and export["descriptor"] is None):
+        raise CliError("protocol error: the host exported the wrong size")
+    if local is not None:
+        remote = Mmap.create_from_export(export["descriptor"].encode(), dev, fd=fds[0] if fds else None)
+        stack.callback(remote.destroy)
+        if (remote.addr, remote.length) != (export["addr"], size):
+            raise CliError("protocol error: the export descriptor and the buffer info disagree")
+        mine = _started_mmap(dev, local.buf, access)
+        stack.callback(mine.destroy)
+        src, dst = (remote, mine) if host_has else (mine, remote)
+        bar = _Progress("copying", size)
+        stack.callback(bar.abandon)
+        _copy_chunks(link, dev, src, dst, size, chunk=args.chunk_size, bar=bar, pause=args.pause)
+        bar.done()
+        log.info("DMA copy of %d bytes done", size)
+    if dest is None:
+        digest = link.digest(local.buf if local else None, "hash")
+        link.send("copied", sha256=digest)
+        link.recv("status")
+        print(f"dma-copy: {size} bytes DPU -> host, sha256 {digest}")
+        return 0
+    got = link.digest(local.buf if local else None, "verify")
+    if got != export["sha256"]:
+        raise CliError(f"checksum mismatch: the host sent sha256 {export['sha256']}, the copy has {got}")
+    log.info("checksum verified; writing %s", path)
+    dest.commit()
+    try:
+        link.send("status", ok=True, error="")
+    except DocaError as exc:
+        log.warning("the copy is complete, but the host did not hear so: %s", exc)
+    print(f"dma-copy: {size} bytes host -> DPU, sha256 {got}")
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# The samples
+
+
+def _chain(inventory: BufInventory, mmap: Mmap, addr: int, length: int, count: int, *, full: bool) -> Buf:
+    """`count` bufs splitting ``[addr, addr+length)``, chained (the samples' ``allocat_doca_buf_list``).
+
+    `full`: each buf's data is all of it (a source); else empty (a destination).
+    """
+    piece = length // count
+    head: Buf | None = None
+    for i in range(count):
+        start = addr + i * piece
+        size = length - i * piece if i == count - 1 else piece
+        buf = inventory.get_by_args(mmap, start, size, start, size if full else 0)
+        if head is None:
+            head = buf
+        else:
+            head.chain_list(buf)
+    assert head is not None
+    return head
+
+
+def _run_one(dma: Dma, workq: WorkQ, src: Buf, dst: Buf) -> int:
+    """Submit one memcpy job and wait for its event (polling, as the samples do)."""
+    workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))
+    while (event := workq.progress_retrieve()) is None:
+        time.sleep(0)
+    if not event.ok:
+        assert event.error is not None
+        raise event.error
+    assert isinstance(event.result, int)
+    return event.result
+
+
+def _check_lists(dma: Dma, *counts: int) -> None:
+    for count in counts:
+        if count > dma.max_buf_list_len:
+            raise CliError(f"{count} bufs in a list: {dma.dev.name} takes at most {dma.max_buf_list_len}")
+
+
+def _local_copy(args: argparse.Namespace) -> int:
+    text: str = args.text
+    data = text.encode() + b"\0"
+    with _cli_errors(), ExitStack() as stack:
+        dev = stack.enter_context(_open_dev(_pci(args.pci_addr, "-p/--pci-addr")))
+        src_mem, dst_mem = bytearray(data), bytearray(len(data))
+        dma = stack.enter_context(Dma(dev))
+        _check_lists(dma, args.num_src_buf, args.num_dst_buf)
+        src_mmap = _started_mmap(dev, memoryview(src_mem), AccessFlag.LOCAL_READ_WRITE)
+        stack.callback(src_mmap.destroy)
+        dst_mmap = _started_mmap(dev, memoryview(dst_mem), AccessFlag.LOCAL_READ_WRITE)
+        stack.callback(dst_mmap.destroy)
+        inventory = BufInventory(args.num_src_buf + args.num_dst_buf)
+        inventory.start()
+        stack.callback(inventory.destroy)
+        src = _chain(inventory, src_mmap, src_mmap.addr, len(data), args.num_src_buf, full=True)
+        stack.callback(src.dec_refcount)
+        dst = _chain(inventory, dst_mmap, dst_mmap.addr, len(data), args.num_dst_buf, full=False)
+        stack.callback(dst.dec_refcount)
+        workq = stack.enter_context(WorkQ(1))
+        dma.workq_add(workq)
+        dma.start()
+        copied = _run_one(dma, workq, src, dst)
+        if bytes(dst_mem) != data:
+            raise CliError("the destination does not hold the source after the copy")
+        log.info("DMA copy was done successfully (%d bytes)", copied)
+        print(f"Memory content: {dst_mem[:-1].decode(errors='replace')}")
+    return 0
+
+
+def _copy_host(args: argparse.Namespace) -> int:
+    data = args.text.encode() + b"\0"
+    written: list[Path] = []
+    with _cli_errors(), ExitStack() as stack:
+        dev = stack.enter_context(_open_dev(_pci(args.pci_addr, "-p/--pci-addr")))
+        server = stack.enter_context(CommChannelServer(args.service))
+        memory = stack.enter_context(SharedMemory(len(data)))
+        memory.buf[:] = data
+        mmap = _started_mmap(dev, memory.buf, AccessFlag.LOCAL_READ_WRITE | AccessFlag.PCI_READ_ONLY)
+        stack.callback(mmap.destroy)
+        descriptor = mmap.export_dpu(dev)
+
+        def remove_written() -> None:
+            for path in written:
+                with suppress(FileNotFoundError):
+                    path.unlink()
+
+        stack.callback(remove_written)
+        for path, content in (
+            (Path(args.descriptor_path), descriptor),
+            (Path(args.buffer_path), f"{mmap.addr}\n{mmap.length}\n".encode()),
+        ):
+            try:
+                write_atomic(path, content)
+            except OSError as exc:
+                raise CliError(f"cannot write {path}: {exc.strerror}") from exc
+            written.append(path)
+        log.info("wrote %s and %s; waiting for the DPU sample", args.descriptor_path, args.buffer_path)
+        print(f"Exported {mmap.length} bytes at {mmap.addr:#x}; waiting for the DPU", flush=True)
+        chan = stack.enter_context(server.accept(args.timeout))
+        result = json.loads(chan.recv(args.timeout))
+        if not isinstance(result, dict) or result.get("type") != "done":
+            raise CliError("protocol error: unexpected message from the DPU sample")
+        if not result.get("ok"):
+            raise CliError(f"the DPU sample failed: {result.get('error')}")
+        log.info("the DPU sample finished")
+        print("DPU copy done; exiting")
+    return 0
+
+
+def _read_buffer_info(data: bytes, path: str) -> tuple[int, int]:
+    """``ADDR\\nLENGTH`` (each as ``strtoull(.., 0)`` reads it: decimal, 0x hex or 0 octal)."""
+    lines = data.decode(errors="replace").split()
+    try:
+        addr, length = (int(word, 0) for word in lines[:2])
+    except ValueError:
+        raise CliError(f"{path}: expected the buffer address and length") from None
+    if len(lines) != 2 or not 0 <= addr < 1 << 64 or not 0 <= length < 1 << 64:
+        raise CliError(f"{path}: expected the buffer address and length")
+    if length == 0:
+        raise CliError(f"{path}: the remote buffer is empty")
+    return addr, length
+
+
+def _copy_dpu(args: argparse.Namespace) -> int:
+    descriptor = wait_for_file(args.descriptor_path, args.timeout, "the export descriptor")
+    info = wait_for_file(args.buffer_path, args.timeout, "the buffer information")
+    # From here on a host sample exists: it hears how the copy ended, whatever happens.
+    outcome: dict[str, object] = {"type": "done", "ok": False, "error": ""}
+    try:
+        with _cli_errors():
+            text = _copy_dpu_flow(args, descriptor, info)
+        outcome["ok"] = True
+        print(f"Memory content: {text}")
+        return 0
+    except (CliError, DocaError) as exc:
+        outcome["error"] = str(exc)[:1000]
+        raise
+    finally:
+        _notify_host(args, outcome)
+
+
+def _copy_dpu_flow(args: argparse.Namespace, descriptor: bytes, info: bytes) -> str:
+    addr, length = _read_buffer_info(info, args.buffer_path)
+    with ExitStack() as stack:
+        dev = stack.enter_context(_open_dev(_pci(args.pci_addr, "-p/--pci-addr")))
+        dma = stack.enter_context(Dma(dev))
+        _check_lists(dma, args.num_src_buf, args.num_dst_buf)
+        if length > dma.max_buf_size:
+            raise CliError(f"remote buffer of {length} bytes; {dev.name} copies at most {dma.max_buf_size}")
+        remote = Mmap.create_from_export(descriptor, dev)
+        stack.callback(remote.destroy)
+        if not remote.contains(addr, length):
+            raise CliError(f"{args.buffer_path}: {addr:#x}+{length} is outside the exported range")
+        local_mem = bytearray(length)
+        local = _started_mmap(dev, memoryview(local_mem), AccessFlag.LOCAL_READ_WRITE)
+        stack.callback(local.destroy)
+        inventory = BufInventory(args.num_src_buf + args.num_dst_buf)
+        inventory.start()
+        stack.callback(inventory.destroy)
+        src = _chain(inventory, remote, addr, length, args.num_src_buf, full=True)
+        stack.callback(src.dec_refcount)
+        dst = _chain(inventory, local, local.addr, length, args.num_dst_buf, full=False)
+        stack.callback(dst.dec_refcount)
+        workq = stack.enter_context(WorkQ(1))
+        dma.workq_add(workq)
+        dma.start()
+        _run_one(dma, workq, src, dst)
+        log.info("remote DMA copy was done successfully")
+        return bytes(local_mem).rstrip(b"\0").decode(errors="replace")
+
+
+def _notify_host(args: argparse.Namespace, outcome: dict[str, object]) -> None:
+    """Tell the host sample the copy is over, so it exits (no Enter needed).
+
+    The host listens before it writes the files: if it is not there within a
+    second, it is gone. That is worth a warning only when the copy worked.
+    """
+    try:
+        with CommChannel.connect(args.service, timeout=min(args.timeout, 1.0)) as chan:
+            chan.send(json.dumps(outcome).encode())
+    except DocaError as exc:
+        log.log(logging.WARNING if outcome["ok"] else logging.INFO, "could not tell the host sample: %s", exc)
+
+
+# ---------------------------------------------------------------------------
+# Registration
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return number
+
+
+def _seconds(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of seconds")
+    return number
+
+
+def _add_service(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument(
+        "--service", default=default, metavar="NAME",
+        help=f"comm channel service name, the same on both sides: NAME, unix:PATH or tcp:HOST:PORT "
+        f"(default {default})",
+    )  # fmt: skip
+    p.add_argument(
+        "--timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+        help=f"how long to wait for the other side (default {DEFAULT_TIMEOUT:g})",
+    )  # fmt: skip
+
+
+def _add_sample_flags(p: argparse.ArgumentParser, *, remote: bool, dpu: bool) -> None:
+    p.add_argument(
+        "-p", "--pci-addr", metavar="PCI", help="DOCA DMA device PCI address (emulated without a BlueField)"
+    )
+    if not dpu:
+        p.add_argument("-t", "--text", default=SAMPLE_TEXT, help="text to DMA copy")
+    if remote:
+        p.add_argument(
+            "-d", "--descriptor-path", default="/tmp/export_desc.txt", metavar="PATH",
+            help="exported descriptor file to save (host) or read (DPU) (default /tmp/export_desc.txt)",
+        )  # fmt: skip
+        p.add_argument(
+            "-b", "--buffer-path", default="/tmp/buffer_info.txt", metavar="PATH",
+            help="buffer information file to save (host) or read (DPU) (default /tmp/buffer_info.txt)",
+        )  # fmt: skip
+    if dpu or not remote:
+        p.add_argument(
+            "--num-src-buf", type=_positive, default=1, metavar="N", help="source bufs in the list"
+        )
+        p.add_argument(
+            "--num-dst-buf", type=_positive, default=1, metavar="N", help="destination bufs in the list"
+        )
+    if remote:
+        _add_service(p, SAMPLE_SERVICE)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "dma-copy",
+        help="DOCA DMA Copy: copy a file between host and DPU over DMA",
+        description="Copy a file between a host and a DPU with DOCA DMA. Run it on both sides with the "
+        "same -f: the side where the file exists sends it. Without a BlueField both sides run here and "
+        "meet on the comm channel's service name.",
+    )  # fmt: skip
+    p.add_argument("-f", "--file", help="file to copy (on the side that has it) or to create (mandatory)")
+    p.add_argument("-p", "--pci-addr", metavar="PCI", help="DOCA Comm Channel device PCI address")
+    p.add_argument(
+        "-r", "--rep-pci", metavar="PCI", help="DOCA Comm Channel device representor PCI address (DPU only)"
+    )
+    p.add_argument("--role", choices=("host", "dpu"), help="which side this is (mandatory)")
+    _add_service(p, DEFAULT_SERVICE)
+    p.add_argument(
+        "--chunk-size", type=int, default=DEFAULT_CHUNK, metavar="BYTES",
+        help=f"bytes per DMA job (default {DEFAULT_CHUNK})",
+    )  # fmt: skip
+    p.add_argument(
+        "--pause", type=float, default=0.0, help=argparse.SUPPRESS
+    )  # tests: seconds after each job
+    add_general_flags(p)
+    p.set_defaults(handler=run(p, _dma_copy))
+
+    p = subparsers.add_parser("dma-local-copy", help="DOCA DMA sample: copy a buffer locally")
+    _add_sample_flags(p, remote=False, dpu=False)
+    add_general_flags(p)
+    p.set_defaults(handler=run(p, _local_copy))
+
+    p = subparsers.add_parser(
+        "dma-copy-host", help="DOCA DMA sample, host side: export a buffer for the DPU sample"
+    )
+    _add_sample_flags(p, remote=True, dpu=False)
+    add_general_flags(p)
+    p.set_defaults(handler=run(p, _copy_host))
+
+    p = subparsers.add_parser("dma-copy-dpu", help="DOCA DMA sample, DPU side: copy the host's buffer")
+    _add_sample_flags(p, remote=True, dpu=True)
+    add_general_flags(p)
+    p.set_defaults(handler=run(p, _copy_dpu))

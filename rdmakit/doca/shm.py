@@ -1,0 +1,489 @@
+"""Memory a DPU can reach: what ``doca_mmap_export_pci`` exports, on one machine.
+
+On a BlueField the DPU reads and writes host memory over PCIe, through an
+mmap the host exported with ``doca_mmap_export_pci`` (`Mmap.export_dpu`).
+Without one, a "host" process and a "DPU" process on the same machine play
+the two roles and the PCIe path is the kernel's shared memory: the exported
+range must lie in a `SharedMemory` (a memfd or a file, mapped
+``MAP_SHARED``), and the importer maps the same pages. No socket is in the
+data path.
+
+- `SharedMemory(size)`, `SharedMemory.from_file`, `SharedMemory.from_fd`: the
+  exporter's memory. Give its `buf` (or a slice of it, or a numpy array over
+  it) to `Mmap.set_memrange`.
+- `DpuDescriptor`: what `Mmap.export_dpu` returns, canonical JSON with
+  ``"format": "rdmakit.mmap-dpu/1"``: the range's address, length and
+  rights, and where the importer finds the pages: the exporter's
+  ``/proc/PID/fd/N``, the file's identity (device, inode) so that a stale or
+  recycled descriptor number is refused, the range's offset in the file, and
+  the machine's boot id, so that an import on another machine is refused
+  (there the same range is reached by RDMA: `Mmap.export_rdma`).
+- `import_region`: the importer's mapping (`SharedRegion`), used by
+  `Mmap.create_from_export`. Instead of opening ``/proc/PID/fd/N`` it can use
+  a descriptor received over the comm channel (``SCM_RIGHTS``), which also
+  works across PID namespaces.
+
+Rights are enforced twice: an export with PCI_READ_ONLY is mapped read-only
+by the importer (the MMU refuses writes) and registered without write access
+on the importer's device. A process with the exporter's user id could still
+open the file writable itself: the same user can ptrace the exporter anyway.
+"""
+
+import contextlib
+import json
+import mmap as stdlib_mmap
+import os
+import stat
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_os
+from rdmakit.doca.mmap import AccessFlag, _buffer_address
+
+__all__ = [
+    "DPU_DESCRIPTOR_FORMAT",
+    "DpuDescriptor",
+    "SharedMemory",
+]
+
+DPU_DESCRIPTOR_FORMAT = "rdmakit.mmap-dpu/1"
+_MAX_DESCRIPTOR = 4096
+_FIELDS = (
+    "format",
+    "addr",
+    "length",
+    "access",
+    "device",
+    "pid",
+    "fd",
+    "st_dev",
+    "st_ino",
+    "offset",
+    "boot_id",
+)
+_U64 = 1 << 64
+_PCI_FLAGS = AccessFlag.PCI_READ_ONLY | AccessFlag.PCI_READ_WRITE
+_POPULATE = getattr(stdlib_mmap, "MAP_POPULATE", 0)
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+_BOOT_ID = _boot_id()
+
+
+# ---------------------------------------------------------------------------
+# The exporter's memory
+
+# Live SharedMemory objects, by id: `export_range` finds the one holding a range.
+_live: "weakref.WeakValueDictionary[int, SharedMemory]" = weakref.WeakValueDictionary()
+
+
+class SharedMemory:
+    """Memory another process on this machine can map: a memfd or a file, mapped ``MAP_SHARED``.
+
+    `buf` is the whole mapping as a memoryview. `close` unmaps it; IN_USE
+    while an `Mmap` (or any other view) still holds it.
+    """
+
+    def __init__(self, size: int, *, name: str = "rdmakit") -> None:
+        """`size` bytes of anonymous shared memory (a memfd), zero-filled."""
+        if size <= 0:
+            raise DocaError(DocaErrorCode.INVALID_VALUE, f"size must be positive, got {size}")
+        try:
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        except OSError as exc:
+            raise error_from_os(exc, "memfd_create") from exc
+        try:
+            os.ftruncate(fd, size)
+            self._map(fd, size, writable=True)
+        except OSError as exc:
+            os.close(fd)
+            raise error_from_os(exc, f"allocating {size} bytes of shared memory") from exc
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def from_fd(cls, fd: int, *, writable: bool, size: int | None = None) -> Self:
+        """Map the file open on `fd` (duplicated: the caller keeps its own).
+
+        `size` (when given) first sets the file's length; otherwise the whole
+        file is mapped. `writable` needs `fd` open for writing.
+        """
+        self = cls.__new__(cls)
+        try:
+            own = os.dup(fd)
+        except OSError as exc:
+            raise error_from_os(exc, f"dup({fd})") from exc
+        try:
+            os.set_inheritable(own, False)
+            if size is not None:
+                os.ftruncate(own, size)
+            length = os.fstat(own).st_size
+            if length <= 0:
+                raise DocaError(DocaErrorCode.INVALID_VALUE, "cannot share an empty file")
+            self._map(own, length, writable=writable)
+        except OSError as exc:
+            os.close(own)
+            raise error_from_os(exc, "mapping shared memory") from exc
+        except BaseException:
+            os.close(own)
+            raise
+        return self
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], *, writable: bool = False) -> Self:
+        """Map an existing regular file (read-only unless `writable`)."""
+        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            raise error_from_os(exc, f"opening {os.fspath(path)}") from exc
+        try:
+            return cls.from_fd(fd, writable=writable)
+        finally:
+            os.close(fd)
+
+    def _map(self, fd: int, size: int, *, writable: bool) -> None:
+        prot = stdlib_mmap.PROT_READ | (stdlib_mmap.PROT_WRITE if writable else 0)
+        mapping = stdlib_mmap.mmap(fd, size, flags=stdlib_mmap.MAP_SHARED, prot=prot)
+        self._fd = fd
+        self._size = size
+        self._writable = writable
+        self._mapping: stdlib_mmap.mmap | None = mapping
+        self._buf: memoryview | None = memoryview(mapping)
+        self._addr = _address(self._buf)
+        st = os.fstat(fd)
+        self._ident = (st.st_dev, st.st_ino)
+        self._close_fd = weakref.finalize(self, os.close, fd)  # also if never closed
+        _live[id(self)] = self
+
+    @property
+    def fd(self) -> int:
+        """The descriptor of the memory: pass it over a comm channel with the export descriptor."""
+        self._check_open()
+        return self._fd
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def writable(self) -> bool:
+        return self._writable
+
+    @property
+    def addr(self) -> int:
+        """Virtual address of the first byte in this process."""
+        return self._addr
+
+    @property
+    def buf(self) -> memoryview:
+        """The whole mapping (no copy)."""
+        self._check_open()
+        assert self._buf is not None
+        return self._buf
+
+    @property
+    def closed(self) -> bool:
+        return self._mapping is None
+
+    def _check_open(self) -> None:
+        if self._mapping is None:
+            raise DocaError(DocaErrorCode.BAD_STATE, "shared memory is closed")
+
+    def close(self) -> None:
+        """Unmap and close; idempotent. IN_USE while other views of the memory exist."""
+        mapping = self._mapping
+        if mapping is None:
+            return
+        assert self._buf is not None
+        self._buf.release()
+        try:
+            mapping.close()
+        except BufferError:
+            self._buf = memoryview(mapping)
+            raise DocaError(
+                DocaErrorCode.IN_USE, "shared memory is still in use (destroy the Mmap over it first)"
+            ) from None
+        self._mapping = self._buf = None
+        self._close_fd()
+        _live.pop(id(self), None)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._mapping is None else f"fd={self._fd}"
+        return f"<SharedMemory {self._addr:#x}+{self._size} {state}>"
+
+
+def _address(view: memoryview) -> int:
+    addr = _buffer_address(view)
+    if addr is None:
+        raise DocaError(DocaErrorCode.NOT_SUPPORTED, "this Python cannot tell buffer addresses")
+    return addr
+
+
+def _find(addr: int, length: int) -> tuple[SharedMemory, int] | None:
+    for shared in list(_live.values()):
+        if not shared.closed and shared.addr <= addr and addr + length <= shared.addr + shared.size:
+            return shared, addr - shared.addr
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The descriptor
+
+
+def _bad(field: str, why: str) -> DocaError:
+    return DocaError(DocaErrorCode.INVALID_VALUE, f"DPU export descriptor field {field!r}: {why}", Fault.PEER)
+
+
+def _int(obj: dict[str, object], key: str, lo: int, hi: int) -> int:
+    value = obj[key]
+    if type(value) is not int or not lo <= value < hi:
+        raise _bad(key, f"expected an integer in [{lo}, {hi}), got {value!r}")
+    return value
+
+
+def _str(obj: dict[str, object], key: str) -> str:
+    value = obj[key]
+    if type(value) is not str or not 0 < len(value) <= 255:
+        raise _bad(key, f"expected a string of 1 to 255 characters, got {value!r}")
+    return value
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    obj: dict[str, object] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _bad(key, "appears twice")
+        obj[key] = value
+    return obj
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DpuDescriptor:
+    """What `Mmap.export_dpu` tells the DPU: the range, its rights and where its pages are."""
+
+    addr: int  # the exporter's virtual address of the range (what buffer_info.txt carries)
+    length: int
+    access: AccessFlag  # includes PCI_READ_ONLY or PCI_READ_WRITE
+    device: str  # the exporter's device
+    pid: int
+    fd: int  # the exporter's descriptor of the memory: /proc/PID/fd/FD
+    st_dev: int  # identity of that file
+    st_ino: int
+    offset: int  # of `addr` in the file
+    boot_id: str  # the exporter's machine (Linux boot id)
+
+    def to_bytes(self) -> bytes:
+        obj = {
+            "format": DPU_DESCRIPTOR_FORMAT,
+            "addr": self.addr,
+            "length": self.length,
+            "access": [flag.name for flag in AccessFlag if flag in self.access],
+            "device": self.device,
+            "pid": self.pid,
+            "fd": self.fd,
+            "st_dev": self.st_dev,
+            "st_ino": self.st_ino,
+            "offset": self.offset,
+            "boot_id": self.boot_id,
+        }
+        return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+    @staticmethod
+    def matches(data: object) -> bool:
+        """Whether `data` claims to be a DPU descriptor (its format field), valid or not."""
+        if not isinstance(data, bytes | bytearray | memoryview) or len(data) > _MAX_DESCRIPTOR:
+            return False
+        try:
+            obj = json.loads(bytes(data))
+        except (ValueError, RecursionError):
+            return False
+        return isinstance(obj, dict) and obj.get("format") == DPU_DESCRIPTOR_FORMAT
+
+    @classmethod
+    def from_bytes(cls, data: object) -> Self:
+        """Parse and validate; anything malformed is INVALID_VALUE naming the field [peer]."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise _bad("descriptor", f"expected bytes, got {type(data).__name__}")
+        raw = bytes(data)
+        if len(raw) > _MAX_DESCRIPTOR:
+            raise _bad("descriptor", f"{len(raw)} bytes is longer than {_MAX_DESCRIPTOR}")
+        try:
+            obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        except (ValueError, RecursionError) as exc:
+            raise _bad("descriptor", f"not JSON ({exc})") from exc
+        if not isinstance(obj, dict):
+            raise _bad("descriptor", "expected a JSON object")
+        missing = [key for key in _FIELDS if key not in obj]
+        if missing:
+            raise _bad(missing[0], "missing")
+        unknown = [key for key in obj if key not in _FIELDS]
+        if unknown:
+            raise _bad(unknown[0], "unknown field")
+        if obj["format"] != DPU_DESCRIPTOR_FORMAT:
+            raise _bad("format", f"{obj['format']!r} is not {DPU_DESCRIPTOR_FORMAT!r}")
+        names = obj["access"]
+        if type(names) is not list:
+            raise _bad("access", "expected a list of flag names")
+        access = AccessFlag.LOCAL_READ_ONLY
+        for name in names:
+            if type(name) is not str or name not in AccessFlag.__members__ or not AccessFlag[name]:
+                raise _bad("access", f"{name!r} is not an access flag")
+            access |= AccessFlag[name]
+        if not access & _PCI_FLAGS or _PCI_FLAGS in access:
+            raise _bad("access", "needs exactly one of PCI_READ_ONLY and PCI_READ_WRITE")
+        addr = _int(obj, "addr", 0, _U64)
+        return cls(
+            addr=addr,
+            length=_int(obj, "length", 1, _U64 - addr + 1),
+            access=access,
+            device=_str(obj, "device"),
+            pid=_int(obj, "pid", 1, 1 << 31),
+            fd=_int(obj, "fd", 0, 1 << 31),
+            st_dev=_int(obj, "st_dev", 0, _U64),
+            st_ino=_int(obj, "st_ino", 0, _U64),
+            offset=_int(obj, "offset", 0, 1 << 63),
+            boot_id=_str(obj, "boot_id"),
+        )
+
+
+def export_range(addr: int, length: int, access: AccessFlag, device: str) -> bytes:
+    """The descriptor of ``[addr, addr+length)``, which must lie in a live `SharedMemory`.
+
+    Called by `Mmap.export_dpu` after its own checks.
+    """
+    found = _find(addr, length)
+    if found is None:
+        raise DocaError(
+            DocaErrorCode.NOT_SUPPORTED,
+            f"export_dpu: {addr:#x}+{length} is not in shared memory; without a BlueField a DPU process "
+            "reaches only memory from rdmakit.doca.SharedMemory",
+        )
+    shared, offset = found
+    if AccessFlag.PCI_READ_WRITE in access and not shared.writable:
+        raise DocaError(DocaErrorCode.INVALID_VALUE, "PCI_READ_WRITE over read-only shared memory")
+    st_dev, st_ino = shared._ident
+    desc = DpuDescriptor(
+        addr=addr, length=length, access=access, device=device, pid=os.getpid(), fd=shared.fd,
+        st_dev=st_dev, st_ino=st_ino, offset=offset, boot_id=_BOOT_ID,
+    )  # fmt: skip
+    return desc.to_bytes()
+
+
+# ---------------------------------------------------------------------------
+# The importer's mapping
+
+
+class SharedRegion:
+    """The importer's mapping of an exported range: `view` is exactly the range."""
+
+    def __init__(self, desc: DpuDescriptor, fd: int) -> None:
+        """Map `desc`'s range from `fd` (taken over: closed by `close`)."""
+        self.descriptor = desc
+        writable = AccessFlag.PCI_READ_WRITE in desc.access
+        granule = stdlib_mmap.ALLOCATIONGRANULARITY
+        start = desc.offset - desc.offset % granule
+        prot = stdlib_mmap.PROT_READ | (stdlib_mmap.PROT_WRITE if writable else 0)
+        # MAP_POPULATE: take the page faults now, not in the middle of the first copy.
+        self._mapping: stdlib_mmap.mmap | None = stdlib_mmap.mmap(
+            fd, desc.offset + desc.length - start, flags=stdlib_mmap.MAP_SHARED | _POPULATE,
+            prot=prot, offset=start,
+        )  # fmt: skip
+        whole = memoryview(self._mapping)
+        self._view: memoryview | None = whole[desc.offset - start : desc.offset - start + desc.length]
+        whole.release()
+        self._close_fd = weakref.finalize(self, os.close, fd)  # also if never closed
+
+    @property
+    def view(self) -> memoryview:
+        if self._view is None:
+            raise DocaError(DocaErrorCode.BAD_STATE, "shared region is closed")
+        return self._view
+
+    @property
+    def writable(self) -> bool:
+        return AccessFlag.PCI_READ_WRITE in self.descriptor.access
+
+    def close(self) -> None:
+        """Unmap; idempotent. Views still held elsewhere keep the pages until they go."""
+        mapping, self._mapping = self._mapping, None
+        if mapping is None:
+            return
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        with contextlib.suppress(BufferError):  # else unmapped when the last view is collected
+            mapping.close()
+        self._close_fd()
+
+
+def import_region(data: bytes, *, fd: int | None = None) -> SharedRegion:
+    """Map the range a DPU descriptor names (``doca_mmap_create_from_export`` on the DPU).
+
+    The pages come from `fd` when given (received over the comm channel;
+    duplicated, the caller keeps its own), else from the exporter's
+    ``/proc/PID/fd/N``. Either way the file must be the one exported.
+    """
+    desc = DpuDescriptor.from_bytes(data)
+    if desc.boot_id != _BOOT_ID:
+        raise DocaError(
+            DocaErrorCode.NOT_SUPPORTED,
+            "the mmap was exported on another machine: there it is reached by RDMA (export_rdma), "
+            "which the DMA context does not do yet",
+        )
+    writable = AccessFlag.PCI_READ_WRITE in desc.access
+    if fd is None:
+        path = f"/proc/{desc.pid}/fd/{desc.fd}"
+        try:
+            own = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+        except FileNotFoundError as exc:
+            raise DocaError(
+                DocaErrorCode.NOT_FOUND,
+                f"exported memory {path} is gone: the exporter exited or lives in another PID namespace "
+                "(then pass its fd over a comm channel)",
+                Fault.PEER,
+            ) from exc
+        except OSError as exc:
+            raise error_from_os(exc, f"opening exported memory {path}") from exc
+    else:
+        try:
+            own = os.dup(fd)
+        except OSError as exc:
+            raise error_from_os(exc, f"dup({fd})") from exc
+        os.set_inheritable(own, False)
+    try:
+        st = os.fstat(own)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (desc.st_dev, desc.st_ino):
+            raise DocaError(
+                DocaErrorCode.INVALID_VALUE,
+                "the file found is not the exported memory (a stale descriptor?)",
+                Fault.PEER,
+            )
+        if st.st_size < desc.offset + desc.length:
+            raise DocaError(
+                DocaErrorCode.INVALID_VALUE,
+                f"exported memory is {st.st_size} bytes, the range ends at {desc.offset + desc.length}",
+                Fault.PEER,
+            )
+        return SharedRegion(desc, own)
+    except OSError as exc:
+        os.close(own)
+        raise error_from_os(exc, "mapping exported memory") from exc
+    except BaseException:
+        os.close(own)
+        raise

@@ -1,0 +1,297 @@
+"""``rdmakit dma-copy``, the DOCA DMA Copy application, through the real CLI (two processes).
+
+The host and the DPU each run in their own directory, as on two machines; they
+meet on a comm channel service name unique to the test.
+"""
+
+import hashlib
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+MIB = 1 << 20
+WAIT = 120  # seconds a test waits for a process before calling it hung
+
+
+@dataclass
+class Done:
+    rc: int
+    out: str
+    err: str
+
+
+def start(cwd: Path, *args: str, stderr: int = subprocess.PIPE) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rdmakit", *args], cwd=cwd, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=stderr, text=True,
+    )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen[str]) -> Done:
+    try:
+        out, err = proc.communicate(timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"hung: {proc.args!r}\n{err}") from None
+    return Done(proc.returncode, out, err or "")
+
+
+def one_line_error(done: Done) -> str:
+    """The process failed with exactly one line on stderr, the program's own."""
+    assert done.rc != 0, done
+    lines = done.err.strip().splitlines()
+    assert len(lines) == 1, done.err
+    assert lines[0].startswith("rdmakit dma-copy: "), lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def sides(tmp_path: Path) -> tuple[Path, Path]:
+    host, dpu = tmp_path / "host", tmp_path / "dpu"
+    host.mkdir()
+    dpu.mkdir()
+    return host, dpu
+
+
+@pytest.fixture
+def service() -> str:
+    return f"test-dma-copy-{uuid.uuid4().hex[:12]}"
+
+
+def copy_args(role: str, file: str, service: str, *extra: str) -> list[str]:
+    pci = ["-p", "03:00.0"] if role == "host" else ["-p", "03:00.0", "-r", "b1:00.0"]
+    return ["dma-copy", "--role", role, "-f", file, *pci, "--service", service, "--timeout", "60", *extra]
+
+
+def run_pair(
+    sides: tuple[Path, Path], service: str, file: str, *, dpu_first: bool = True, extra: Sequence[str] = ()
+) -> tuple[Done, Done]:
+    host_dir, dpu_dir = sides
+    procs = {}
+    for role in ("dpu", "host") if dpu_first else ("host", "dpu"):
+        cwd = dpu_dir if role == "dpu" else host_dir
+        procs[role] = start(cwd, *copy_args(role, file, service, *extra))
+        time.sleep(0.3)  # a head start for the first one (the order must not matter either way)
+    return finish(procs["host"]), finish(procs["dpu"])
+
+
+def random_file(path: Path, size: int) -> str:
+    data = os.urandom(size)
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- copies --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, MIB])
+@pytest.mark.parametrize("direction", ["host-to-dpu", "dpu-to-host"])
+def test_copy(sides: tuple[Path, Path], service: str, direction: str, size: int) -> None:
+    host_dir, dpu_dir = sides
+    src_dir, dst_dir = (host_dir, dpu_dir) if direction == "host-to-dpu" else (dpu_dir, host_dir)
+    digest = random_file(src_dir / "file.bin", size)
+    host, dpu = run_pair(sides, service, "file.bin", dpu_first=direction == "host-to-dpu")
+    assert (host.rc, dpu.rc) == (0, 0), (host.err, dpu.err)
+    assert (dst_dir / "file.bin").read_bytes() == (src_dir / "file.bin").read_bytes()
+    assert hashlib.sha256((dst_dir / "file.bin").read_bytes()).hexdigest() == digest
+    arrow = "host -> DPU" if direction == "host-to-dpu" else "DPU -> host"
+    for side in (host, dpu):
+        assert side.out.strip() == f"dma-copy: {size} bytes {arrow}, sha256 {digest}"
+        assert side.err == ""
+    assert sorted(os.listdir(dst_dir)) == ["file.bin"]  # nothing else left behind
+
+
+def test_copy_100_mib(sides: tuple[Path, Path], service: str) -> None:
+    """A file a hundred times the guide's 1 MB hardware limit, in 1 MiB DMA jobs."""
+    host_dir, dpu_dir = sides
+    digest = random_file(dpu_dir / "big.bin", 100 * MIB)
+    host, dpu = run_pair(sides, service, "big.bin", dpu_first=False)
+    assert (host.rc, dpu.rc) == (0, 0), (host.err, dpu.err)
+    assert hashlib.sha256((host_dir / "big.bin").read_bytes()).hexdigest() == digest
+    assert f"{100 * MIB} bytes DPU -> host" in host.out
+
+
+def test_chunks_smaller_than_the_file_and_json_options(sides: tuple[Path, Path], service: str) -> None:
+    """--json FILE holds the application's options (file, pci-addr, rep-pci, log-level) by long name."""
+    host_dir, dpu_dir = sides
+    digest = random_file(host_dir / "data.bin", 3 * MIB + 17)
+    config = dpu_dir / "dma_copy_params.json"
+    config.write_text(
+        json.dumps({"file": "data.bin", "pci-addr": "03:00.0", "rep-pci": "b1:00.0", "log-level": 40})
+    )
+    dpu = start(
+        dpu_dir,
+        "dma-copy",
+        "--role",
+        "dpu",
+        "--json",
+        str(config),
+        "--service",
+        service,
+        "--chunk-size",
+        "65536",
+    )
+    host = start(host_dir, *copy_args("host", "data.bin", service))
+    host_done, dpu_done = finish(host), finish(dpu)
+    assert (host_done.rc, dpu_done.rc) == (0, 0), (host_done.err, dpu_done.err)
+    assert hashlib.sha256((dpu_dir / "data.bin").read_bytes()).hexdigest() == digest
+
+
+# -- errors: one line each, no partial file ------------------------------------------------------------
+
+
+def test_file_on_neither_side(sides: tuple[Path, Path], service: str) -> None:
+    host, dpu = run_pair(sides, service, "missing.bin")
+    assert one_line_error(dpu) == "rdmakit dma-copy: missing.bin exists on neither the host nor the DPU"
+    assert one_line_error(host) == (
+        "rdmakit dma-copy: the DPU failed: missing.bin exists on neither the host nor the DPU"
+    )
+    assert os.listdir(sides[0]) == os.listdir(sides[1]) == []
+
+
+def test_file_on_both_sides(sides: tuple[Path, Path], service: str) -> None:
+    for side in sides:
+        random_file(side / "f.bin", 10)
+    host, dpu = run_pair(sides, service, "f.bin")
+    assert "exists on both the host and the DPU" in one_line_error(dpu)
+    assert "exists on both the host and the DPU" in one_line_error(host)
+
+
+def test_destination_not_writable(sides: tuple[Path, Path], service: str) -> None:
+    host_dir, dpu_dir = sides
+    (host_dir / "no-such-dir").mkdir()
+    random_file(host_dir / "no-such-dir" / "f.bin", 10)
+    host, dpu = run_pair(sides, service, "no-such-dir/f.bin")  # the DPU has no such directory
+    assert (
+        one_line_error(dpu) == "rdmakit dma-copy: cannot write no-such-dir/f.bin: No such file or directory"
+    )
+    assert one_line_error(host) == (
+        "rdmakit dma-copy: the DPU failed: cannot write no-such-dir/f.bin: No such file or directory"
+    )
+    assert os.listdir(dpu_dir) == []
+
+
+def test_source_is_not_a_regular_file(sides: tuple[Path, Path], service: str) -> None:
+    (sides[0] / "adir").mkdir()
+    done = finish(start(sides[0], *copy_args("host", "adir", service)))
+    assert one_line_error(done) == "rdmakit dma-copy: adir is not a regular file"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--role", "host"], "-f/--file is required"),
+        (["-f", "x"], "--role host|dpu is required"),
+        (["--role", "host", "-f", "x", "-p", "3:0.0"], "-p/--pci-addr: '3:0.0' is not a PCI address"),
+        (["--role", "dpu", "-f", "x", "-r", "zz:00.0"], "-r/--rep-pci: 'zz:00.0' is not a PCI address"),
+        (["--role", "host", "-f", "x", "--service", "bad name"], "DOCA_ERROR_INVALID_VALUE"),
+    ],
+)
+def test_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    done = finish(start(tmp_path, "dma-copy", "--timeout", "1", *args))
+    assert message in one_line_error(done)
+
+
+def test_no_peer_times_out(tmp_path: Path, service: str) -> None:
+    random_file(tmp_path / "f.bin", 10)
+    done = finish(
+        start(tmp_path, "dma-copy", "--role", "host", "-f", "f.bin", "--service", service, "--timeout", "0.3")
+    )
+    assert done.rc == 3
+    assert "DOCA_ERROR_TIME_OUT" in one_line_error(done)
+
+
+def wait_for_line(proc: subprocess.Popen[str], needle: str) -> None:
+    """Read `proc`'s stderr until a line contains `needle` (the process keeps running)."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + WAIT
+    seen = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], 1)
+        if ready:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            seen.append(line)
+            if needle in line:
+                return
+    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
+
+
+def test_dpu_killed_mid_copy(sides: tuple[Path, Path], service: str) -> None:
+    """DPU -> host; the DPU dies in the middle: the host says so in one line and leaves no file."""
+    host_dir, dpu_dir = sides
+    random_file(dpu_dir / "f.bin", 8 * MIB)
+    slow = ("--chunk-size", "65536", "--pause", "0.01")  # 128 jobs, 10 ms apart
+    dpu = start(dpu_dir, *copy_args("dpu", "f.bin", service, "-l", "60", *slow))
+    host = start(host_dir, *copy_args("host", "f.bin", service))
+    wait_for_line(dpu, "copy: ")  # the copier's progress: the copy is under way
+    dpu.kill()
+    dpu.communicate()
+    error = one_line_error(finish(host))
+    assert (
+        error
+        == "rdmakit dma-copy: the DPU went away before the copy was complete (DOCA_ERROR_CONNECTION_RESET)"
+    )
+    assert os.listdir(host_dir) == []
+
+
+def test_host_killed_mid_copy(sides: tuple[Path, Path], service: str) -> None:
+    """Host -> DPU; the host dies in the middle: the DPU stops, says so in one line, leaves no file."""
+    host_dir, dpu_dir = sides
+    random_file(host_dir / "f.bin", 8 * MIB)
+    dpu = start(dpu_dir, *copy_args("dpu", "f.bin", service, "--chunk-size", "65536", "--pause", "0.01"))
+    host = start(host_dir, *copy_args("host", "f.bin", service, "-l", "60"))
+    wait_for_line(host, "the DPU: copy ")  # the host hears the DPU's progress
+    host.kill()
+    host.communicate()
+    error = one_line_error(finish(dpu))
+    assert (
+        error
+        == "rdmakit dma-copy: the host went away before the copy was complete (DOCA_ERROR_CONNECTION_RESET)"
+    )
+    assert os.listdir(dpu_dir) == []
+
+
+# -- the progress bar ----------------------------------------------------------------------------------
+
+
+def test_progress_bar_on_a_tty(sides: tuple[Path, Path], service: str) -> None:
+    host_dir, dpu_dir = sides
+    random_file(host_dir / "f.bin", 16 * MIB)
+    master, slave = pty.openpty()
+    try:
+        dpu = start(dpu_dir, *copy_args("dpu", "f.bin", service), stderr=slave)
+        os.close(slave)
+        slave = -1
+        host = start(host_dir, *copy_args("host", "f.bin", service))
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the DPU closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        assert finish(dpu).rc == 0
+        assert finish(host).rc == 0
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+    text = shown.decode()
+    assert "\rcopying [" in text
+    assert "100% 16.0/16.0 MiB" in text
+    assert "\rverifying [" in text
