@@ -57,6 +57,7 @@ from ipaddress import IPv4Address, IPv6Address, ip_address
 from pathlib import Path
 from typing import Literal, Self
 
+from rdmakit.doca._fields import DescriptorReader
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_os
 from rdmakit.doca.mmap import DESCRIPTOR_FORMAT as MMAP_FORMAT
 from rdmakit.doca.mmap import MmapDescriptor
@@ -84,60 +85,11 @@ _MAX_TCP_MTU = 1 << 20
 _U24 = 1 << 24
 
 
-def _bad(field: str, why: str) -> DocaError:
-    # The descriptor came from the peer: a bad one is the peer's fault.
-    return DocaError(DocaErrorCode.INVALID_VALUE, f"connection descriptor field {field!r}: {why}", Fault.PEER)
-
-
-def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    obj: dict[str, object] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise _bad(key, "appears twice")
-        obj[key] = value
-    return obj
-
-
-def _reject_constant(name: str) -> object:
-    raise _bad("descriptor", f"{name} is not JSON")
-
-
-def _load_object(data: object) -> dict[str, object]:
-    """Bytes -> a JSON object, or the descriptor-level INVALID_VALUE."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise _bad("descriptor", f"expected bytes, got {type(data).__name__}")
-    raw = bytes(data)
-    if len(raw) > MAX_DESCRIPTOR_SIZE:
-        raise _bad("descriptor", f"{len(raw)} bytes is longer than {MAX_DESCRIPTOR_SIZE}")
-    if not raw.strip():
-        raise _bad("descriptor", "empty")
-    try:
-        obj = json.loads(
-            raw.decode("utf-8"), object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant
-        )
-    except UnicodeDecodeError as exc:
-        raise _bad("descriptor", "not UTF-8") from exc
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise _bad("descriptor", f"not JSON, or truncated ({exc})") from exc
-    if not isinstance(obj, dict):
-        raise _bad("descriptor", f"expected a JSON object, got {type(obj).__name__}")
-    return obj
-
-
-def _get_int(obj: dict[str, object], key: str, lo: int, hi: int) -> int:
-    value = obj[key]
-    if type(value) is not int:
-        raise _bad(key, f"expected an integer, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise _bad(key, f"{value} is outside [{lo}, {hi}]")
-    return value
-
-
-def _get_str(obj: dict[str, object], key: str) -> str:
-    value = obj[key]
-    if type(value) is not str:
-        raise _bad(key, f"expected a string, got {type(value).__name__}")
-    return value
+_READER = DescriptorReader("connection descriptor", (), MAX_DESCRIPTOR_SIZE)
+_bad = _READER.bad
+_load_object = _READER.parse
+_get_int = _READER.get_int
+_get_str = _READER.get_str
 
 
 def _check_format(fmt: str) -> None:

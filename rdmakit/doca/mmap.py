@@ -35,9 +35,10 @@ from enum import IntFlag
 from ipaddress import IPv6Address
 from typing import TYPE_CHECKING, Self
 
+from rdmakit.doca._fields import DescriptorReader
 from rdmakit.doca.backend import MemoryRegistration
 from rdmakit.doca.device import Dev
-from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
+from rdmakit.doca.errors import DocaError, DocaErrorCode
 from rdmakit.engine.types import Access
 
 if TYPE_CHECKING:
@@ -166,38 +167,13 @@ _MTUS = frozenset({256, 512, 1024, 2048, 4096})
 _FIELDS = ("format", "addr", "length", "rkey", "access", "device", "gid", "mtu")
 
 
-def _bad(field: str, why: str) -> DocaError:
-    # The descriptor came from the peer: a bad one is the peer's fault.
-    return DocaError(DocaErrorCode.INVALID_VALUE, f"mmap descriptor field {field!r}: {why}", Fault.PEER)
-
-
-def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    obj: dict[str, object] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise _bad(key, "appears twice")
-        obj[key] = value
-    return obj
-
-
-def _reject_constant(name: str) -> object:
-    raise _bad("descriptor", f"{name} is not JSON")
+_READER = DescriptorReader("mmap descriptor", _FIELDS, _MAX_DESCRIPTOR)
+_bad = _READER.bad
 
 
 def _get_int(obj: dict[str, object], key: str, lo: int, hi: int) -> int:
-    value = obj[key]
-    if type(value) is not int:
-        raise _bad(key, f"expected an integer, got {type(value).__name__}")
-    if not lo <= value < hi:
-        raise _bad(key, f"{value} is outside [{lo}, {hi})")
-    return value
-
-
-def _get_str(obj: dict[str, object], key: str) -> str:
-    value = obj[key]
-    if type(value) is not str:
-        raise _bad(key, f"expected a string, got {type(value).__name__}")
-    return value
+    """An integer in [lo, hi)."""
+    return _READER.get_int(obj, key, lo, hi - 1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,51 +208,20 @@ class MmapDescriptor:
     @classmethod
     def from_bytes(cls, data: object) -> Self:
         """Parse and validate; anything malformed raises INVALID_VALUE naming the field."""
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise _bad("descriptor", f"expected bytes, got {type(data).__name__}")
-        raw = bytes(data)
-        if len(raw) > _MAX_DESCRIPTOR:
-            raise _bad("descriptor", f"{len(raw)} bytes is longer than {_MAX_DESCRIPTOR}")
-        try:
-            obj = json.loads(
-                raw.decode("utf-8"),
-                object_pairs_hook=_reject_duplicates,
-                parse_constant=_reject_constant,
-            )
-        except UnicodeDecodeError as exc:
-            raise _bad("descriptor", "not UTF-8") from exc
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-            raise _bad("descriptor", f"not JSON ({exc})") from exc
-        if not isinstance(obj, dict):
-            raise _bad("descriptor", f"expected a JSON object, got {type(obj).__name__}")
-        for key in _FIELDS:
-            if key not in obj:
-                raise _bad(key, "missing")
-        for key in obj:
-            if key not in _FIELDS:
-                raise _bad(key, "unknown field")
-        fmt = _get_str(obj, "format")
+        obj = _READER.load(data)
+        fmt = _READER.get_str(obj, "format")
         if fmt != DESCRIPTOR_FORMAT:
             raise _bad("format", f"{fmt!r} is not {DESCRIPTOR_FORMAT!r}")
         addr = _get_int(obj, "addr", 0, _U64)
         length = _get_int(obj, "length", 1, _U64 - addr + 1)
         rkey = _get_int(obj, "rkey", 0, _U32)
-        names = obj["access"]
-        if type(names) is not list:
-            raise _bad("access", f"expected a list, got {type(names).__name__}")
-        access = AccessFlag.LOCAL_READ_ONLY
-        for name in names:
-            if type(name) is not str or name not in AccessFlag.__members__ or not AccessFlag[name]:
-                raise _bad("access", f"{name!r} is not an access flag")
-            if AccessFlag[name] in access:
-                raise _bad("access", f"{name} appears twice")
-            access |= AccessFlag[name]
+        access = _READER.flags(obj, "access", AccessFlag)
         if not access & _RDMA_FLAGS:
             raise _bad("access", "grants no RDMA access")
-        device = _get_str(obj, "device")
+        device = _READER.get_str(obj, "device")
         if not 0 < len(device) <= 255:
             raise _bad("device", "must be 1 to 255 characters")
-        gid_text = _get_str(obj, "gid")
+        gid_text = _READER.get_str(obj, "gid")
         try:
             gid = IPv6Address(gid_text)
         except ValueError as exc:

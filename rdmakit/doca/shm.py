@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+from rdmakit.doca._fields import DescriptorReader
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_os
 from rdmakit.doca.mmap import AccessFlag, _buffer_address
 
@@ -246,31 +247,17 @@ def _find(addr: int, length: int) -> tuple[SharedMemory, int] | None:
 # The descriptor
 
 
-def _bad(field: str, why: str) -> DocaError:
-    return DocaError(DocaErrorCode.INVALID_VALUE, f"DPU export descriptor field {field!r}: {why}", Fault.PEER)
+_READER = DescriptorReader("DPU export descriptor", _FIELDS, _MAX_DESCRIPTOR)
+_bad = _READER.bad
 
 
 def _int(obj: dict[str, object], key: str, lo: int, hi: int) -> int:
-    value = obj[key]
-    if type(value) is not int or not lo <= value < hi:
-        raise _bad(key, f"expected an integer in [{lo}, {hi}), got {value!r}")
-    return value
+    """An integer in [lo, hi)."""
+    return _READER.get_int(obj, key, lo, hi - 1)
 
 
 def _str(obj: dict[str, object], key: str) -> str:
-    value = obj[key]
-    if type(value) is not str or not 0 < len(value) <= 255:
-        raise _bad(key, f"expected a string of 1 to 255 characters, got {value!r}")
-    return value
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    obj: dict[str, object] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise _bad(key, "appears twice")
-        obj[key] = value
-    return obj
+    return _READER.get_str(obj, key, max_len=255)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -318,33 +305,10 @@ class DpuDescriptor:
     @classmethod
     def from_bytes(cls, data: object) -> Self:
         """Parse and validate; anything malformed is INVALID_VALUE naming the field [peer]."""
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise _bad("descriptor", f"expected bytes, got {type(data).__name__}")
-        raw = bytes(data)
-        if len(raw) > _MAX_DESCRIPTOR:
-            raise _bad("descriptor", f"{len(raw)} bytes is longer than {_MAX_DESCRIPTOR}")
-        try:
-            obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-        except (ValueError, RecursionError) as exc:
-            raise _bad("descriptor", f"not JSON ({exc})") from exc
-        if not isinstance(obj, dict):
-            raise _bad("descriptor", "expected a JSON object")
-        missing = [key for key in _FIELDS if key not in obj]
-        if missing:
-            raise _bad(missing[0], "missing")
-        unknown = [key for key in obj if key not in _FIELDS]
-        if unknown:
-            raise _bad(unknown[0], "unknown field")
+        obj = _READER.load(data)
         if obj["format"] != DPU_DESCRIPTOR_FORMAT:
             raise _bad("format", f"{obj['format']!r} is not {DPU_DESCRIPTOR_FORMAT!r}")
-        names = obj["access"]
-        if type(names) is not list:
-            raise _bad("access", "expected a list of flag names")
-        access = AccessFlag.LOCAL_READ_ONLY
-        for name in names:
-            if type(name) is not str or name not in AccessFlag.__members__ or not AccessFlag[name]:
-                raise _bad("access", f"{name!r} is not an access flag")
-            access |= AccessFlag[name]
+        access = _READER.flags(obj, "access", AccessFlag)
         if not access & _PCI_FLAGS or _PCI_FLAGS in access:
             raise _bad("access", "needs exactly one of PCI_READ_ONLY and PCI_READ_WRITE")
         addr = _int(obj, "addr", 0, _U64)
