@@ -158,10 +158,7 @@ def _wait_done(args: argparse.Namespace, s: Session, job: RdmaRecvJob, mem: byte
 def write_requester(args: argparse.Namespace, files: Files) -> int:
     data = _string_bytes(args.write_string)
     with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
-        mem = bytearray(data)
-        local = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
-        _start_and_connect(args, files, s)
-        remote = _remote_mmap(args, files, s)
+        local, remote = _requester(args, files, s, bytearray(data))
         job = RdmaWriteJob(
             ctx=s.rdma, src_buf=s.data(local, 0, len(data)), dst_buf=s.room(remote, 0, len(data))
         )
@@ -171,16 +168,29 @@ def write_requester(args: argparse.Namespace, files: Files) -> int:
     return 0
 
 
-def write_responder(args: argparse.Namespace, files: Files) -> int:
-    perms = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE
+def _one_sided_responder(
+    args: argparse.Namespace, files: Files, mem: bytearray, perms: int
+) -> dict[str, object]:
+    """Export ``mem`` with ``perms``, connect, and wait for the requester's completion note."""
     with _session(args, perms) as s:
-        mem = bytearray(MEM_SIZE)
         m = s.mmap(mem, perms)
         files.write(files.resource, m.export_rdma(s.dev))
         desc = s.start()
         job, note_mem = _post_done_recv(s)  # receives may be posted once started (INIT)
         _start_and_connect(args, files, s, desc)
-        note = _wait_done(args, s, job, note_mem)
+        return _wait_done(args, s, job, note_mem)
+
+
+def _requester(args: argparse.Namespace, files: Files, s: Session, mem: bytearray) -> tuple[Mmap, Mmap]:
+    """Register ``mem``, connect, and import the responder's memory: (local, remote)."""
+    local = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
+    _start_and_connect(args, files, s)
+    return local, _remote_mmap(args, files, s)
+
+
+def write_responder(args: argparse.Namespace, files: Files) -> int:
+    mem = bytearray(MEM_SIZE)
+    note = _one_sided_responder(args, files, mem, AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE)
     n = int(note.get("length", 0))  # type: ignore[call-overload]
     print(f"Remote write: {mem[: max(0, min(n, MEM_SIZE))].decode(errors='replace')}")
     return 0
@@ -189,9 +199,7 @@ def write_responder(args: argparse.Namespace, files: Files) -> int:
 def read_requester(args: argparse.Namespace, files: Files) -> int:
     with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
         mem = bytearray(MEM_SIZE)
-        local = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
-        _start_and_connect(args, files, s)
-        remote = _remote_mmap(args, files, s)
+        local, remote = _requester(args, files, s, mem)
         job = RdmaReadJob(
             ctx=s.rdma, src_buf=s.data(remote, 0, remote.length), dst_buf=s.room(local, 0, MEM_SIZE)
         )
@@ -204,16 +212,8 @@ def read_requester(args: argparse.Namespace, files: Files) -> int:
 
 
 def read_responder(args: argparse.Namespace, files: Files) -> int:
-    data = _string_bytes(args.read_string)
-    perms = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ
-    with _session(args, perms) as s:
-        mem = bytearray(data)
-        m = s.mmap(mem, perms)
-        files.write(files.resource, m.export_rdma(s.dev))
-        desc = s.start()
-        job, note_mem = _post_done_recv(s)  # receives may be posted once started (INIT)
-        _start_and_connect(args, files, s, desc)
-        note = _wait_done(args, s, job, note_mem)
+    mem = bytearray(_string_bytes(args.read_string))
+    note = _one_sided_responder(args, files, mem, AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ)
     print(f"The requester read {note.get('length')} bytes: {args.read_string}")
     return 0
 
@@ -221,10 +221,7 @@ def read_responder(args: argparse.Namespace, files: Files) -> int:
 def write_imm_requester(args: argparse.Namespace, files: Files) -> int:
     data = _string_bytes(args.write_string)
     with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
-        mem = bytearray(data)
-        local = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
-        _start_and_connect(args, files, s)
-        remote = _remote_mmap(args, files, s)
+        local, remote = _requester(args, files, s, bytearray(data))
         job = RdmaWriteImmJob(
             ctx=s.rdma,
             src_buf=s.data(local, 0, len(data)),
@@ -307,9 +304,7 @@ def _receiver(imm: bool) -> Callable[[argparse.Namespace, Files], int]:
 def atomic_requester(args: argparse.Namespace, files: Files) -> int:
     with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
         result = bytearray(8)
-        res = s.mmap(result, AccessFlag.LOCAL_READ_WRITE)
-        _start_and_connect(args, files, s)
-        remote = _remote_mmap(args, files, s)
+        res, remote = _requester(args, files, s, result)
         if remote.length < 8:
             raise CliError("the responder's memory is smaller than one 8-byte word")
         dst = s.data(remote, 0, 8)
@@ -331,15 +326,9 @@ def atomic_requester(args: argparse.Namespace, files: Files) -> int:
 
 
 def atomic_responder(args: argparse.Namespace, files: Files) -> int:
+    word = bytearray(args.initial.to_bytes(8, sys.byteorder))
     perms = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_ATOMIC | AccessFlag.RDMA_READ
-    with _session(args, perms) as s:
-        word = bytearray(args.initial.to_bytes(8, sys.byteorder))
-        m = s.mmap(word, perms)
-        files.write(files.resource, m.export_rdma(s.dev))
-        desc = s.start()
-        job, note_mem = _post_done_recv(s)  # receives may be posted once started (INIT)
-        _start_and_connect(args, files, s, desc)
-        note = _wait_done(args, s, job, note_mem)
+    note = _one_sided_responder(args, files, word, perms)
     final = int.from_bytes(word, sys.byteorder)
     print(f"Atomic {note.get('done')}: value was {args.initial}, is now {final}")
     return 0
