@@ -12,6 +12,12 @@ the raw-socket baseline measured in the same run:
 - 8-byte RDMA WRITE round trips through the synchronous driver vs. a blocking
   UDP ping-pong (target ≤ 1.5);
 - RDMA READ throughput and 8-byte atomic latency, alongside.
+
+Both sides pump their device through the synchronous :class:`Driver`: they
+poll for ``--spin-us`` after the last event, then block in epoll (on a few
+shared cores a spinning process takes the CPU its peer needs). The RDMA
+requester's window is ``--window`` PSNs (rxe's 128 is what a kernel peer
+expects; between two rdmakit peers the receiver's socket buffer holds more).
 """
 
 import argparse
@@ -30,6 +36,7 @@ from rdmakit.cli.common import CliError, add_general_flags, run
 from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, SendWR, WcStatus, WrOpcode
 from rdmakit.transport import baseline
 from rdmakit.transport.device import Endpoint, SoftDevice, TransportName, connect_qp, local_endpoint
+from rdmakit.transport.driver import Driver
 from rdmakit.transport.udp import UdpLink
 
 MiB = 1 << 20
@@ -56,11 +63,12 @@ class _Responder:
         ep = local_endpoint(self.dev, self.qp, self.psn)
         return {"endpoint": dataclasses.asdict(ep), "addr": self.mr.addr, "rkey": self.mr.rkey}
 
-    def serve(self, peer: dict[str, Any], stop: threading.Event) -> dict[str, int]:
+    def serve(self, peer: dict[str, Any], stop: threading.Event, spin: float) -> dict[str, int]:
         connect_qp(self.dev, self.qp, self.psn, Endpoint(**peer))
-        progress, clock = self.dev.progress, time.monotonic
-        while not stop.is_set():
-            progress(clock())
+        with Driver() as driver:
+            driver.add(self.dev)
+            while not stop.is_set():
+                driver.run_until(stop.is_set, 0.05, spin)
         counters = self.dev.counters.as_dict()
         self.dev.close()
         return counters
@@ -106,7 +114,7 @@ def _serve(inp: TextIO, out: TextIO) -> int:
             r = _Responder(cmd["transport"], cmd["ip"], cmd["size"])
             reply(**r.info())
             peer = json.loads(inp.readline())["endpoint"]
-            reply(counters=r.serve(peer, _stop_on_line(inp)))
+            reply(counters=r.serve(peer, _stop_on_line(inp), cmd["spin"]))
         elif op == "quit":
             return 0
     return 0
@@ -143,15 +151,24 @@ class _Child:
 
 
 class _Requester:
-    def __init__(self, child: _Child, transport: TransportName, ip: str, peer_ip: str, size: int) -> None:
+    def __init__(
+        self, child: _Child, transport: TransportName, ip: str, peer_ip: str, size: int, opts: "_Opts"
+    ) -> None:
         self.child = child
-        child.send(op="rdma", transport=transport, ip=peer_ip, size=size)
+        child.send(op="rdma", transport=transport, ip=peer_ip, size=size, spin=opts.spin)
         info = child.recv()
         self.remote_addr, self.rkey = info["addr"], info["rkey"]
         self.dev = SoftDevice(ip, transport=transport, port=0)
+        self.driver = Driver()
+        self.driver.add(self.dev)
+        self.spin = opts.spin
         self.cq = CompletionQueue(4096)
+        # Between two rdmakit peers the window may exceed rxe's 128 PSNs: the
+        # receiver's 32 MiB socket buffer holds it (verbs peers keep 128).
         self.qp = self.dev.create_qp(
-            send_cq=self.cq, recv_cq=self.cq, caps=QpCaps(large_mtu=transport == "tcp")
+            send_cq=self.cq,
+            recv_cq=self.cq,
+            caps=QpCaps(large_mtu=transport == "tcp", max_unacked_psns=opts.window),
         )
         self.mem = bytearray(size)
         self.mr = self.dev.pd.register(self.mem, 0x1000_0000, Access.LOCAL_WRITE)
@@ -171,13 +188,17 @@ class _Requester:
         """Seconds to complete ``total`` bytes of ``length``-byte operations, ``depth`` in flight."""
         n = max(1, total // length)
         posted = done = 0
-        qp, cq, progress, clock = self.qp, self.cq, self.dev.progress, time.monotonic
+        qp, cq, run, spin = self.qp, self.cq, self.driver.run_until, self.spin
+
+        def completed() -> bool:
+            return len(cq) > 0
+
         t0 = time.perf_counter()
         while done < n:
             while posted < n and posted - done < depth:
                 qp.post_send(self._wr(opcode, length))
                 posted += 1
-            progress(clock())
+            run(completed, 10.0, spin)
             for wc in cq.poll(16):
                 if wc.status is not WcStatus.SUCCESS:
                     raise CliError(f"{opcode.name} failed: {wc.status.name}")
@@ -187,17 +208,19 @@ class _Requester:
     def round_trips(
         self, opcode: WrOpcode, length: int, count: int, compare_add: int = 0, swap: int = 0
     ) -> list[float]:
-        qp, cq, progress, clock = self.qp, self.cq, self.dev.progress, time.monotonic
+        qp, cq, run, spin = self.qp, self.cq, self.driver.run_until, self.spin
+
+        def completed() -> bool:
+            return len(cq) > 0
+
         out: list[float] = []
         for _ in range(count):
             wr = self._wr(opcode, length, compare_add, swap)
             t0 = time.perf_counter()
             qp.post_send(wr)
-            while True:
-                progress(clock())
-                wcs = cq.poll(1)
-                if wcs:
-                    break
+            if not run(completed, 10.0, spin):
+                raise CliError(f"{opcode.name}: no completion within 10 s")
+            wcs = cq.poll(1)
             out.append(time.perf_counter() - t0)
             if wcs[0].status is not WcStatus.SUCCESS:
                 raise CliError(f"{opcode.name} failed: {wcs[0].status.name}")
@@ -206,8 +229,17 @@ class _Requester:
     def close(self) -> dict[str, Any]:
         self.child.send(op="stop")
         counters = self.child.recv()["counters"]
+        self.driver.close()
         self.dev.close()
         return dict(counters)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Opts:
+    #: Requester window in PSNs (rxe: 128).
+    window: int = 128
+    #: Seconds of idle polling before the driver blocks in epoll.
+    spin: float = 0.0
 
 
 @dataclasses.dataclass
@@ -233,6 +265,7 @@ def _measure(args: argparse.Namespace, emit: Callable[[Row], None]) -> None:
     a, b = args.ip_a, args.ip_b
     total = int(args.total) * MiB
     runs = int(args.runs)
+    opts = _Opts(window=int(args.window), spin=float(args.spin_us) * 1e-6)
     child = _Child()
     try:
 
@@ -252,7 +285,7 @@ def _measure(args: argparse.Namespace, emit: Callable[[Row], None]) -> None:
 
         def rdma_stream(transport: TransportName, opcode: WrOpcode) -> Callable[[], float]:
             def measure() -> float:
-                r = _Requester(child, transport, a, b, MiB)
+                r = _Requester(child, transport, a, b, MiB, opts)
                 try:
                     r.stream(opcode, MiB, 8 * MiB)  # warm-up: caches, buffers, window
                     return total / r.stream(opcode, MiB, total)
@@ -287,7 +320,7 @@ def _measure(args: argparse.Namespace, emit: Callable[[Row], None]) -> None:
 
         def rdma_rtt(opcode: WrOpcode, compare_add: int = 0, swap: int = 0) -> Callable[[], float]:
             def measure() -> float:
-                r = _Requester(child, "roce-udp", a, b, MiB)
+                r = _Requester(child, "roce-udp", a, b, MiB, opts)
                 try:
                     r.round_trips(opcode, 8, 100, compare_add, swap)
                     return statistics.median(r.round_trips(opcode, 8, n, compare_add, swap))
@@ -335,6 +368,15 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("--runs", type=int, default=3, help="runs per figure; the median is shown (3)")
     p.add_argument("--total", type=int, default=256, help="MiB per throughput run (256)")
     p.add_argument("--pings", type=int, default=2000, help="round trips per latency run (2000)")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=1024,
+        help="requester window in PSNs, rdmakit to rdmakit (1024; rxe 128)",
+    )
+    p.add_argument(
+        "--spin-us", type=float, default=50.0, help="µs of idle polling before blocking in epoll (50)"
+    )
     p.add_argument("--ip-a", default="127.0.0.2", help="this side's loopback address")
     p.add_argument("--ip-b", default="127.0.0.3", help="the far side's loopback address")
     p.add_argument("--json-out", action="store_true", help="print the figures as JSON")

@@ -17,7 +17,7 @@ FATAL_ERR) and the QP moves to the error state.
 import sys
 from typing import TYPE_CHECKING
 
-from rdmakit.wire import AckKind, NakCode, Opcode, OpInfo, Packet, Position
+from rdmakit.wire import AckKind, NakCode, Opcode, OpInfo, Packet, Payload, Position
 
 from .requester import ATOMIC, POSTED, READ, SEND_WRITE, Requester, scatter
 from .types import WcStatus
@@ -48,6 +48,42 @@ NAK_STATUS = {
 def _sdiff(a: int, b: int) -> int:
     d = (a - b) & _MASK
     return d - 0x1000000 if d >= _HALF else d
+
+
+def fast_read_middle(req: Requester, psn: int, payload: Payload, now: float) -> bool:
+    """Place an in-order READ RESPONSE MIDDLE packet of the READ at the head of the SQ.
+
+    Does exactly what ``on_response`` does for such a packet, without the
+    generic dispatch. Returns False, having done nothing, for any packet that
+    needs more than that (a gap, an implied NAK, a bad length, ...): the
+    caller then takes the generic path.
+    """
+    sq = req.sq
+    if not sq or psn != req.comp_psn or req.comp_opcode is None:
+        return False
+    wqe = sq[0]
+    if wqe.kind != READ or wqe.state == POSTED:
+        return False
+    if (psn - req.sent_hwm) & _MASK < _HALF or 0 < (psn - wqe.last_psn) & _MASK < _HALF:
+        return False
+    plen = len(payload)
+    done = wqe.read_done
+    mtu = req.mtu
+    if plen != mtu or wqe.length - done <= mtu:
+        return False
+    req.retry_left = req.retry_cnt
+    req.rnr_left = req.rnr_retry
+    req.started_retry = False
+    seg0 = wqe.seg0
+    if seg0 is not None:
+        seg0[done : done + plen] = payload
+    else:
+        scatter(wqe.segs, done, payload)
+    wqe.read_done = done + plen
+    req.comp_psn = (psn + 1) & _MASK
+    req.comp_opcode = _RR_MIDDLE
+    req.restart_timer(now)
+    return True
 
 
 def on_response(qp: "QueuePair", req: Requester, pkt: Packet, info: OpInfo, now: float) -> None:

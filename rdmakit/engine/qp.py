@@ -24,9 +24,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdmakit.wire import OPCODE_INFO, NakCode, OpInfo, Packet
+from rdmakit.wire import OPCODE_INFO, NakCode, Opcode, OpInfo, Packet, Payload
 
-from .completer import on_response
+from .completer import fast_read_middle, on_response
 from .cq import CompletionQueue
 from .errors import EngineError
 from .memory import ProtectionDomain
@@ -58,6 +58,15 @@ _ROWS: dict[int, tuple[OpInfo, bool, tuple[int, ...], bool]] = {
     )
     for op, info in OPCODE_INFO.items()
 }
+
+
+#: MIDDLE opcodes with a fast path (no extension headers, the bulk of a long message).
+_RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
+_MIDDLE_OPS = frozenset((Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, _RR_MIDDLE))
+#: Packet fields reth .. ieth, all None on a MIDDLE packet.
+_NO_EXT_HEADERS = (None,) * 6
+#: Tests turn the fast paths off to prove they change nothing.
+_fast_path_enabled = True
 
 
 @dataclass(slots=True)
@@ -521,7 +530,14 @@ class QueuePair:
             # rxe check_keys(): pkey_match() against the default P_Key 0xFFFF.
             stats.drop("pkey")
             return
-        row = _ROWS.get(pkt.opcode)
+        op = pkt.opcode
+        if op in _MIDDLE_OPS and _fast_path_enabled and pkt[9:15] == _NO_EXT_HEADERS:
+            if op == _RR_MIDDLE:
+                if self._tx and fast_read_middle(self.req, pkt.psn, pkt.payload, now):
+                    return
+            elif self.resp.fast_middle(op, pkt.psn, pkt.ackreq, pkt.payload):
+                return
+        row = _ROWS.get(op)
         if row is None:
             stats.drop("opcode")
             return
@@ -540,6 +556,26 @@ class QueuePair:
         else:
             stats.drop("qp_state")
 
+    def receive_middle(self, opcode: int, psn: int, ackreq: bool, payload: Payload, now: float) -> bool:
+        """The fast path of ``receive`` for a MIDDLE packet (WRITE, SEND, READ response).
+
+        For transports that have not built a ``Packet``: the packet is
+        addressed to this QP, has a valid P_Key and TVer, no extension headers
+        and no pad. If it is the next in-order packet of the message under
+        way, it is placed and True returned, with the same effect as
+        ``receive``. Otherwise nothing happens and False is returned: decode
+        it and call ``receive``.
+        """
+        if not _fast_path_enabled or not self._rx:
+            return False
+        if opcode == _RR_MIDDLE:
+            if not self._tx or not fast_read_middle(self.req, psn, payload, now):
+                return False
+        elif opcode not in _MIDDLE_OPS or not self.resp.fast_middle(opcode, psn, ackreq, payload):
+            return False
+        self.stats.packets_in += 1
+        return True
+
     def get_timer(self) -> float | None:
         """The earliest deadline (retransmit or RNR wait) at which to call ``handle_timer``."""
         return self.req.deadline() if self._tx else None
@@ -547,6 +583,13 @@ class QueuePair:
     def handle_timer(self, now: float) -> None:
         if self._tx:
             self.req.on_timer(now)
+
+    def may_transmit(self) -> bool:
+        """False when ``poll_transmit`` would certainly return nothing (a cheap test for pumps)."""
+        if self.resp.out:
+            return self._state >= QpState.RTR
+        req = self.req
+        return self._tx and req.rnr_deadline is None and (req.need_retry or req.next_idx < len(req.sq))
 
     def poll_transmit(self, now: float, max_packets: int | None = None) -> list[Packet]:
         """Packets ready to go now, responses first; each addressed to ``dest_qpn``."""

@@ -52,6 +52,7 @@ from rdmakit.wire import (
     Opcode,
     OpInfo,
     Packet,
+    Payload,
     Position,
     ack_syndrome,
     nak_syndrome,
@@ -82,6 +83,12 @@ _QP_ACCESS = {
 }  # fmt: skip
 #: Opcodes that take a receive WQE (rxe ``RXE_RWR_MASK``).
 _RWQE_OPS = frozenset(op for op, i in OPCODE_INFO.items() if i.consumes_rwqe)
+_WRITE_MIDDLE = Opcode.RDMA_WRITE_MIDDLE
+_RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
+_new_packet = tuple.__new__
+#: Tests turn the READ-response fast path off to prove it changes nothing.
+_fast_path_enabled = True
+_REMOTE_WRITE = int(Access.REMOTE_WRITE)
 
 
 class RecvWqe:
@@ -226,6 +233,22 @@ class Responder:
             assert isinstance(item, ReadReply)
             view = item.view
             while n < budget:
+                if not item.new and view is not None and item.resid > mtu and _fast_path_enabled:
+                    # A run of MIDDLE responses (no AETH): only the PSN and
+                    # the payload slice change. Same packets as the step below.
+                    off, resid, psn = item.off, item.resid, item.psn
+                    while n < budget and resid > mtu:
+                        out.append(_new_packet(Packet, (
+                            _RR_MIDDLE, dqpn, psn, False, False, False, 0xFFFF, False, False,
+                            None, None, None, None, None, None, view[off : off + mtu],
+                        )))  # fmt: skip
+                        n += 1
+                        off += mtu
+                        resid -= mtu
+                        psn = (psn + 1) & _MASK
+                    item.off, item.resid, item.psn = off, resid, psn
+                    if n >= budget:
+                        break
                 resid = item.resid
                 last = resid <= mtu
                 size = resid if last else mtu
@@ -252,6 +275,48 @@ class Responder:
         return n
 
     # -- requests --
+
+    def fast_middle(self, op: int, psn: int, ackreq: bool, payload: Payload) -> bool:
+        """Place an in-order WRITE or SEND MIDDLE packet of the message being received.
+
+        Does exactly what ``on_request`` does for such a packet (PSN, opcode
+        sequence, access, MTU length and bounds checks, then the copy and the
+        ACK if asked), without the generic dispatch. Returns False, having
+        done nothing, for any packet that needs more than that: the caller
+        then takes the generic path, which sorts out errors and edge cases.
+        """
+        plen = len(payload)
+        if psn != self.psn or plen != self.mtu:
+            return False
+        if op == _WRITE_MIDDLE:
+            resid = self.w_resid
+            view = self.w_view
+            if self.in_msg is not _WRITE or plen >= resid or view is None:
+                return False
+            if not self.qp.access_bits & _REMOTE_WRITE:
+                return False
+            off = self.w_off
+            view[off : off + plen] = payload
+            self.w_off = off + plen
+            self.w_resid = resid - plen
+        else:
+            r = self.cur_recv
+            if self.in_msg is not _SEND or r is None or r.segs is None:
+                return False
+            off = self.recv_off
+            if off + plen > r.length:
+                return False
+            segs = r.segs
+            if len(segs) == 1:
+                segs[0][off : off + plen] = payload
+            else:
+                scatter(segs, off, payload)
+            self.recv_off = off + plen
+        self.sent_psn_nak = False
+        self.psn = self.ack_psn = (psn + 1) & _MASK
+        if ackreq:
+            self._queue_ack(psn)
+        return True
 
     def on_request(self, pkt: Packet, info: OpInfo) -> None:
         qp = self.qp

@@ -7,6 +7,7 @@ QP its BTH names, fires due timers, and sends what the QPs produced, in batches.
 
 import ipaddress
 import random
+import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -16,15 +17,14 @@ from rdmakit.wire import (
     BTH_LEN,
     ICRC_LEN,
     ROCE_UDP_PORT,
+    IcrcFlow,
+    Opcode,
     Packet,
     Payload,
     WireError,
+    crc32,
     decode,
     encode_headers,
-    icrc_ipv4,
-    icrc_ipv6,
-    pack_icrc,
-    pad_bytes,
     unpack_icrc,
 )
 from rdmakit.wire.ident import solve_ipv4_ident
@@ -38,6 +38,25 @@ TCP_MTU = 1 << 20
 #: Retransmit timeout exponent per transport: 4.096 µs × 2^n (IBTA §9.7.6.1.3).
 #: TCP delivers reliably, so its timer only has to notice a peer that stopped.
 DEFAULT_TIMEOUT = {"roce-udp": 14, "tcp": 18}
+#: GRO batches read per ``progress`` before the timers and transmit get a turn.
+MAX_RX_BATCHES = 64
+#: Idle ``progress`` calls between full scans of the QPs' deadlines (the
+#: cached earliest deadline is refreshed after every busy call anyway).
+_DEADLINE_RESCAN = 64
+
+_BTH = struct.Struct(">BBHII")
+_ICRC = struct.Struct("<I")
+_PADS = (b"", b"\0", b"\0\0", b"\0\0\0")
+_U24 = 0xFFFFFF
+#: PadCnt (BTH byte 1 bits 5:4) for a payload length mod 4.
+_PADCNT_BITS = (0x00, 0x30, 0x20, 0x10)
+#: Packet fields se .. ieth of a MIDDLE packet as the engine makes them.
+_PLAIN_MIDDLE = (False, False, 0xFFFF, False, False, None, None, None, None, None, None)
+_MASK_BYTE4 = 0xFF000000
+#: Opcodes of MIDDLE packets (BTH only, payload of exactly one MTU): the engine's fast path.
+_MIDDLE = frozenset(
+    int(op) for op in (Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +141,12 @@ class SoftDevice:
         self._qps: dict[int, QueuePair] = {}
         self._peer_bytes: dict[str, bytes] = {}
         self._backlog: list[tuple[list[Payload], int, int, tuple[str, int]]] = []
+        #: ICRC header states per peer flow: (source ip, source port) in, (ip, port) out.
+        self._rx_flows: dict[tuple[str, int], IcrcFlow] = {}
+        self._tx_flows: dict[tuple[str, int], IcrcFlow] = {}
+        #: Earliest QP deadline as of the last busy ``progress`` (see ``_DEADLINE_RESCAN``).
+        self._deadline: float | None = None
+        self._idle = 0
         self.closed = False
 
     # -- resources -----------------------------------------------------------------
@@ -180,25 +205,51 @@ class SoftDevice:
         self.close()
 
     # -- the pump --------------------------------------------------------------------
-    def progress(self, now: float) -> bool:
-        """Do all the work that is ready, without blocking. True if anything happened."""
+    def progress(self, now: float, readable: bool | None = None) -> bool:
+        """Do all the work that is ready, without blocking. True if anything happened.
+
+        ``readable`` is what the caller already knows about the link's socket
+        (a driver that polled it); None makes the device look itself.
+        """
         if self.closed:
             return False
-        busy = self._receive(now)
-        for qp in self._qps.values():
-            t = qp.get_timer()
-            if t is not None and t <= now:
-                qp.handle_timer(now)
-                busy = True
-        return self._transmit(now) or busy
+        busy = self._receive(now, readable)
+        d = self._deadline
+        if d is not None and d <= now:
+            busy = True
+            for qp in self._qps.values():
+                t = qp.get_timer()
+                if t is not None and t <= now:
+                    qp.handle_timer(now)
+        if self._transmit(now):
+            busy = True
+        if busy:
+            self._idle = 0
+            self._deadline = self._scan_deadline()
+        else:
+            self._idle += 1
+            if self._idle >= _DEADLINE_RESCAN:
+                # Deadlines only move inside progress(), but a QP driven
+                # directly by its owner must not be missed for long.
+                self._idle = 0
+                self._deadline = self._scan_deadline()
+        return busy
 
-    def next_deadline(self) -> float | None:
+    def _scan_deadline(self) -> float | None:
         best: float | None = None
         for qp in self._qps.values():
             t = qp.get_timer()
             if t is not None and (best is None or t < best):
                 best = t
         return best
+
+    def next_deadline(self) -> float | None:
+        self._deadline = best = self._scan_deadline()
+        return best
+
+    def deadline_hint(self) -> float | None:
+        """The earliest deadline as of the last busy ``progress`` (cheap; may be stale-early)."""
+        return self._deadline
 
     def wants_write(self) -> bool:
         """True while sends wait for socket space (then wait for writability)."""
@@ -222,53 +273,95 @@ class SoftDevice:
             return
         qp.receive(pkt, now)
 
-    def _receive(self, now: float) -> bool:
+    def _receive(self, now: float, readable: bool | None = None) -> bool:
         if self.tcp is not None:
             return self._receive_tcp(now)
         link = self.udp
         assert link is not None
+        if not (link.ready() if readable is None else readable):
+            return False
         c = self.counters
+        verify, qps = self.verify_icrc, self._qps
+        unpack_bth, pack_bth, unpack_ic = _BTH.unpack_from, _BTH.pack, _ICRC.unpack_from
         busy = False
-        verify, local, port, v6 = self.verify_icrc, self._local, self.port, self._v6
-        while True:
+        for _ in range(MAX_RX_BATCHES):
             got = link.recv()
             if got is None:
-                return busy
+                break
             busy = True
             segs, (src_ip, sport) = got
-            if not segs:
-                continue
-            src = self._peer_bytes.get(src_ip)
-            if src is None:
-                src = self._peer_bytes[src_ip] = _addr_bytes(src_ip)
-            for k, seg in enumerate(segs):
-                c.packets_in += 1
-                n = len(seg)
-                if n < BTH_LEN + ICRC_LEN:
-                    c.malformed += 1
-                    continue
-                body = seg[: n - ICRC_LEN]
-                if verify:
-                    received = unpack_icrc(seg)
-                    if v6:
-                        ok = icrc_ipv6(src, local, sport, port, body) == received
-                    else:
-                        ok = icrc_ipv4(src, local, sport, port, body, ident=k) == received or (
-                            k != 0 and icrc_ipv4(src, local, sport, port, body) == received
-                        )
-                        if not ok and solve_ipv4_ident(src, local, sport, port, body, received) is not None:
-                            c.icrc_solved += 1  # a peer with its own IP IDs (kernel rxe)
-                            ok = True
-                    if not ok:
-                        c.bad_icrc += 1
+            if segs:
+                flow = self._rx_flows.get((src_ip, sport))
+                if flow is None:
+                    flow = self._rx_flow(src_ip, sport)
+                states = flow.states
+                c.packets_in += len(segs)
+                for k, seg in enumerate(segs):
+                    n = len(seg)
+                    if n < BTH_LEN + ICRC_LEN:
+                        c.malformed += 1
                         continue
-                    c.icrc_ok += 1
-                try:
-                    pkt = decode(body)
-                except WireError:
-                    c.malformed += 1
-                    continue
-                self._deliver(pkt, src_ip, now)
+                    end = n - ICRC_LEN
+                    op, b1, pkey, w1, w2 = unpack_bth(seg)
+                    if verify:
+                        # ICRC (Annex A17.3.3) of GSO segment k: IPv4 ID k, BTH byte 4 masked.
+                        st = states.get(n | k << 16)
+                        if st is None:
+                            st = flow.state(n, k)
+                        ic = crc32(seg[BTH_LEN:end], crc32(pack_bth(op, b1, pkey, w1 | _MASK_BYTE4, w2), st))
+                        if ic == unpack_ic(seg, end)[0]:
+                            c.icrc_ok += 1
+                        elif not self._icrc_other_ident(flow, seg, k, src_ip, sport):
+                            c.bad_icrc += 1
+                            continue
+                    if op in _MIDDLE and not b1 & 0x3F:  # TVer 0, no pad
+                        qp = qps.get(w1 & _U24)
+                        if (
+                            qp is not None
+                            and pkey & 0x7FFF == 0x7FFF
+                            and type(r := qp.remote) is PeerAddress
+                            and r.ip == src_ip
+                            and qp.receive_middle(op, w2 & _U24, w2 >= 0x80000000, seg[BTH_LEN:end], now)
+                        ):
+                            continue
+                    try:
+                        pkt = decode(seg[:end])
+                    except WireError:
+                        c.malformed += 1
+                        continue
+                    self._deliver(pkt, src_ip, now)
+            if not link.ready():
+                break
+        return busy
+
+    def _rx_flow(self, src_ip: str, sport: int) -> IcrcFlow:
+        src = self._peer_bytes.get(src_ip)
+        if src is None:
+            src = self._peer_bytes[src_ip] = _addr_bytes(src_ip)
+        if self._v6:
+            flow = IcrcFlow.ipv6(src, self._local, sport, self.port)
+        else:
+            flow = IcrcFlow.ipv4(src, self._local, sport, self.port)
+        if len(self._rx_flows) >= 1024:
+            self._rx_flows.clear()
+        self._rx_flows[(src_ip, sport)] = flow
+        return flow
+
+    def _icrc_other_ident(self, flow: IcrcFlow, seg: memoryview, k: int, src_ip: str, sport: int) -> bool:
+        """Segment ``k``'s ICRC did not match with IPv4 ID ``k``: try the IDs other senders use."""
+        if self._v6:
+            return False
+        c = self.counters
+        body = seg[: len(seg) - ICRC_LEN]
+        received = unpack_icrc(seg)
+        if k != 0 and flow.icrc(body) == received:
+            c.icrc_ok += 1  # ID 0: a sender without GSO
+            return True
+        src = self._peer_bytes[src_ip]
+        if solve_ipv4_ident(src, self._local, sport, self.port, body, received) is not None:
+            c.icrc_solved += 1  # a peer with its own IP IDs (kernel rxe)
+            return True
+        return False
 
     def _receive_tcp(self, now: float) -> bool:
         link = self.tcp
@@ -298,6 +391,8 @@ class SoftDevice:
         if self._backlog and not self._flush_backlog():
             return True
         for qp in self._qps.values():
+            if not qp.may_transmit():
+                continue
             pkts = qp.poll_transmit(now)
             if not pkts:
                 continue
@@ -327,31 +422,51 @@ class SoftDevice:
     def _send_udp(self, pkts: list[Packet], remote: PeerAddress) -> None:
         link = self.udp
         assert link is not None
-        dst = self._peer_bytes.get(remote.ip)
-        if dst is None:
-            dst = self._peer_bytes[remote.ip] = _addr_bytes(remote.ip)
         addr = (remote.ip, remote.port)
-        local, sport, dport, v6 = self._local, self.port, remote.port, self._v6
+        flow = self._tx_flows.get(addr)
+        if flow is None:
+            flow = self._tx_flow(remote)
+        states = flow.states
         gso = link.gso
         parts: list[Payload] = []
         seg = count = total = 0
         send: Callable[[list[Payload], int, int], None] = self._send_or_queue(addr)
+        pack_ic, pack_bth = _ICRC.pack, _BTH.pack
         for pkt in pkts:
-            hdr = encode_headers(pkt)
-            pl = pkt.payload
-            pad = pad_bytes(len(pl))
-            size = len(hdr) + len(pl) + len(pad) + ICRC_LEN
+            op = pkt[0]
+            pl = pkt[15]
+            plen = len(pl)
+            pad = _PADS[-plen & 3]
+            if op in _MIDDLE and pkt[4:15] == _PLAIN_MIDDLE and pkt[1] <= _U24 and pkt[2] <= _U24:
+                # The bulk of a message: the BTH alone (IBTA §9.2), packed as
+                # encode_headers() would (tests/transport prove them equal).
+                w2 = pkt[2] | 0x80000000 if pkt[3] else pkt[2]
+                b1 = _PADCNT_BITS[plen & 3]
+                hdr = pack_bth(op, b1, 0xFFFF, pkt[1], w2)
+                masked = pack_bth(op, b1, 0xFFFF, pkt[1] | _MASK_BYTE4, w2)
+            else:
+                hdr = encode_headers(pkt)
+                m = bytearray(hdr)
+                m[4] = 0xFF  # FECN, BECN, resv6 (Annex A17.3.3)
+                masked = bytes(m)
+            size = len(hdr) + plen + len(pad) + ICRC_LEN
             if count and (not gso or size > seg or count >= GSO_MAX_SEGMENTS or total + size > GSO_MAX_BYTES):
                 send(parts, seg, count)
                 parts, seg, count, total = [], 0, 0, 0
-            if v6:
-                ic = icrc_ipv6(local, dst, sport, dport, hdr, pl, pad)
-            else:
-                ic = icrc_ipv4(local, dst, sport, dport, hdr, pl, pad, ident=count)
+            # ICRC (Annex A17.3.3) of GSO segment `count`: the kernel gives it IPv4 ID `count`.
+            st = states.get(size | count << 16)
+            if st is None:
+                st = flow.state(size, count)
+            ic = crc32(masked, st)
             parts.append(hdr)
-            if pl:
+            if plen:
+                ic = crc32(pl, ic)
                 parts.append(pl)
-            parts.append(pad + pack_icrc(ic))
+            if pad:
+                ic = crc32(pad, ic)
+                parts.append(pad + pack_ic(ic))
+            else:
+                parts.append(pack_ic(ic))
             if count == 0:
                 seg = size
             count += 1
@@ -361,6 +476,19 @@ class SoftDevice:
                 parts, seg, count, total = [], 0, 0, 0
         if count:
             send(parts, seg, count)
+
+    def _tx_flow(self, remote: PeerAddress) -> IcrcFlow:
+        dst = self._peer_bytes.get(remote.ip)
+        if dst is None:
+            dst = self._peer_bytes[remote.ip] = _addr_bytes(remote.ip)
+        if self._v6:
+            flow = IcrcFlow.ipv6(self._local, dst, self.port, remote.port)
+        else:
+            flow = IcrcFlow.ipv4(self._local, dst, self.port, remote.port)
+        if len(self._tx_flows) >= 1024:
+            self._tx_flows.clear()
+        self._tx_flows[(remote.ip, remote.port)] = flow
+        return flow
 
     def _send_or_queue(self, addr: tuple[str, int]) -> Callable[[list[Payload], int, int], None]:
         link = self.udp

@@ -101,15 +101,36 @@ class Driver:
         return self._ep.fileno()
 
     def progress(self) -> bool:
-        """Run every device once, without blocking. True if anything happened."""
-        self._timer.clear()
+        """Run every device once, without blocking. True if anything happened.
+
+        One ``epoll_wait(0)`` on the driver's set says which devices have
+        input and whether the timer fired; devices without input skip their
+        sockets.
+        """
+        events = self._ep.poll(0)
         now = self.clock()
+        timer = self._timer
+        fds: set[int] | tuple[()] = {fd for fd, _ in events} if events else ()
+        if timer.fd in fds:
+            timer.clear()
         busy = False
         for dev in self.devices:
-            if dev.progress(now):
+            if dev.progress(now, dev.fileno() in fds):
                 busy = True
-        # Keep fileno() honest for event-driven callers: readable at the next deadline.
-        self._timer.arm(self.next_deadline())
+        # Keep fileno() honest for event-driven callers: readable by the next
+        # deadline. Re-arming costs a system call, so an earlier arming that
+        # is still ahead stays (it only causes one early wake-up).
+        best = None
+        for dev in self.devices:
+            t = dev.deadline_hint()
+            if t is not None and (best is None or t < best):
+                best = t
+            if dev.wants_write():
+                t = now + 0.0002  # socket full: look again very soon
+                best = t if best is None else min(best, t)
+        armed = timer.armed_at
+        if best is not None and (armed is None or armed <= now or best < armed):
+            timer.arm(best)
         return busy
 
     def next_deadline(self) -> float | None:
@@ -132,20 +153,40 @@ class Driver:
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until a device has input, a deadline passes, or ``timeout`` runs out."""
-        self.arm()
+        # The next deadline bounds the epoll timeout directly: re-arming the
+        # timerfd for every wait would cost a system call per round trip.
+        deadline = self.next_deadline()
+        if deadline is not None:
+            left = max(deadline - self.clock(), 0.0)
+            timeout = left if timeout is None else min(timeout, left)
         self._ep.poll(-1 if timeout is None else max(timeout, 0.0))
 
-    def run_until(self, done: Callable[[], bool], timeout: float) -> bool:
-        """Pump until ``done()`` or ``timeout`` seconds pass; returns ``done()``."""
-        end = self.clock() + timeout
+    def run_until(self, done: Callable[[], bool], timeout: float, spin: float = 0.0) -> bool:
+        """Pump until ``done()`` or ``timeout`` seconds pass; returns ``done()``.
+
+        When nothing is happening, keep polling for ``spin`` seconds before
+        blocking in :meth:`wait` (a busy poll answers sooner; blocking leaves
+        the CPU to the peer when cores are scarce).
+        """
+        clock = self.clock
+        end = clock() + timeout
+        idle_since: float | None = None
         while not done():
             if self.progress():
+                idle_since = None
                 continue
             if done():
                 return True
-            left = end - self.clock()
+            now = clock()
+            left = end - now
             if left <= 0:
                 return done()
+            if spin > 0:
+                if idle_since is None:
+                    idle_since = now
+                if now - idle_since < spin:
+                    continue
+                idle_since = None
             self.wait(left)
         return True
 

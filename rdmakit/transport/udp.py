@@ -12,6 +12,7 @@ covers the IPv4 Identification and flags):
 """
 
 import errno
+import select
 import socket
 import struct
 from collections.abc import Sequence
@@ -93,6 +94,11 @@ class UdpLink:
         self._view = memoryview(self._buf)
         self._cmsg_space = socket.CMSG_SPACE(4)
         self.counters = UdpCounters()
+        # Readiness without a raising recv (an empty non-blocking read costs
+        # an exception): one epoll_wait(0) says whether ``recv`` has data.
+        self._ep = select.epoll(1)
+        self._ep.register(sock.fileno(), select.EPOLLIN)
+        self._ready = self._ep.poll
 
     @staticmethod
     def _try(sock: socket.socket, level: int, opt: int, value: int) -> bool:
@@ -106,7 +112,12 @@ class UdpLink:
         return self.sock.fileno()
 
     def close(self) -> None:
+        self._ep.close()
         self.sock.close()
+
+    def ready(self) -> bool:
+        """True if a datagram is waiting (``recv`` will not come back empty-handed)."""
+        return bool(self._ready(0))
 
     # -- receive ---------------------------------------------------------------
     def recv(self) -> tuple[list[memoryview], tuple[str, int]] | None:

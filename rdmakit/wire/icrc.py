@@ -71,8 +71,8 @@ _V6_LEN = 40
 _UDP_LEN = 8
 #: Headers no longer than this are masked by copying them whole.
 _SMALL_FIRST = 64
-#: Bound on the per-flow cache of header states (one entry per packet length).
-_FLOW_CACHE_MAX = 512
+#: Bound on the per-flow cache of header states (one entry per packet length and GSO segment).
+_FLOW_CACHE_MAX = 1024
 
 
 def _body_crc(crc: int, parts: tuple[Payload, ...]) -> int:
@@ -180,16 +180,25 @@ class IcrcFlow:
     the masked pseudo-LRH, IP and UDP headers for each packet length it sees,
     so a packet costs the CRC of its BTH and body only. Use it when the IPv4
     ID is fixed for the flow, as on an unconnected UDP socket with
-    ``IP_PMTUDISC_DO`` (ID 0); a per-packet ID needs :func:`icrc_ipv4`.
+    ``IP_PMTUDISC_DO`` (ID 0).
+
+    Segment *k* of a UDP GSO batch carries IPv4 ID ``ident + k`` (see
+    :mod:`rdmakit.transport.udp`): ``flow.icrc_seg(k, *parts)`` is its ICRC, and
+    ``flow.state(n, k)`` the cached header state itself, for hot loops that
+    continue it with :func:`crc32` over the BTH (byte 4 masked) and body.
+    IPv6 has no ID: ``k`` is ignored there.
     """
 
-    __slots__ = ("_header", "_states")
+    __slots__ = ("_header", "_v6", "states")
 
-    def __init__(self, header: Callable[[int], bytes]) -> None:
-        """Use :meth:`ipv4` or :meth:`ipv6`; ``header(n)``: the masked headers for ``n`` bytes after UDP."""
+    def __init__(self, header: Callable[[int, int], bytes], v6: bool = False) -> None:
+        """Use :meth:`ipv4` or :meth:`ipv6`; ``header(n, k)``: the masked headers for ``n``
+        bytes after UDP (BTH .. ICRC) in segment ``k``."""
         self._header = header
-        self._states: dict[int, int] = {}
-        header(BTH_LEN + ICRC_LEN)  # validate the addresses and ports now
+        self._v6 = v6
+        #: ``n | k << 16`` -> CRC state after the masked headers (read-only; see :meth:`state`).
+        self.states: dict[int, int] = {}
+        header(BTH_LEN + ICRC_LEN, 0)  # validate the addresses and ports now
 
     @classmethod
     def ipv4(
@@ -198,13 +207,13 @@ class IcrcFlow:
         _check_addrs(src, dst, 4)
         pack, flags = _V4_MASKED.pack, 0x4000 if df else 0
 
-        def header(n: int) -> bytes:
+        def header(n: int, k: int) -> bytes:
             return pack(
-                0x45, 0xFF, _V4_LEN + _UDP_LEN + n, ident, flags, 0xFF, IP_PROTO_UDP, 0xFFFF,
-                src, dst, sport, dport, _UDP_LEN + n, 0xFFFF,
+                0x45, 0xFF, _V4_LEN + _UDP_LEN + n, (ident + k) & 0xFFFF, flags, 0xFF, IP_PROTO_UDP,
+                0xFFFF, src, dst, sport, dport, _UDP_LEN + n, 0xFFFF,
             )  # fmt: skip
 
-        return cls._checked(header)
+        return cls._checked(header, False)
 
     @classmethod
     def ipv6(
@@ -213,29 +222,33 @@ class IcrcFlow:
         _check_addrs(src, dst, 16)
         pack = _V6_MASKED.pack
 
-        def header(n: int) -> bytes:
+        def header(n: int, k: int) -> bytes:
             return pack(
                 0x6FFFFFFF, _UDP_LEN + n, next_header, 0xFF, src, dst, sport, dport, _UDP_LEN + n, 0xFFFF
             )
 
-        return cls._checked(header)
+        return cls._checked(header, True)
 
     @classmethod
-    def _checked(cls, header: Callable[[int], bytes]) -> "IcrcFlow":
+    def _checked(cls, header: Callable[[int, int], bytes], v6: bool) -> "IcrcFlow":
         try:
-            return cls(header)
+            return cls(header, v6)
         except struct.error as e:
             raise LocalWireError(f"IP/UDP header: {e}") from None
 
     def icrc(self, *parts: Payload) -> int:
         """ICRC of the packet whose BTH .. pad are ``parts`` concatenated."""
+        return self.icrc_seg(0, *parts)
+
+    def icrc_seg(self, k: int, *parts: Payload) -> int:
+        """ICRC of segment ``k`` of a GSO batch (IPv4 ID ``ident + k``) made of ``parts``."""
         try:
             n = ICRC_LEN
             for p in parts:
                 n += len(p)
-            crc = self._states.get(n)
+            crc = self.states.get(n | k << 16) if 0 <= k < 0x10000 else None
             if crc is None:
-                crc = self._state(n)
+                crc = self.state(n, k)
             first = parts[0] if parts else b""
             if BTH_LEN <= len(first) <= _SMALL_FIRST:
                 m = bytearray(first)
@@ -249,12 +262,15 @@ class IcrcFlow:
             raise LocalWireError(f"ICRC parts must be byte buffers: {e}") from None
         return _body_crc(crc, parts)
 
-    def _state(self, n: int) -> int:
-        states = self._states
+    def state(self, n: int, k: int = 0) -> int:
+        """CRC state after the masked headers of segment ``k`` with ``n`` bytes after UDP (BTH .. ICRC)."""
+        if not 0 <= k < 0x10000:
+            raise LocalWireError(f"GSO segment index {k} is not a u16")
+        states = self.states
         if len(states) >= _FLOW_CACHE_MAX:
             states.clear()
         try:
-            crc = states[n] = crc32(self._header(n), _SEED)
+            crc = states[n | k << 16] = crc32(self._header(n, 0 if self._v6 else k), _SEED)
         except struct.error as e:
             raise LocalWireError(f"a packet of {n - ICRC_LEN} bytes does not fit in a UDP datagram") from e
         return crc

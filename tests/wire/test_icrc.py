@@ -19,6 +19,7 @@ from rdmakit.wire import (
     IcrcFlow,
     LocalWireError,
     WireError,
+    crc32,
     icrc_ipv4,
     icrc_ipv6,
     icrc_of_ip_packet,
@@ -125,10 +126,30 @@ def test_pack_is_little_endian() -> None:
 def test_flow_cache_is_bounded_and_stays_right() -> None:
     src, dst = b"\1\2\3\4", b"\5\6\7\x08"
     flow = IcrcFlow.ipv4(src, dst, 7, 4791)
+    seen = 0
     for n in range(BTH_LEN, BTH_LEN + 3 * icrc_mod._FLOW_CACHE_MAX, 7):
         body = bytes(range(256)) * (n // 256) + bytes(n % 256)
         assert flow.icrc(body) == icrc_ipv4(src, dst, 7, 4791, body)
-        assert len(flow._states) <= icrc_mod._FLOW_CACHE_MAX
+        for k in (1, 63, 0xFFFF):
+            assert flow.icrc_seg(k, body) == icrc_ipv4(src, dst, 7, 4791, body, ident=k)
+        seen += 4
+        assert len(flow.states) <= icrc_mod._FLOW_CACHE_MAX
+    assert seen > icrc_mod._FLOW_CACHE_MAX
+
+
+def test_flow_segments_carry_consecutive_ids() -> None:
+    """GSO segment k of a flow whose first ID is ``ident`` carries ID ``ident + k`` (mod 2^16)."""
+    src, dst = b"\1\2\3\4", b"\5\6\7\x08"
+    body = bytes(range(100))
+    flow = IcrcFlow.ipv4(src, dst, 7, 4791, ident=0xFFFE)
+    for k in range(4):
+        want = icrc_ipv4(src, dst, 7, 4791, body, ident=(0xFFFE + k) & 0xFFFF)
+        assert flow.icrc_seg(k, body) == want
+        assert crc32(body[12:], crc32(body[:4] + b"\xff" + body[5:12], flow.state(len(body) + 4, k))) == want
+    v6 = IcrcFlow.ipv6(bytes(16), bytes(range(16)), 7, 4791)
+    assert v6.icrc_seg(5, body) == v6.icrc(body) == icrc_ipv6(bytes(16), bytes(range(16)), 7, 4791, body)
+    with pytest.raises(LocalWireError):
+        flow.icrc_seg(1 << 16, body)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,128 @@
+"""The soft device's UDP fast paths produce and accept exactly what the generic codec does.
+
+Sending: MIDDLE packets get their BTH packed directly and every packet its
+ICRC from a per-flow cached header state (GSO segment k: IPv4 ID k); the
+datagrams must be byte-identical to ``encode`` + ``icrc_ipv4(ident=k)``.
+Receiving: in-order MIDDLE packets go to ``QueuePair.receive_middle`` without
+a ``Packet``; the transfer must end the same as with the fast path off.
+"""
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from rdmakit.engine import SGE, Access, CompletionQueue, SendWR, WcStatus, WrOpcode
+from rdmakit.engine import qp as qp_mod
+from rdmakit.transport.device import PeerAddress, SoftDevice, connect_qp, local_endpoint
+from rdmakit.transport.driver import Driver
+from rdmakit.wire import AETH, RETH, Opcode, Packet, encode, icrc_ipv4, pack_icrc
+
+ALL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+
+
+def test_udp_send_is_byte_identical_to_the_generic_encoder(
+    new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dev = SoftDevice(new_ip(), port=0)
+    peer = PeerAddress(new_ip(), 4791)
+    sent: list[tuple[bytes, int, int]] = []
+
+    def send_gso(parts: list[Any], seg: int, count: int, addr: object) -> bool:
+        sent.append((b"".join(parts), seg, count))
+        return True
+
+    def send(parts: list[Any], addr: object) -> bool:
+        data = b"".join(parts)
+        sent.append((data, len(data), 1))
+        return True
+
+    monkeypatch.setattr(dev.udp, "send_gso", send_gso)
+    monkeypatch.setattr(dev.udp, "send", send)
+    rng = random.Random(7)
+    mem = memoryview(bytearray(rng.randbytes(1 << 16)))
+    pkts = [
+        Packet(Opcode.RDMA_WRITE_FIRST, 0x123456, 0xFFFFFE, reth=RETH(1 << 40, 77, 9000), payload=mem[:1024])
+    ]
+    for i in range(1, 80):  # psn wraps; AckReq on some; GSO batches of 64 and a shorter tail
+        op = (Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE)[i % 3]
+        pkts.append(
+            Packet(op, 0xABCDEF, (0xFFFFFE + i) & 0xFFFFFF, ackreq=i % 5 == 0, payload=mem[i : i + 1024])
+        )
+    pkts.append(Packet(Opcode.RDMA_WRITE_MIDDLE, 5, 1, se=True, payload=mem[:1024]))  # not the engine's shape
+    pkts.append(Packet(Opcode.RDMA_WRITE_LAST, 5, 2, payload=mem[:1021]))  # pad
+    pkts.append(Packet(Opcode.ACKNOWLEDGE, 5, 3, aeth=AETH(0x1F, 9)))
+    dev._send_udp(pkts, peer)
+    got: list[tuple[bytes, int]] = []
+    for data, seg, count in sent:
+        datagrams = [data[i : i + seg] for i in range(0, len(data), seg)]
+        assert len(datagrams) == count
+        got += [(d, k) for k, d in enumerate(datagrams)]
+    assert len(got) == len(pkts)
+    src, dst = dev._local, bytes(map(int, peer.ip.split(".")))
+    for pkt, (data, k) in zip(pkts, got, strict=True):
+        body = encode(pkt)
+        assert data == body + pack_icrc(icrc_ipv4(src, dst, dev.port, peer.port, body, ident=k))
+    dev.close()
+
+
+def _transfer(ip_a: str, ip_b: str, op: WrOpcode, size: int) -> tuple[bytes, bytes, Any, Any]:
+    with SoftDevice(ip_a, port=0) as a, SoftDevice(ip_b, port=0) as b, Driver() as drv:
+        drv.add(a)
+        drv.add(b)
+        cqa, cqb = CompletionQueue(64), CompletionQueue(64)
+        qa = a.create_qp(send_cq=cqa, recv_cq=cqa)
+        qb = b.create_qp(send_cq=cqb, recv_cq=cqb)
+        rng = random.Random(size)
+        ma, mb = bytearray(rng.randbytes(size)), bytearray(rng.randbytes(size))
+        mra = a.pd.register(ma, 0x1000, ALL)
+        mrb = b.pd.register(mb, 0x9000, ALL)
+        connect_qp(a, qa, 10, local_endpoint(b, qb, 20))
+        connect_qp(b, qb, 20, local_endpoint(a, qa, 10))
+        qa.post_send(
+            SendWR(
+                wr_id=1,
+                opcode=op,
+                sg_list=(SGE(mra.addr, size, mra.lkey),),
+                remote_addr=mrb.addr,
+                rkey=mrb.rkey,
+            )
+        )
+        assert drv.run_until(lambda: len(cqa) > 0, 10.0)
+        (wc,) = cqa.poll()
+        assert wc.status is WcStatus.SUCCESS
+        deadline = time.monotonic() + 0.2
+        while time.monotonic() < deadline:  # let the last ACKs land
+            drv.progress()
+        return bytes(ma), bytes(mb), qa.stats, qb.stats
+
+
+@pytest.mark.parametrize("op", [WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ])
+def test_udp_receive_fast_path_ends_like_the_generic_path(
+    new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch, op: WrOpcode
+) -> None:
+    taken = [0]
+    real = qp_mod.QueuePair.receive_middle
+
+    def counting(self: qp_mod.QueuePair, *a: Any) -> bool:
+        ok = real(self, *a)
+        taken[0] += ok
+        return ok
+
+    monkeypatch.setattr(qp_mod.QueuePair, "receive_middle", counting)
+    size = 300 * 1024 + 3  # 76 packets at MTU 4096: AckReq inside, a padded last packet
+    fast = _transfer(new_ip(), new_ip(), op, size)
+    assert taken[0] > 0
+    monkeypatch.setattr(qp_mod, "_fast_path_enabled", False)
+    taken[0] = 0
+    slow = _transfer(new_ip(), new_ip(), op, size)
+    assert taken[0] == 0
+    assert fast[0] == fast[1]
+    assert fast[:2] == slow[:2]
+    for f, s in zip(fast[2:], slow[2:], strict=True):
+        assert not f.dropped
+        assert not s.dropped
+        if not f.timeouts and not s.timeouts:  # a loaded host may time out once: that is not the fast path
+            assert f == s
