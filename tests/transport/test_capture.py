@@ -38,12 +38,18 @@ pytestmark = [
 ]
 
 
+TCPDUMP = ("tcpdump", "-i", "lo", "-n", "-U", "--immediate-mode", "-s", "0", "-B", "65536")
+#: Every opcode shows up at these sizes (MTU 4096: ONLY, FIRST/MIDDLE/LAST); multi-MiB
+#: messages would only give a loaded machine's tcpdump a chance to fall behind.
+CAPTURE_SIZES = (0, 1, 1024, 4096, 4097, 64 << 10)
+
+
 class Capture:
     def __init__(self, path: Path, ips: tuple[str, str]) -> None:
         self.path = path
         flt = f"udp port 4791 and host {ips[0]} and host {ips[1]}"
         self.proc = subprocess.Popen(
-            ["tcpdump", "-i", "lo", "-n", "-U", "-s", "0", "-B", "65536", "-w", str(path), flt],
+            [*TCPDUMP, "-w", str(path), flt],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.proc.stderr is not None
@@ -51,7 +57,7 @@ class Capture:
         assert "listening" in line, line
 
     def stop(self) -> str:
-        time.sleep(0.2)
+        time.sleep(0.5)  # let the last packets reach tcpdump before it is told to stop
         self.proc.send_signal(signal.SIGINT)
         _, err = self.proc.communicate(timeout=30)
         return err
@@ -95,7 +101,7 @@ def test_capture_dissects_and_icrc_recomputes(tmp_path: Path, new_ip: Callable[[
     cap = Capture(tmp_path / "run.pcap", (ip_a, ip_b))
     r = Requester("roce-udp", ip_a, tmp_path, ip_b, gso=False)
     try:
-        expected = exercise(r)
+        expected = exercise(r, CAPTURE_SIZES)
     except BaseException:
         r.close(failed=True)
         cap.stop()
@@ -112,7 +118,7 @@ def test_capture_dissects_and_icrc_recomputes(tmp_path: Path, new_ip: Callable[[
         "-e", "frame.protocols", "-e", "ip.src", "-e", "ip.id", "-e", "ip.flags.df", "-e", "udp.dstport",
         "-e", "infiniband.bth.opcode",
     )  # fmt: skip
-    assert len(rows) > 1000, "the run should take thousands of packets"
+    assert len(rows) > 100, "the run should take hundreds of packets"
     for row in rows:
         protocols, src, ident, df, dport, opcode = row.split("|")
         assert protocols.endswith(":ip:udp:infiniband") or ":ip:udp:infiniband:" in protocols, row

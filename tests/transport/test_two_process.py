@@ -8,7 +8,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -70,11 +70,11 @@ class Requester:
         return [x for x in lines if "wr_id" in x], lines[-1]
 
 
-def exercise(r: Requester) -> list[tuple[str, int, int | None, str]]:
+def exercise(r: Requester, sizes: Sequence[int] = SIZES) -> list[tuple[str, int, int | None, str]]:
     """Every RC operation at every size; returns the receives the peer must report."""
     rng = random.Random(7)
     expected_recv: list[tuple[str, int, int | None, str]] = []
-    for n in SIZES:
+    for n in sizes:
         r.mem[:n] = rng.randbytes(n)
         digest = hashlib.sha256(r.mem[:n]).hexdigest()
         wc = r.post(WrOpcode.SEND, n)
