@@ -18,11 +18,20 @@ Buffers are touched before timing (steady state, no page faults). Reported:
 the median of ``--repeat`` runs in GiB/s, and DMA / memcpy throughput, the
 median over runs of each DMA run against the memcpy just before it (target
 >= 0.8).
+
+``--rdma`` measures the path between machines instead, on two soft RDMA
+devices on loopback (``--addrs``): the host exports ``--size`` MiB with
+``export_rdma`` and answers; the DPU process runs the same DMA jobs through
+`Dma.set_rdma` (host->DPU: RDMA READs, DPU->host: RDMA WRITEs) and, in the
+same run and interleaved, a plain stream of ``RdmaWriteJob`` s of the same
+size, chunk and depth on the same connection, the baseline. Reported: GiB/s
+and the median over runs of DMA-over-RDMA / RDMA WRITE.
 """
 
 import argparse
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -38,6 +47,8 @@ from rdmakit.doca import (
     Dma,
     DmaMemcpyJob,
     Mmap,
+    Rdma,
+    RdmaWriteJob,
     SharedMemory,
     WorkQ,
     local_devinfo,
@@ -141,6 +152,143 @@ def dpu(service: str, chunk_kib: int) -> None:
         chan.send(json.dumps(runs).encode())
 
 
+RDMA_PERMS = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE
+
+
+def rdma_host(args: argparse.Namespace) -> None:
+    size = args.size << 20
+    service = f"bench-dma-rdma-{uuid.uuid4().hex[:12]}"
+    host_ip, dpu_ip = args.addrs.split(",")
+    memory = bytearray(os.urandom(size))
+    with (
+        CommChannelServer(service) as server,
+        Dev.open(host_ip) as dev,
+        Rdma() as rdma,
+        WorkQ(4, event_driven=True) as wq,
+    ):
+        rdma.add_dev(dev)
+        rdma.set_permissions(RDMA_PERMS)
+        rdma.workq_add(wq)
+        rdma.start()
+        mmap = Mmap()
+        mmap.set_permissions(RDMA_PERMS)
+        mmap.set_memrange(memory)
+        mmap.add_dev(dev)
+        mmap.start()
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--rdma-dpu",
+                service,
+                "--chunk",
+                str(args.chunk),
+                "--addrs",
+                args.addrs,
+            ]
+        )
+        with server.accept(60) as chan:
+            msg = {"descriptor": mmap.export_rdma(dev).decode(), "addr": mmap.addr, "length": size,
+                   "repeat": args.repeat, "connection": rdma.export().decode()}  # fmt: skip
+            chan.send(json.dumps(msg).encode())
+            rdma.connect(chan.recv(60))
+            chan.send(b"ready")
+            while (data := chan.try_recv()) is None:  # answer the DPU's requests until it reports
+                while wq.progress_retrieve() is not None:
+                    pass
+                wq.arm()
+                if select.select([chan.fileno(), wq.fileno()], [], [], 1.0)[0]:
+                    wq.clear()
+            results = json.loads(data)
+        child.wait()
+        rdma.stop()
+        mmap.destroy()
+    job = "one job" if args.chunk == 0 else f"{args.chunk} KiB jobs"
+    print(
+        f"{args.size} MiB over RDMA ({host_ip} <-> {dpu_ip}), {job}, {DEPTH} in flight, "
+        f"median of {args.repeat}"
+    )
+    base = results["RDMA WRITE"]
+    print(f"  {'RDMA WRITE':>10}: {size / statistics.median(base) / 2**30:6.2f} GiB/s")
+    for name in ("host->DPU", "DPU->host"):
+        seconds = results[name]
+        ratio = statistics.median(b / s for b, s in zip(base, seconds, strict=True))
+        print(
+            f"  {name:>10}: {size / statistics.median(seconds) / 2**30:6.2f} GiB/s   "
+            f"DMA/RDMA WRITE {ratio:.2f}"
+        )
+
+
+def rdma_dpu(service: str, chunk_kib: int, addrs: str) -> None:
+    _, dpu_ip = addrs.split(",")
+    with (
+        Dev.open(dpu_ip) as dev,
+        CommChannel.connect(service, timeout=60) as chan,
+        Rdma() as rdma,
+        WorkQ(DEPTH) as rwq,
+        Dma(dev) as dma,
+        WorkQ(DEPTH) as workq,
+    ):
+        msg = json.loads(chan.recv(60))
+        size, addr, repeat = msg["length"], msg["addr"], msg["repeat"]
+        rdma.add_dev(dev)
+        rdma.workq_add(rwq)
+        rdma.start()
+        rdma.connect(msg["connection"].encode())
+        chan.send(rdma.export())
+        assert chan.recv(60) == b"ready"
+        remote = Mmap.create_from_export(msg["descriptor"].encode(), dev)
+        mine = bytearray(os.urandom(size))
+        local = Mmap()
+        local.set_permissions(AccessFlag.LOCAL_READ_WRITE)
+        local.set_memrange(mine)
+        local.add_dev(dev)
+        local.start()
+        chunk = size if chunk_kib == 0 else chunk_kib << 10
+        inventory = BufInventory(2 * DEPTH)
+        inventory.start()
+        dma.set_rdma(rdma)
+        dma.workq_add(workq)
+        dma.start()
+
+        def stream(wq: WorkQ, make: object, src: Mmap, src_addr: int, dst: Mmap, dst_addr: int) -> float:
+            t0 = time.perf_counter()
+            offset = inflight = done = 0
+            while done < size:
+                while inflight < DEPTH and offset < size:
+                    n = min(chunk, size - offset)
+                    s = inventory.get_by_args(src, src_addr + offset, n, src_addr + offset, n)
+                    d = inventory.get_by_args(dst, dst_addr + offset, n, dst_addr + offset, 0)
+                    if make is DmaMemcpyJob:
+                        wq.submit(DmaMemcpyJob(ctx=dma, src=s, dst=d, user_data=(s, d, n)))
+                    else:
+                        wq.submit(RdmaWriteJob(ctx=rdma, src_buf=s, dst_buf=d, user_data=(s, d, n)))
+                    offset += n
+                    inflight += 1
+                event = wq.progress_retrieve()
+                if event is None:
+                    continue
+                assert event.ok, event.error
+                s, d, n = event.user_data  # type: ignore[misc]
+                s.dec_refcount()
+                d.dec_refcount()
+                inflight -= 1
+                done += n
+            return time.perf_counter() - t0
+
+        runs: dict[str, list[float]] = {"RDMA WRITE": [], "host->DPU": [], "DPU->host": []}
+        stream(rwq, RdmaWriteJob, local, local.addr, remote, addr)  # warm up
+        stream(workq, DmaMemcpyJob, remote, addr, local, local.addr)
+        for _ in range(repeat):
+            runs["RDMA WRITE"].append(stream(rwq, RdmaWriteJob, local, local.addr, remote, addr))
+            runs["host->DPU"].append(stream(workq, DmaMemcpyJob, remote, addr, local, local.addr))
+            runs["DPU->host"].append(stream(workq, DmaMemcpyJob, local, local.addr, remote, addr))
+        dma.stop()
+        remote.destroy()
+        local.destroy()
+        chan.send(json.dumps(runs).encode())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=64, help="MiB copied per run (default 64)")
@@ -148,10 +296,19 @@ def main() -> None:
         "--chunk", type=int, default=1024, help="KiB per DMA job, 0 for one job (default 1024)"
     )
     parser.add_argument("--repeat", type=int, default=9, help="runs; the median is reported (default 9)")
+    parser.add_argument("--rdma", action="store_true", help="between machines: DMA over RDMA vs RDMA WRITE")
+    parser.add_argument(
+        "--addrs", default="127.0.77.1,127.0.77.2", help="--rdma: host,DPU soft device addresses"
+    )
     parser.add_argument("--dpu", metavar="SERVICE", help=argparse.SUPPRESS)  # the child process
+    parser.add_argument("--rdma-dpu", metavar="SERVICE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.dpu:
         dpu(args.dpu, args.chunk)
+    elif args.rdma_dpu:
+        rdma_dpu(args.rdma_dpu, args.chunk, args.addrs)
+    elif args.rdma:
+        rdma_host(args)
     else:
         host(args)
 

@@ -21,6 +21,14 @@ The DMA Copy protocol (the application's ``comch_msg`` types, as JSON)::
     source side:  its sha256 (host: in export; DPU: copied {sha256})
     dest side:    verifies, renames the file into place, status {ok: true}
 
+Across machines (``--transport rdma``, the default with a ``tcp:HOST:PORT``
+service) the host exports its file buffer with ``export_rdma`` and each side
+opens a soft RDMA device (``--device``, by default the comm channel's local
+address). The DPU's direction reply carries its RDMA connection descriptor,
+the host connects and sends its own with the export, the DPU connects and
+its DMA jobs run as RDMA READs and WRITEs on that connection (`Dma.set_rdma`);
+the host's side answers them while it waits for the DPU's messages.
+
 Either side sends status {ok: false, error} when it fails, and a side that
 goes away is noticed on the channel (CONNECTION_RESET). A destination file is
 written unnamed (``O_TMPFILE``) and linked into place only once its checksum
@@ -31,6 +39,7 @@ import argparse
 import dataclasses
 import errno
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -57,11 +66,13 @@ from rdmakit.doca import (
     DocaError,
     DocaErrorCode,
     Mmap,
+    Rdma,
     SharedMemory,
     WorkQ,
     devinfo_list,
     local_devinfo,
 )
+from rdmakit.transport.driver import wait_readable
 
 log = logging.getLogger("rdmakit.dma")
 
@@ -74,6 +85,7 @@ _DEPTH = 16  # DMA jobs in flight
 _HASH_BLOCK = 16 << 20
 _PROGRESS_MIN = 8 << 20  # files this large get a progress bar on a TTY
 _HEARTBEAT = 0.25  # seconds between progress messages on the channel
+_POLL_CHANNEL = 0.05  # over RDMA the host waits on its device, looking at the channel this often
 _PCI = re.compile(r"(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 
@@ -253,8 +265,19 @@ def _started_mmap(dev: Dev, memory: memoryview, access: AccessFlag) -> Mmap:
 # The DMA Copy protocol
 
 _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
-    "direction": {"file_in_host": (bool,), "file_size": (int,)},
-    "export": {"addr": (int,), "length": (int,), "descriptor": (str, type(None)), "sha256": (str,)},
+    "direction": {
+        "file_in_host": (bool,),
+        "file_size": (int,),
+        "transport": (str,),
+        "connection": (str, type(None)),
+    },
+    "export": {
+        "addr": (int,),
+        "length": (int,),
+        "descriptor": (str, type(None)),
+        "sha256": (str,),
+        "connection": (str, type(None)),
+    },
     "progress": {"phase": (str,), "done": (int,), "total": (int,)},
     "copied": {"sha256": (str,)},
     "status": {"ok": (bool,), "error": (str,)},
@@ -273,6 +296,8 @@ class _Link:
         self.peer = peer  # "host" or "DPU"
         self.timeout = timeout
         self._last_beat = 0.0
+        # Over RDMA the host's device must answer the DPU's requests while the host waits here.
+        self.rdma_wq: WorkQ | None = None
 
     def send(self, kind: str, *, fds: tuple[int, ...] = (), **fields: Any) -> None:
         data = json.dumps({"type": kind, **fields}, separators=(",", ":")).encode()
@@ -329,7 +354,7 @@ class _Link:
     def recv(self, want: str, bar: _Progress | None = None) -> tuple[dict[str, Any], list[int]]:
         """The next `want` message; progress messages restart the timeout (and copy progress drives `bar`)."""
         while True:
-            data, fds = self.chan.recv_fds(self.timeout)
+            data, fds = self._next() if self.rdma_wq is not None else self.chan.recv_fds(self.timeout)
             try:
                 msg = self._decode(data)
                 if msg["type"] == "status" and not msg["ok"]:
@@ -348,6 +373,26 @@ class _Link:
                     os.close(fd)
                 raise
             return msg, fds
+
+    def _next(self) -> tuple[bytes, list[int]]:
+        """`CommChannel.recv_fds`, pumping the RDMA device meanwhile (an event-driven WorkQ)."""
+        wq = self.rdma_wq
+        assert wq is not None
+        deadline = time.monotonic() + self.timeout
+        while (data := self.chan.try_recv()) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DocaError(
+                    DocaErrorCode.TIME_OUT,
+                    f"comm channel {self.chan.service!r}: nothing from the {self.peer} "
+                    f"after {self.timeout:g} s",
+                )
+            while wq.progress_retrieve() is not None:
+                pass
+            wq.arm()
+            if wait_readable(wq.fileno(), min(left, _POLL_CHANNEL)):
+                wq.clear()
+        return data, []
 
     def _decode(self, data: bytes) -> dict[str, Any]:
         try:
@@ -376,11 +421,20 @@ def _copy_chunks(
     chunk: int,
     bar: _Progress,
     pause: float,
+    rdma: Rdma | None = None,
 ) -> None:
-    """Copy `size` bytes from the start of `src` to the start of `dst`, `chunk` bytes per DMA job."""
+    """Copy `size` bytes from the start of `src` to the start of `dst`, `chunk` bytes per DMA job.
+
+    With `rdma` (a connected context on `dev`) one of the mmaps may be the host's, over RDMA.
+    """
     with ExitStack() as stack:
         dma = stack.enter_context(Dma(dev))
         workq = stack.enter_context(WorkQ(_DEPTH))
+        if rdma is not None:
+            # Closed on the way out (the copy is its only use): a failed copy's pieces still on
+            # the connection are flushed, so the mmaps they use can be destroyed.
+            stack.callback(rdma.close)
+            dma.set_rdma(rdma)
         chunk = max(1, min(chunk, dma.max_buf_size))
         inventory = BufInventory(2 * _DEPTH)
         inventory.start()
@@ -396,6 +450,7 @@ def _copy_chunks(
 
         stack.callback(release_all)
         offset = done = inflight = 0
+        last_check = time.monotonic()
         while done < size:
             while inflight < _DEPTH and offset < size:
                 n = min(chunk, size - offset)
@@ -408,6 +463,9 @@ def _copy_chunks(
                 inflight += 1
             event = workq.progress_retrieve()
             if event is None:
+                if rdma is not None and time.monotonic() - last_check > _HEARTBEAT:
+                    last_check = time.monotonic()
+                    link.check_peer()  # over RDMA a job waits for the host: notice it going away
                 continue
             inflight -= 1
             job = event.job
@@ -417,6 +475,7 @@ def _copy_chunks(
                 buf.dec_refcount()
             if not event.ok:
                 assert event.error is not None
+                link.check_peer()  # a host that went away explains a failed RDMA job best
                 raise event.error
             assert isinstance(event.result, int)
             done += event.result
@@ -452,6 +511,73 @@ def _dma_copy(args: argparse.Namespace) -> int:
         return _dpu(args, dev, stack)
 
 
+def _transport(args: argparse.Namespace) -> str:
+    """``shm`` (one machine: shared memory) or ``rdma`` (between machines); auto picks by the service."""
+    if args.transport != "auto":
+        return str(args.transport)
+    return "rdma" if str(args.service).startswith("tcp:") else "shm"
+
+
+def _check_transport(mine: str, theirs: str, peer: str) -> None:
+    if theirs != mine:
+        raise CliError(
+            f"the {peer} copies over {theirs}, this side over {mine}: give both the same --transport"
+        )
+
+
+def _local_tcp_address(fd: int) -> str | None:
+    """The local address of the TCP socket `fd`, from /proc (this layer does not import socket)."""
+    try:
+        inode = os.readlink(f"/proc/self/fd/{fd}").removeprefix("socket:[").removesuffix("]")
+        for table, width in (("tcp", 4), ("tcp6", 16)):
+            with open(f"/proc/self/net/{table}") as f:
+                for line in f.readlines()[1:]:
+                    fields = line.split()
+                    if fields[9] == inode:
+                        raw = bytes.fromhex(fields[1].split(":")[0])
+                        # /proc prints each 32-bit word in host (little-endian) order
+                        packed = b"".join(raw[i : i + 4][::-1] for i in range(0, width, 4))
+                        ip = ipaddress.ip_address(packed)
+                        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                            return str(ip.ipv4_mapped)
+                        return str(ip)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class _RdmaSide:
+    """A soft RDMA device and a started `Rdma` context on it, polled through an event-driven WorkQ."""
+
+    def __init__(
+        self, args: argparse.Namespace, chan: CommChannel, stack: ExitStack, perms: AccessFlag
+    ) -> None:
+        spec = args.device
+        if spec is None:  # the address this side of the comm channel uses
+            spec = _local_tcp_address(chan.fileno())
+            if spec is None:
+                raise CliError("--device is needed: the comm channel is not TCP, so it names no address")
+        try:
+            self.dev = stack.enter_context(Dev.open(spec))
+        except DocaError as exc:
+            hint = "" if args.device else " (choose an address with --device)"
+            raise CliError(f"cannot open RDMA device {spec!r}: {exc.message}{hint}") from exc
+        log.info("RDMA device %s", self.dev.name)
+        self.wq = WorkQ(4, event_driven=True)
+        stack.callback(self.wq.close)
+        self.rdma = Rdma()
+        stack.callback(self.rdma.close)  # before the WorkQ, the mmaps and the device
+        self.rdma.add_dev(self.dev)
+        self.rdma.set_permissions(AccessFlag.LOCAL_READ_WRITE | perms)
+        self.rdma.workq_add(self.wq)
+        self.rdma.start()
+
+    def connect(self, descriptor: object, peer: str) -> None:
+        if not isinstance(descriptor, str):
+            raise CliError(f"protocol error: the {peer} sent no RDMA connection descriptor")
+        self.rdma.connect(descriptor.encode())
+
+
 def _host(args: argparse.Namespace, dev: Dev, stack: ExitStack) -> int:
     path: str = args.file
     size = _local_file(path)
@@ -481,10 +607,22 @@ def _host_flow(
         log.info("%s is on the host: it will be copied to the DPU", path)
     else:
         log.info("%s is not on the host: it will be copied from the DPU", path)
-    link.send("direction", file_in_host=size is not None, file_size=size or 0)
+    transport = _transport(args)
+    link.send(
+        "direction", file_in_host=size is not None, file_size=size or 0, transport=transport, connection=None
+    )
     reply, _ = link.recv("direction")
+    _check_transport(transport, reply["transport"], "DPU")
     if reply["file_in_host"] != (size is not None):
         raise CliError("protocol error: the DPU disagrees about where the file is")
+    side: _RdmaSide | None = None
+    if transport == "rdma":
+        # The DPU writes the new file, or reads the existing one.
+        perms = AccessFlag.RDMA_WRITE if size is None else AccessFlag.RDMA_READ
+        side = _RdmaSide(args, link.chan, stack, perms)
+        side.connect(reply["connection"], "DPU")
+        link.rdma_wq = side.wq
+        dev = side.dev
     if size is None:
         size = int(reply["file_size"])
         if size < 0:
@@ -492,20 +630,26 @@ def _host_flow(
         dest = _Destination(path, size)
         stack.callback(dest.discard)
         memory = stack.enter_context(SharedMemory.from_fd(dest.fd, writable=True)) if size else None
-        access = AccessFlag.LOCAL_READ_WRITE | AccessFlag.PCI_READ_WRITE
+        access = AccessFlag.LOCAL_READ_WRITE | (
+            AccessFlag.PCI_READ_WRITE if side is None else AccessFlag.RDMA_WRITE
+        )
         digest = ""
     else:
         dest, memory = None, source
-        access = AccessFlag.PCI_READ_ONLY
+        access = AccessFlag.PCI_READ_ONLY if side is None else AccessFlag.RDMA_READ
         digest = link.digest(source.buf if source else None, "hash")
+    connection = None if side is None else side.rdma.export().decode()
     if memory is not None:
         mmap = _started_mmap(dev, memory.buf, access)
         stack.callback(mmap.destroy)
-        descriptor: str | None = mmap.export_dpu(dev).decode()
-        fds = (memory.fd,) if link.chan.fd_passing else ()
-        link.send("export", addr=mmap.addr, length=size, descriptor=descriptor, sha256=digest, fds=fds)
+        exported = mmap.export_dpu(dev) if side is None else mmap.export_rdma(dev)
+        fds = (memory.fd,) if link.chan.fd_passing and side is None else ()
+        link.send(
+            "export", addr=mmap.addr, length=size, descriptor=exported.decode(), sha256=digest,
+            connection=connection, fds=fds,
+        )  # fmt: skip
     else:
-        link.send("export", addr=0, length=0, descriptor=None, sha256=digest)
+        link.send("export", addr=0, length=0, descriptor=None, sha256=digest, connection=connection)
     bar = _Progress("DPU copying", size)
     stack.callback(bar.abandon)
     if dest is None:
@@ -550,6 +694,8 @@ def _dpu(args: argparse.Namespace, dev: Dev, stack: ExitStack) -> int:
 def _dpu_flow(args: argparse.Namespace, dev: Dev, stack: ExitStack, link: _Link, size: int | None) -> int:
     path: str = args.file
     request, _ = link.recv("direction")
+    transport = _transport(args)
+    _check_transport(transport, request["transport"], "host")
     host_has = request["file_in_host"]
     if host_has and size is not None:
         raise CliError(f"{path} exists on both the host and the DPU: which way to copy?")
@@ -569,11 +715,21 @@ def _dpu_flow(args: argparse.Namespace, dev: Dev, stack: ExitStack, link: _Link,
         log.info("%s will be copied to the host (%d bytes)", path, size)
         local = stack.enter_context(SharedMemory.from_file(path)) if size else None
         access = AccessFlag.LOCAL_READ_ONLY
-    link.send("direction", file_in_host=host_has, file_size=0 if host_has else size)
+    side: _RdmaSide | None = None
+    if transport == "rdma":
+        side = _RdmaSide(args, link.chan, stack, AccessFlag.LOCAL_READ_WRITE)  # the DPU only requests
+        dev = side.dev
+    connection = None if side is None else side.rdma.export().decode()
+    link.send(
+        "direction", file_in_host=host_has, file_size=0 if host_has else size, transport=transport,
+        connection=connection,
+    )  # fmt: skip
     export, fds = link.recv("export")
     stack.callback(_close_all, fds)
     if export["length"] != size or (size and export["descriptor"] is None):
         raise CliError("protocol error: the host exported the wrong size")
+    if side is not None:
+        side.connect(export["connection"], "host")
     if local is not None:
         remote = Mmap.create_from_export(export["descriptor"].encode(), dev, fd=fds[0] if fds else None)
         stack.callback(remote.destroy)
@@ -584,7 +740,10 @@ def _dpu_flow(args: argparse.Namespace, dev: Dev, stack: ExitStack, link: _Link,
         src, dst = (remote, mine) if host_has else (mine, remote)
         bar = _Progress("copying", size)
         stack.callback(bar.abandon)
-        _copy_chunks(link, dev, src, dst, size, chunk=args.chunk_size, bar=bar, pause=args.pause)
+        _copy_chunks(
+            link, dev, src, dst, size, chunk=args.chunk_size, bar=bar, pause=args.pause,
+            rdma=None if side is None else side.rdma,
+        )  # fmt: skip
         bar.done()
         log.info("DMA copy of %d bytes done", size)
     if dest is None:
@@ -866,6 +1025,16 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--chunk-size", type=int, default=DEFAULT_CHUNK, metavar="BYTES",
         help=f"bytes per DMA job (default {DEFAULT_CHUNK})",
+    )  # fmt: skip
+    p.add_argument(
+        "--transport", choices=("auto", "shm", "rdma"), default="auto",
+        help="shm: one machine, shared memory; rdma: between machines, DMA jobs as RDMA READ/WRITE "
+        "(default: rdma for a tcp: service, else shm); the same on both sides",
+    )  # fmt: skip
+    p.add_argument(
+        "--device", metavar="ADDR",
+        help="RDMA transport: this side's soft RDMA device, e.g. 127.0.0.2, udp:ADDR or tcp:ADDR "
+        "(default: the address the comm channel uses here)",
     )  # fmt: skip
     p.add_argument(
         "--pause", type=float, default=0.0, help=argparse.SUPPRESS
