@@ -36,8 +36,10 @@ TransportName = Literal["roce-udp", "tcp"]
 #: Largest path MTU the TCP transport negotiates (frames may exceed RoCE MTUs).
 TCP_MTU = 1 << 20
 #: Retransmit timeout exponent per transport: 4.096 µs × 2^n (IBTA §9.7.6.1.3).
-#: TCP delivers reliably, so its timer only has to notice a peer that stopped.
-DEFAULT_TIMEOUT = {"roce-udp": 14, "tcp": 18}
+#: 16 (268 ms) rather than hardware's usual 14: a Python pump starved of CPU
+#: must not mistake its own delay for loss. TCP delivers reliably, so its timer
+#: only has to notice a peer that stopped.
+DEFAULT_TIMEOUT = {"roce-udp": 16, "tcp": 18}
 #: GRO batches read per ``progress`` before the timers and transmit get a turn.
 MAX_RX_BATCHES = 64
 #: Idle ``progress`` calls between full scans of the QPs' deadlines (the
