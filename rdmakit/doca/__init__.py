@@ -115,6 +115,7 @@ from rdmakit.doca.sync_event import (
     SyncEventWaitEqJob,
     SyncEventWaitGtJob,
 )
+from rdmakit.doca.verbs_glue import install as _install_verbs
 
 __all__ = [
     "COMCH_MAX_MSG_LIMIT",
@@ -206,3 +207,4 @@ __all__ = [
 ]
 
 _install_soft()
+_install_verbs()

@@ -487,7 +487,10 @@ class Mmap:
         if not self._permissions & _RDMA_FLAGS:
             raise DocaError(DocaErrorCode.NOT_PERMITTED, "export_rdma: no RDMA_READ/WRITE/ATOMIC permission")
         reg = self.registration(dev)
-        gids = dev.backend.gids
+        # The GID the device's queue pairs use (a verbs device selects its RoCEv2 one;
+        # gids[0] there is often link-local), else the first.
+        selected = getattr(dev.backend, "gid", None)
+        gids = [selected] if selected is not None else list(dev.backend.gids)
         if not gids:
             raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{dev.name} has no GID to export")
         desc = MmapDescriptor(

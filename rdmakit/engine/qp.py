@@ -553,6 +553,13 @@ class QueuePair:
             self.resp.on_request(pkt, info)
         elif self._tx:
             on_response(self, self.req, pkt, info, now)
+            if self._tx:
+                # Any response re-arms the retransmit timer while requests are outstanding,
+                # not only one that acknowledges new PSNs (rxe rxe_comp.c COMPST_EXIT): a slow
+                # responder still answering our duplicates is alive, and retrying it again
+                # only adds duplicates it must answer first (a retransmission storm that ends
+                # in RETRY_EXC_ERR without any loss).
+                self.req.restart_timer(now)
         else:
             stats.drop("qp_state")
 

@@ -713,3 +713,21 @@ def test_nak_for_a_read_retried_from_its_middle() -> None:
     assert statuses(p) == [(1, S.REM_ACCESS_ERR)]
     assert a.state is QpState.ERR
     assert b.state is QpState.ERR
+
+
+def test_slow_responder_is_not_retried_into_retry_exc() -> None:
+    """A responder slower than the timeout but answering is alive (rxe rxe_comp.c COMPST_EXIT).
+
+    Any response re-arms the retransmit timer; before, only new acknowledgements
+    did, and go-back-N duplicates on a 1 MB/s link ended in RETRY_EXC_ERR with
+    nothing lost.
+    """
+    size = 1 << 20
+    p = make_pair(1, mem_size=size, timeout=14, retry_cnt=6)
+    p.net.link_faults[("a", "b")] = Faults(rate=1e6)
+    fill(p.a.mem, random.Random(1))
+    wr = send_wr(1, WrOpcode.RDMA_WRITE, (p.a.sge(0, size),), remote_addr=p.b.mr.addr, rkey=p.b.mr.rkey)
+    p.a.qp.post_send(wr)
+    assert p.run_until_completions(1, max_time=60)
+    assert p.a.sent[0].status is WcStatus.SUCCESS
+    assert p.b.mem == p.a.mem
