@@ -12,6 +12,7 @@ from ipaddress import IPv6Address
 
 from rdmakit.cli.common import CliError, add_general_flags, run
 from rdmakit.doca import DevInfo, DocaError, JobType, devinfo_list, find_devinfo
+from rdmakit.verbs import pyverbs_missing
 
 log = logging.getLogger("rdmakit.devices")
 
@@ -50,6 +51,12 @@ def _devices(args: argparse.Namespace) -> int:
             raise CliError(f"no device matches {args.name!r} (see 'rdmakit devices')") from None
     else:
         infos = devinfo_list()
+    if not any(i.kind == "verbs" for i in infos):
+        reason = (
+            pyverbs_missing()
+            or "pyverbs imports, but no verbs device (rxe, mlx5) is in /sys/class/infiniband"
+        )
+        log.debug("no verbs devices: %s", reason)
     rows = [_describe(i) for i in infos]
     if args.json_out:
         print(json.dumps(rows, indent=2))
