@@ -630,6 +630,10 @@ def _host_flow(
         dest = _Destination(path, size)
         stack.callback(dest.discard)
         memory = stack.enter_context(SharedMemory.from_fd(dest.fd, writable=True)) if size else None
+        if side is not None:
+            # Unwinding closes the connection before the memory: its queue pair may hold a
+            # view of the memory for a write the DPU never finished.
+            stack.callback(side.rdma.close)
         access = AccessFlag.LOCAL_READ_WRITE | (
             AccessFlag.PCI_READ_WRITE if side is None else AccessFlag.RDMA_WRITE
         )

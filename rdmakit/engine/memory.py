@@ -43,10 +43,13 @@ class MemoryRegion:
 class ProtectionDomain:
     """The memory registration table shared by the QPs of one PD (``ibv_pd``)."""
 
-    __slots__ = ("_by_lkey", "_by_rkey", "_rng")
+    __slots__ = ("_by_lkey", "_by_rkey", "_rng", "generation")
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
+        #: Bumped by every deregistration: a responder holding a slice resolved
+        #: earlier re-checks its R_Key before writing through it again.
+        self.generation = 0
         self._by_lkey: dict[int, MemoryRegion] = {}
         self._by_rkey: dict[int, MemoryRegion] = {}
 
@@ -98,6 +101,7 @@ class ProtectionDomain:
             del self._by_lkey[mr.lkey]
         if self._by_rkey.get(mr.rkey) is mr:
             del self._by_rkey[mr.rkey]
+        self.generation += 1
 
     def __iter__(self) -> Iterator[MemoryRegion]:
         return iter(list(self._by_lkey.values()))

@@ -150,8 +150,26 @@ class Responder:
     """Receive-side state of one QP."""
 
     __slots__ = (
-        "ack_psn", "cur_recv", "in_msg", "min_rnr_timer", "msn", "mtu", "out", "psn", "qp",
-        "recv_off", "res_head", "resources", "rq", "sent_psn_nak", "w_len", "w_off", "w_resid",
+        "ack_psn",
+        "cur_recv",
+        "in_msg",
+        "min_rnr_timer",
+        "msn",
+        "mtu",
+        "out",
+        "psn",
+        "qp",
+        "recv_off",
+        "res_head",
+        "resources",
+        "rq",
+        "sent_psn_nak",
+        "w_gen",
+        "w_len",
+        "w_off",
+        "w_resid",
+        "w_rkey",
+        "w_va",
         "w_view",
     )  # fmt: skip
 
@@ -172,6 +190,8 @@ class Responder:
         self.cur_recv: RecvWqe | None = None
         self.recv_off = 0
         self.w_view: memoryview | None = None
+        #: The RETH of the WRITE in progress and the PD generation its slice was resolved in.
+        self.w_rkey = self.w_va = self.w_gen = 0
         self.w_off = 0
         self.w_resid = 0
         self.w_len = 0
@@ -293,6 +313,8 @@ class Responder:
             view = self.w_view
             if self.in_msg is not _WRITE or plen >= resid or view is None:
                 return False
+            if self.w_gen != self.qp.pd.generation:
+                return False  # memory was deregistered meanwhile: the generic path re-checks
             if not self.qp.access_bits & _REMOTE_WRITE:
                 return False
             off = self.w_off
@@ -450,6 +472,7 @@ class Responder:
                 else:
                     view = None
                 self.w_view = view
+                self.w_rkey, self.w_va, self.w_gen = reth.rkey, reth.va, qp.pd.generation
                 self.w_off = 0
                 self.w_len = self.w_resid = length
             resid = self.w_resid
@@ -457,6 +480,14 @@ class Responder:
                 self._fail_rwqe(rwqe, WcStatus.REM_INV_REQ_ERR)
                 raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
             if plen:
+                if self.w_gen != qp.pd.generation:
+                    # Something was deregistered since the FIRST packet: the rest of the
+                    # message may only land if its R_Key still grants the range.
+                    self.w_view = qp.pd.remote_slice(self.w_rkey, self.w_va, self.w_len, Access.REMOTE_WRITE)
+                    self.w_gen = qp.pd.generation
+                    if self.w_view is None:
+                        self._fail_rwqe(rwqe, WcStatus.REM_ACCESS_ERR)
+                        raise _Fatal(NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
                 view = self.w_view
                 assert view is not None
                 off = self.w_off

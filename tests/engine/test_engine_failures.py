@@ -8,8 +8,11 @@ from engine_harness import ALL_ACCESS, Faults, Pair, fill, make_pair, pump, recv
 from rdmakit.engine import (
     SGE,
     Access,
+    CompletionQueue,
     EngineError,
+    ProtectionDomain,
     QpState,
+    QueuePair,
     SendWR,
     WcOpcode,
     WcStatus,
@@ -731,3 +734,37 @@ def test_slow_responder_is_not_retried_into_retry_exc() -> None:
     assert p.run_until_completions(1, max_time=60)
     assert p.a.sent[0].status is WcStatus.SUCCESS
     assert p.b.mem == p.a.mem
+
+
+def test_no_write_lands_after_its_memory_is_deregistered() -> None:
+    """The rest of a WRITE after ibv_dereg_mr finds no R_Key: remote access error, nothing written."""
+    rng = random.Random(5)
+    pda, pdb = ProtectionDomain(rng), ProtectionDomain(rng)
+    cqa, cqb = CompletionQueue(16), CompletionQueue(16)
+    qa = QueuePair(pda, qpn=0x10, send_cq=cqa, recv_cq=cqa, rng=rng)
+    qb = QueuePair(pdb, qpn=0x20, send_cq=cqb, recv_cq=cqb, rng=rng)
+    for q, peer in ((qa, 0x20), (qb, 0x10)):
+        q.modify(QpState.INIT, port=1, pkey_index=0, access=int(ALL_ACCESS))
+        q.modify(
+            QpState.RTR, path_mtu=1024, dest_qpn=peer, rq_psn=100, max_dest_rd_atomic=4, min_rnr_timer=12
+        )
+        q.modify(QpState.RTS, timeout=14, retry_cnt=6, rnr_retry=7, sq_psn=100, max_rd_atomic=4)
+    src, dst = bytearray(b"\x5a" * 8192), bytearray(8192)
+    mra = pda.register(src, 0x1000, Access.LOCAL_WRITE)
+    mrb = pdb.register(dst, 0x9000, ALL_ACCESS)
+    qa.post_send(
+        send_wr(1, WrOpcode.RDMA_WRITE, (SGE(0x1000, 8192, mra.lkey),), remote_addr=0x9000, rkey=mrb.rkey)
+    )
+    pkts = qa.poll_transmit(0.0)
+    assert len(pkts) == 8
+    qb.receive(pkts[0], 0.0)  # FIRST lands
+    assert dst[:1024] == src[:1024]
+    pdb.deregister(mrb)
+    for p in pkts[1:]:
+        qb.receive(p, 0.0)
+    assert dst[1024:] == bytes(7168)  # nothing after the deregistration
+    for p in qb.poll_transmit(0.0):
+        qa.receive(p, 0.0)
+    (wc,) = cqa.poll(4)
+    assert wc.status is WcStatus.REM_ACCESS_ERR
+    assert qb.state is QpState.ERR
