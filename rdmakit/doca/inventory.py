@@ -171,7 +171,34 @@ class BufInventory:
         return f"<BufInventory {self._top}/{self._num_elements} free>"
 
 
-class BufPool:
+class _Started:
+    """Lifetime shared by the pool and the array: destroy stops first; idempotent; a context manager."""
+
+    _started: bool
+    _destroyed: bool
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def destroy(self) -> None:
+        """Idempotent; IN_USE while any element is still in use (``doca_buf_pool_destroy``)."""
+        if self._destroyed:
+            return
+        if self._started:
+            self.stop()
+        self._destroyed = True
+
+    def close(self) -> None:
+        self.destroy()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.destroy()
+
+
+class BufPool(_Started):
     """An mmap cut into `num_elements` buffers of `element_size` bytes (``doca_buf_pool``)."""
 
     def __init__(
@@ -269,22 +296,6 @@ class BufPool:
         self._mmap._num_bufs -= self._num_elements
         self._started = False
 
-    def destroy(self) -> None:
-        """Idempotent; IN_USE while any element is allocated (``doca_buf_pool_destroy``)."""
-        if self._destroyed:
-            return
-        if self._started:
-            self.stop()
-        self._destroyed = True
-
-    close = destroy
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.destroy()
-
     def _cannot_alloc(self) -> DocaError:
         if not self._started:
             return DocaError(DocaErrorCode.BAD_STATE, "buf pool is not started")
@@ -311,7 +322,7 @@ class BufPool:
         return f"<BufPool {self._top}/{self._num_elements} free x {self._element_size} bytes>"
 
 
-class BufArray:
+class BufArray(_Started):
     """Fixed-size buffers over an mmap, addressed by index (``doca_buf_arr``).
 
     Elements are permanent: dropping an element's last reference resets it
@@ -379,22 +390,6 @@ class BufArray:
         for buf in self._bufs:
             buf._refcount = 0
         self._started = False
-
-    def destroy(self) -> None:
-        """Idempotent."""
-        if self._destroyed:
-            return
-        if self._started:
-            self.stop()
-        self._destroyed = True
-
-    close = destroy
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.destroy()
 
     def __len__(self) -> int:
         return self._num_elements
