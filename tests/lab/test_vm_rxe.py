@@ -13,93 +13,31 @@ import math
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
+from labvm import GUEST_ADDR, LabGuest, skip_reason
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = REPO / "scripts"
-LAB_DIR = Path(os.environ.get("RDMAKIT_LAB_DIR", REPO / "build" / "lab"))
-IMAGE_FILES = ("rootfs.ext4", "vmlinuz", "initrd.img")
 # One guest per xdist worker: instances have their own namespaces and run folder.
 INSTANCE = "pytest-" + os.environ.get("PYTEST_XDIST_WORKER", "main")
-GUEST_ADDR = "10.77.0.2"
-HOST_NETNS = f"rdmakit-host-{INSTANCE}"
-BUILD_TIMEOUT_S = 900
-BOOT_TIMEOUT_S = 420
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1500)]
-
-
-def _skip_reason() -> str | None:
-    want = os.environ.get("RDMAKIT_LAB", "")
-    if want == "0":
-        return "RDMAKIT_LAB=0"
-    if not sys.platform.startswith("linux"):
-        return "the lab needs Linux"
-    if os.geteuid() != 0:
-        return "the lab needs root (network namespaces, tap device)"
-    if shutil.which("qemu-system-x86_64") is None:
-        return "qemu-system-x86_64 missing: run scripts/install-lab-deps.sh"
-    if not Path("/dev/net/tun").exists():
-        return "/dev/net/tun missing"
-    missing = [f for f in IMAGE_FILES if not (LAB_DIR / f).is_file()]
-    if missing and want != "1":
-        return (
-            f"lab image not built ({LAB_DIR}: no {', '.join(missing)}): run scripts/lab-build-vm.sh, "
-            "or set RDMAKIT_LAB=1 to build it from the test run"
-        )
-    if missing and shutil.which("mmdebstrap") is None:
-        return "mmdebstrap missing (needed to build the lab image): run scripts/install-lab-deps.sh"
-    return None
-
-
-_reason = _skip_reason()
+_reason = skip_reason()
 if _reason is not None:
     pytestmark.append(pytest.mark.skip(reason=_reason))
 
 
-def _lab(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, RDMAKIT_LAB_INSTANCE=INSTANCE)
-    return subprocess.run(
-        [str(SCRIPTS / "lab-run.sh"), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
-    )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Guest:
-    """A running lab guest; ``ready`` is the guest's report (KERNEL, NIC, GID_INDEX, ...)."""
-
-    ready: dict[str, str]
-
-    def run(self, *cmd: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-        """Runs CMD in the guest (cwd: the checkout) and returns its status and output."""
-        return _lab("exec", "-q", "--timeout", str(timeout), "--", *cmd, timeout=timeout + 60)
-
-    def start(self, *cmd: str, timeout: int = 300) -> int:
-        """Starts CMD in the guest in the background; returns its job ID."""
-        res = _lab("exec", "-q", "--bg", "--timeout", str(timeout), "--", *cmd, timeout=60)
-        assert res.returncode == 0, res.stderr
-        return int(res.stdout.strip())
-
-    def wait(self, job: int, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-        """Collects a background job: its status and whole output."""
-        return _lab("wait", "-q", "--timeout", str(timeout), str(job), timeout=timeout + 60)
+@dataclass(frozen=True, slots=True)
+class Guest(LabGuest):
+    """A running lab guest, with the checks these tests make."""
 
     def job_stderr(self, job: int) -> str:
         """What the job has written to stderr so far (read from the run folder)."""
-        path = LAB_DIR / "run" / INSTANCE / "share" / "jobs" / f"{job}.err"
+        path = self.share / "jobs" / f"{job}.err"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def check(self, *cmd: str, timeout: int = 300) -> str:
@@ -113,23 +51,12 @@ class Guest:
 
 @pytest.fixture(scope="module")
 def guest() -> Iterator[Guest]:
-    if os.environ.get("RDMAKIT_LAB") == "1":
-        build = subprocess.run(
-            [str(SCRIPTS / "lab-build-vm.sh")],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
-        )
-        assert build.returncode == 0, f"lab-build-vm.sh failed:\n{build.stderr[-4000:]}"
-    started = _lab("start", timeout=BOOT_TIMEOUT_S)
+    g = Guest.boot(INSTANCE)
+    assert isinstance(g, Guest)
     try:
-        assert started.returncode == 0, f"lab-run.sh start failed:\n{started.stderr[-4000:]}"
-        ready_file = LAB_DIR / "run" / INSTANCE / "share" / "ready"
-        ready = dict(line.split("=", 1) for line in ready_file.read_text().splitlines() if "=" in line)
-        yield Guest(ready=ready)
+        yield g
     finally:
-        _lab("stop", timeout=120)
+        g.stop()
 
 
 def _fields(text: str) -> dict[str, str]:
@@ -157,11 +84,11 @@ def _client_part(text: str) -> str:
 
 
 def test_guest_reports_rxe0_ready(guest: Guest) -> None:
-    assert guest.ready["RXE"] == "rxe0"
-    assert guest.ready["KERNEL"].endswith("-amd64")
+    assert guest.ready()["RXE"] == "rxe0"
+    assert guest.ready()["KERNEL"].endswith("-amd64")
     # The IPv4-mapped RoCEv2 GID carries the guest's address 10.77.0.2 = 0a4d:0002.
-    assert guest.ready["GID"] == "0000:0000:0000:0000:0000:ffff:0a4d:0002"
-    assert int(guest.ready["GID_INDEX"]) >= 1
+    assert guest.ready()["GID"] == "0000:0000:0000:0000:0000:ffff:0a4d:0002"
+    assert int(guest.ready()["GID_INDEX"]) >= 1
 
 
 def test_ibv_devices_lists_rxe0(guest: Guest) -> None:
@@ -184,16 +111,16 @@ def test_rxe_setup_check_shows_gid_table(guest: Guest) -> None:
     out = guest.check("scripts/rxe-setup.sh", "check")
     gids = [line.split("\t") for line in out.splitlines() if re.match(r"^\d+\t", line)]
     by_index = {int(g[0]): g for g in gids}
-    row = by_index[int(guest.ready["GID_INDEX"])]
+    row = by_index[int(guest.ready()["GID_INDEX"])]
     assert row[1] == "RoCE v2"
-    assert row[2] == guest.ready["GID"]
-    assert row[3] == guest.ready["NIC"]
+    assert row[2] == guest.ready()["GID"]
+    assert row[3] == guest.ready()["NIC"]
     assert "state ACTIVE" in out
 
 
 def test_host_namespace_reaches_guest_root_namespace_untouched(guest: Guest) -> None:
     ping = subprocess.run(
-        ["ip", "netns", "exec", HOST_NETNS, "ping", "-c", "2", "-W", "5", GUEST_ADDR],
+        ["ip", "netns", "exec", guest.host_netns, "ping", "-c", "2", "-W", "5", GUEST_ADDR],
         capture_output=True,
         text=True,
         timeout=60,
@@ -245,7 +172,7 @@ def test_host_udp_reaches_guest_unmodified(guest: Guest) -> None:
         "-c",
         "1",
         "-i",
-        guest.ready["NIC"],
+        guest.ready()["NIC"],
         "-nn",
         "-v",
         "udp",
@@ -261,7 +188,7 @@ def test_host_udp_reaches_guest_unmodified(guest: Guest) -> None:
     else:
         pytest.fail(f"tcpdump did not start in the guest: {guest.job_stderr(job)!r}")
     subprocess.run(
-        ["ip", "netns", "exec", HOST_NETNS, sys.executable, "-c", _SEND_ONE, GUEST_ADDR],
+        ["ip", "netns", "exec", guest.host_netns, sys.executable, "-c", _SEND_ONE, GUEST_ADDR],
         check=True,
         timeout=30,
     )
@@ -302,14 +229,14 @@ print(json.dumps(dict(names=names, state=port.state, active_mtu=port.active_mtu,
 
 
 def test_pyverbs_lists_rxe0(guest: Guest) -> None:
-    probe = _PYVERBS_PROBE.format(gid_index=int(guest.ready["GID_INDEX"]))
+    probe = _PYVERBS_PROBE.format(gid_index=int(guest.ready()["GID_INDEX"]))
     out = guest.check("python3", "-c", probe)
     got = json.loads(out.strip().splitlines()[-1])
     assert got["names"] == ["rxe0"]
     assert got["state"] == 4  # IBV_PORT_ACTIVE
     assert got["active_mtu"] == 3  # IBV_MTU_1024
     assert got["link_layer"] == 2  # IBV_LINK_LAYER_ETHERNET
-    assert got["gid"] == guest.ready["GID"]
+    assert got["gid"] == guest.ready()["GID"]
 
 
 def _counters(guest: Guest) -> dict[str, int]:
