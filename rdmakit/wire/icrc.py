@@ -78,9 +78,8 @@ _FLOW_CACHE_MAX = 1024
 def _body_crc(crc: int, parts: tuple[Payload, ...]) -> int:
     """Continue ``crc`` over ``parts`` (BTH .. pad) with BTH byte 4 (FECN, BECN, resv6) masked.
 
-    The general case; the public functions inline the common one, where the
-    first part is the headers only (at most ``_SMALL_FIRST`` bytes) and the
-    payload and pad follow as further parts.
+    The common case is a first part of headers only (at most ``_SMALL_FIRST``
+    bytes), masked in a copy; payload and pad follow as further parts.
     """
     if not parts:
         raise LocalWireError("an ICRC needs the packet's bytes")
@@ -131,15 +130,6 @@ def icrc_ipv4(
             0x45, 0xFF, _V4_LEN + _UDP_LEN + n, ident, 0x4000 if df else 0, 0xFF, IP_PROTO_UDP, 0xFFFF,
             src, dst, sport, dport, _UDP_LEN + n, 0xFFFF,
         ), _SEED)  # fmt: skip
-        first = parts[0] if parts else b""
-        if BTH_LEN <= len(first) <= _SMALL_FIRST:
-            m = bytearray(first)
-            m[4] = 0xFF
-            crc = crc32(m, crc)
-            for p in parts[1:]:
-                if p:
-                    crc = crc32(p, crc)
-            return crc
     except (TypeError, BufferError, struct.error) as e:
         raise LocalWireError(f"icrc_ipv4: {e}") from None
     return _body_crc(crc, parts)
@@ -158,15 +148,6 @@ def icrc_ipv6(
         crc = crc32(_V6_MASKED.pack(
             0x6FFFFFFF, _UDP_LEN + n, next_header, 0xFF, src, dst, sport, dport, _UDP_LEN + n, 0xFFFF
         ), _SEED)  # fmt: skip
-        first = parts[0] if parts else b""
-        if BTH_LEN <= len(first) <= _SMALL_FIRST:
-            m = bytearray(first)
-            m[4] = 0xFF
-            crc = crc32(m, crc)
-            for p in parts[1:]:
-                if p:
-                    crc = crc32(p, crc)
-            return crc
     except (TypeError, BufferError, struct.error) as e:
         raise LocalWireError(f"icrc_ipv6: {e}") from None
     return _body_crc(crc, parts)
