@@ -11,8 +11,8 @@ if command -v tcpdump >/dev/null && command -v tshark >/dev/null; then
     echo "tcpdump and tshark are installed"
     exit 0
 fi
-export DEBIAN_FRONTEND=noninteractive
 echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends tcpdump tshark >/dev/null
+# shellcheck source=SCRIPTDIR/lib/apt.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
+apt_install tcpdump tshark >/dev/null
 echo "installed: $(tcpdump --version 2>&1 | head -1); $(tshark --version 2>/dev/null | head -1)"

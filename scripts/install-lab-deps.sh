@@ -21,16 +21,6 @@ case "${1:-}" in
     *) usage >&2; exit 2 ;;
 esac
 
-command -v apt-get >/dev/null 2>&1 ||
-    { echo "${0##*/}: error: apt-get not found; install ${PACKAGES[*]} by hand" >&2; exit 1; }
-
-SUDO=()
-if [[ "$(id -u)" -ne 0 ]]; then
-    command -v sudo >/dev/null 2>&1 ||
-        { echo "${0##*/}: error: must run as root (or have sudo)" >&2; exit 1; }
-    SUDO=(sudo)
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-"${SUDO[@]}" apt-get update
-"${SUDO[@]}" apt-get install -y --no-install-recommends "${PACKAGES[@]}"
+# shellcheck source=SCRIPTDIR/lib/apt.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
+apt_install "${PACKAGES[@]}"
