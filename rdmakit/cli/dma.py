@@ -39,7 +39,6 @@ import argparse
 import dataclasses
 import errno
 import hashlib
-import ipaddress
 import json
 import logging
 import os
@@ -525,27 +524,6 @@ def _check_transport(mine: str, theirs: str, peer: str) -> None:
         )
 
 
-def _local_tcp_address(fd: int) -> str | None:
-    """The local address of the TCP socket `fd`, from /proc (this layer does not import socket)."""
-    try:
-        inode = os.readlink(f"/proc/self/fd/{fd}").removeprefix("socket:[").removesuffix("]")
-        for table, width in (("tcp", 4), ("tcp6", 16)):
-            with open(f"/proc/self/net/{table}") as f:
-                for line in f.readlines()[1:]:
-                    fields = line.split()
-                    if fields[9] == inode:
-                        raw = bytes.fromhex(fields[1].split(":")[0])
-                        # /proc prints each 32-bit word in host (little-endian) order
-                        packed = b"".join(raw[i : i + 4][::-1] for i in range(0, width, 4))
-                        ip = ipaddress.ip_address(packed)
-                        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-                            return str(ip.ipv4_mapped)
-                        return str(ip)
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 class _RdmaSide:
     """A soft RDMA device and a started `Rdma` context on it, polled through an event-driven WorkQ."""
 
@@ -554,7 +532,7 @@ class _RdmaSide:
     ) -> None:
         spec = args.device
         if spec is None:  # the address this side of the comm channel uses
-            spec = _local_tcp_address(chan.fileno())
+            spec = chan.local_ip
             if spec is None:
                 raise CliError("--device is needed: the comm channel is not TCP, so it names no address")
         try:

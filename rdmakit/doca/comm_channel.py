@@ -165,6 +165,11 @@ class CommChannel:
         """Readable when a message (or the peer's end) is waiting: for select/epoll/trio."""
         return self._live().fileno()
 
+    @property
+    def local_ip(self) -> str | None:
+        """The address this end of a TCP channel uses (None over a Unix socket)."""
+        return self._live().local_ip
+
     def _live(self) -> MessageSocket:
         if self._sock is None:
             raise DocaError(DocaErrorCode.NOT_CONNECTED, f"comm channel {self._service!r} is closed")

@@ -176,6 +176,14 @@ class MessageSocket:
     def fileno(self) -> int:
         return self._sock.fileno()
 
+    @property
+    def local_ip(self) -> str | None:
+        """The local IP address of a TCP channel (None for a Unix socket)."""
+        if self._sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        ip = str(self._sock.getsockname()[0])
+        return ip.removeprefix("::ffff:") if ip.startswith("::ffff:") and "." in ip else ip
+
     # -- send -----------------------------------------------------------------------
 
     def send(self, data: bytes | memoryview, fds: Sequence[int] = (), timeout: float | None = None) -> None:

@@ -256,6 +256,18 @@ def test_tcp_between_machines() -> None:
             assert _code(lambda: client.recv(5)) is DocaErrorCode.CONNECTION_RESET
 
 
+def test_local_ip_names_the_address_a_tcp_channel_uses(service: str) -> None:
+    """What dma-copy's RDMA path opens its soft device on when --device is not given."""
+    with CommChannelServer("tcp:127.0.0.1:0") as server:
+        client, accepted = pair(server)
+        with client, accepted:
+            assert client.local_ip == accepted.local_ip == "127.0.0.1"
+    with CommChannelServer(service) as server:
+        client, accepted = pair(server)
+        with client, accepted:
+            assert client.local_ip is None
+
+
 def test_a_client_that_is_not_a_comm_channel_is_refused(service: str) -> None:
     with CommChannelServer(service) as server:
         address = comm.parse_service(service)
