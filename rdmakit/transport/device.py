@@ -9,7 +9,7 @@ import ipaddress
 import random
 import struct
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from rdmakit.engine import CompletionQueue, EngineError, ProtectionDomain, QpCaps, QpState, QueuePair
@@ -83,11 +83,9 @@ class DeviceCounters:
     wrong_source: int = 0
     dropped_state: int = 0
     backlog_max: int = 0
-    by_reason: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, int]:
-        d = {k: getattr(self, k) for k in self.__slots__ if k != "by_reason"}
-        return d
+        return {k: getattr(self, k) for k in self.__slots__}
 
 
 def _addr_bytes(ip: str) -> bytes:
@@ -258,10 +256,6 @@ class SoftDevice:
         if self.tcp is not None:
             return self.tcp.wants_write()
         return bool(self._backlog)
-
-    def _count(self, reason: str) -> None:
-        d = self.counters.by_reason
-        d[reason] = d.get(reason, 0) + 1
 
     def _deliver(self, pkt: Packet, src_ip: str, now: float) -> None:
         qp = self._qps.get(pkt.dest_qp)
