@@ -34,7 +34,7 @@ from typing import Any, TextIO
 
 from rdmakit.cli.common import CliError, add_general_flags, run
 from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, SendWR, WcStatus, WrOpcode
-from rdmakit.transport import baseline
+from rdmakit.transport import baseline, fastpath
 from rdmakit.transport.device import Endpoint, SoftDevice, TransportName, connect_qp, local_endpoint
 from rdmakit.transport.driver import Driver
 from rdmakit.transport.udp import UdpLink
@@ -355,6 +355,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     if not args.json_out:
         print(f"rdmakit bench: {args.runs} runs each (median), {args.total} MiB per throughput run")
+        print(f"UDP data plane: {fastpath.describe()}")
         print(f"{'test':<48} {'value':>10} {'unit':<5} {'ratio':>6}  target")
     _measure(args, emit)
     if args.json_out:

@@ -86,6 +86,41 @@ def fast_read_middle(req: Requester, psn: int, payload: Payload, now: float) -> 
     return True
 
 
+def read_run(req: Requester) -> tuple[int, memoryview, int, int, int] | None:
+    """Where a run of in-order READ RESPONSE MIDDLE packets would go (see ``QueuePair.rx_run``).
+
+    ``fast_read_middle``'s conditions for every packet of the run; the READ's
+    local memory must be one buffer.
+    """
+    sq = req.sq
+    if not sq or req.comp_opcode is None:
+        return None
+    wqe = sq[0]
+    seg0 = wqe.seg0
+    if wqe.kind != READ or wqe.state == POSTED or seg0 is None:
+        return None
+    psn = req.comp_psn
+    if (psn - req.sent_hwm) & _MASK < _HALF or 0 < (psn - wqe.last_psn) & _MASK < _HALF:
+        return None
+    mtu = req.mtu
+    done = wqe.read_done
+    most = (wqe.length - done - 1) // mtu
+    if most <= 0:
+        return None
+    return psn, seg0, done, most, mtu
+
+
+def read_run_done(req: Requester, count: int, now: float) -> None:
+    """``count`` packets of the run placed (as ``count`` calls of ``fast_read_middle``)."""
+    req.retry_left = req.retry_cnt
+    req.rnr_left = req.rnr_retry
+    req.started_retry = False
+    req.sq[0].read_done += count * req.mtu
+    req.comp_psn = (req.comp_psn + count) & _MASK
+    req.comp_opcode = _RR_MIDDLE
+    req.restart_timer(now)
+
+
 def on_response(qp: "QueuePair", req: Requester, pkt: Packet, info: OpInfo, now: float) -> None:
     """Process one response packet (ACKNOWLEDGE, ATOMIC_ACKNOWLEDGE, READ responses)."""
     stats = qp.stats

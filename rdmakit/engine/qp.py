@@ -22,11 +22,11 @@ of registered memory: encode them before the memory changes.
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from rdmakit.wire import OPCODE_INFO, NakCode, Opcode, OpInfo, Packet, Payload
+from rdmakit.wire import OPCODE_INFO, NakCode, Opcode, OpInfo, Packet, Payload, Train
 
-from .completer import fast_read_middle, on_response
+from .completer import fast_read_middle, on_response, read_run, read_run_done
 from .cq import CompletionQueue
 from .errors import EngineError
 from .memory import ProtectionDomain
@@ -62,6 +62,7 @@ _ROWS: dict[int, tuple[OpInfo, bool, tuple[int, ...], bool]] = {
 
 #: MIDDLE opcodes with a fast path (no extension headers, the bulk of a long message).
 _RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
+_WRITE_MIDDLE = Opcode.RDMA_WRITE_MIDDLE
 _MIDDLE_OPS = frozenset((Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, _RR_MIDDLE))
 #: Packet fields reth .. ieth, all None on a MIDDLE packet.
 _NO_EXT_HEADERS = (None,) * 6
@@ -583,6 +584,33 @@ class QueuePair:
         self.stats.packets_in += 1
         return True
 
+    def rx_run(self, opcode: int) -> tuple[int, memoryview, int, int, int] | None:
+        """Where a run of in-order MIDDLE packets of ``opcode`` would go, for bulk placement.
+
+        For transports that check and place many packets in one step (the
+        native UDP data plane): ``(first PSN, target memory, offset, most
+        packets, MTU)``. Packet ``i`` of the run must be the MIDDLE with PSN
+        ``first + i``, a P_Key, TVer, pad and length as ``receive_middle``
+        takes them, and its payload goes to ``memory[offset + i*MTU:]``. Then
+        call ``rx_run_done``: the effect is that of ``receive_middle`` for each.
+        None: such packets take the per-packet path now.
+        """
+        if not _fast_path_enabled or not self._rx:
+            return None
+        if opcode == _WRITE_MIDDLE:
+            return self.resp.write_run()
+        if opcode == _RR_MIDDLE and self._tx:
+            return read_run(self.req)
+        return None
+
+    def rx_run_done(self, opcode: int, count: int, last_ackreq: int, now: float) -> None:
+        """``count`` packets of the run ``rx_run`` described were placed (``last_ackreq``: see Train)."""
+        if opcode == _RR_MIDDLE:
+            read_run_done(self.req, count, now)
+        else:
+            self.resp.write_run_done(count, last_ackreq)
+        self.stats.packets_in += count
+
     def get_timer(self) -> float | None:
         """The earliest deadline (retransmit or RNR wait) at which to call ``handle_timer``."""
         return self.req.deadline() if self._tx else None
@@ -600,14 +628,24 @@ class QueuePair:
 
     def poll_transmit(self, now: float, max_packets: int | None = None) -> list[Packet]:
         """Packets ready to go now, responses first; each addressed to ``dest_qpn``."""
+        return cast("list[Packet]", self.poll_transmit_trains(now, max_packets, False))
+
+    def poll_transmit_trains(
+        self, now: float, max_packets: int | None = None, trains: bool = True
+    ) -> list[Packet | Train]:
+        """``poll_transmit``, with runs of MIDDLE packets as :class:`~rdmakit.wire.Train` objects.
+
+        For senders that build headers in bulk; ``max_packets`` counts the
+        packets in trains too.
+        """
         st = self._state
         if st < QpState.RTR:
             return []
-        out: list[Packet] = []
+        out: list[Packet | Train] = []
         budget = (1 << 62) if max_packets is None else max_packets
-        n = self.resp.transmit(out, budget) if self.resp.out else 0
+        n = self.resp.transmit(out, budget, trains) if self.resp.out else 0
         if self._tx and n < budget:
-            n += self.req.transmit(out, budget - n, now)
+            n += self.req.transmit(out, budget - n, now, trains)
         self.stats.packets_out += n
         return out
 

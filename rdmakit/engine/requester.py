@@ -32,7 +32,7 @@ count. One difference: the retransmit timer is stopped while an RNR wait runs
 from collections import deque
 from typing import TYPE_CHECKING
 
-from rdmakit.wire import RETH, AtomicETH, Opcode, Packet
+from rdmakit.wire import RETH, AtomicETH, Opcode, Packet, Train
 
 from .timers import INFINITE_RETRY, MAX_PKT_PER_ACK, rnr_delay, transport_timeout
 from .types import SendWR, WcOpcode, WcStatus, WrOpcode
@@ -301,8 +301,13 @@ class Requester:
 
     # -- transmit (rxe rxe_requester()) --
 
-    def transmit(self, out: list[Packet], budget: int, now: float) -> int:
-        """Append up to ``budget`` request packets to ``out``; return how many."""
+    def transmit(self, out: list[Packet | Train], budget: int, now: float, trains: bool = False) -> int:
+        """Append up to ``budget`` request packets to ``out``; return how many.
+
+        With ``trains``, a run of MIDDLE packets of one message may be appended
+        as one :class:`~rdmakit.wire.Train` (the same packets, see
+        ``Train.packets``); the count still counts packets.
+        """
         if self.rnr_deadline is not None:
             return 0
         if self.need_retry:
@@ -327,6 +332,35 @@ class Requester:
                 # next_opcode_rc()): only the PSN, AckReq and payload change.
                 # Same packets as the generic loop below (tests/engine prove it).
                 end = wqe.length - mtu
+                if off < end and trains:
+                    d = (psn - comp) & _MASK
+                    if d < window:
+                        m = min(budget - n, window - d, (end - off + mtu - 1) // mtu)
+                        if m > 0:
+                            ops = wqe.ops
+                            assert ops is not None
+                            noack = self.noack
+                            every = MAX_PKT_PER_ACK + 2
+                            first = max(MAX_PKT_PER_ACK + 1 - noack, 0)
+                            if first < m:
+                                noack = m - 1 - (first + (m - 1 - first) // every * every)
+                            else:
+                                noack += m
+                                first = -1
+                            out.append(
+                                Train(ops[0], dqpn, psn, m, seg0[off : off + m * mtu], mtu, first, every)
+                            )
+                            behind = (hwm - psn) & _MASK
+                            if behind < _HALF:
+                                retrans += min(m, behind)
+                            n += m
+                            psn = (psn + m) & _MASK
+                            if (psn - hwm) & _MASK < _HALF:
+                                hwm = psn
+                            off += m * mtu
+                            wqe.state = PROCESSING
+                            self.noack = noack
+                            self.req_off = off
                 if off < end:
                     ops = wqe.ops
                     assert ops is not None

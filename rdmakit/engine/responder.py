@@ -54,6 +54,7 @@ from rdmakit.wire import (
     Packet,
     Payload,
     Position,
+    Train,
     ack_syndrome,
     nak_syndrome,
     rnr_syndrome,
@@ -238,7 +239,9 @@ class Responder:
         self.qp.stats.count_nak_sent(code)
         self._queue(self._ack(Opcode.ACKNOWLEDGE, psn, nak_syndrome(code)))
 
-    def transmit(self, out: list[Packet], budget: int) -> int:
+    def transmit(self, out: list[Packet | Train], budget: int, trains: bool = False) -> int:
+        """Append up to ``budget`` response packets to ``out`` (runs of READ response
+        MIDDLE packets as one ``Train`` each with ``trains``); return how many."""
         q = self.out
         n = 0
         dqpn = self.qp.dest_qpn
@@ -257,6 +260,13 @@ class Responder:
                     # A run of MIDDLE responses (no AETH): only the PSN and
                     # the payload slice change. Same packets as the step below.
                     off, resid, psn = item.off, item.resid, item.psn
+                    if trains:
+                        m = min(budget - n, (resid - 1) // mtu)
+                        out.append(Train(_RR_MIDDLE, dqpn, psn, m, view[off : off + m * mtu], mtu))
+                        n += m
+                        off += m * mtu
+                        resid -= m * mtu
+                        psn = (psn + m) & _MASK
                     while n < budget and resid > mtu:
                         out.append(_new_packet(Packet, (
                             _RR_MIDDLE, dqpn, psn, False, False, False, 0xFFFF, False, False,
@@ -339,6 +349,34 @@ class Responder:
         if ackreq:
             self._queue_ack(psn)
         return True
+
+    def write_run(self) -> tuple[int, memoryview, int, int, int] | None:
+        """Where a run of in-order WRITE MIDDLE packets would go (see ``QueuePair.rx_run``).
+
+        The conditions are ``fast_middle``'s, for every packet of the run: the
+        WRITE under way has room for more than one MTU after each of them.
+        """
+        view = self.w_view
+        if self.in_msg is not _WRITE or view is None or self.w_gen != self.qp.pd.generation:
+            return None
+        if not self.qp.access_bits & _REMOTE_WRITE:
+            return None
+        mtu = self.mtu
+        most = (self.w_resid - 1) // mtu
+        if most <= 0:
+            return None
+        return self.psn, view, self.w_off, most, mtu
+
+    def write_run_done(self, count: int, last_ackreq: int) -> None:
+        """``count`` packets of the run placed; the last one asking for an ACK was number ``last_ackreq``."""
+        size = count * self.mtu
+        self.w_off += size
+        self.w_resid -= size
+        self.sent_psn_nak = False
+        psn = self.psn
+        self.psn = self.ack_psn = (psn + count) & _MASK
+        if last_ackreq >= 0:
+            self._queue_ack((psn + last_ackreq) & _MASK)
 
     def on_request(self, pkt: Packet, info: OpInfo) -> None:
         qp = self.qp

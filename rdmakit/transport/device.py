@@ -5,7 +5,9 @@ never blocks: it drains the link until it would block, feeds each packet to the
 QP its BTH names, fires due timers, and sends what the QPs produced, in batches.
 """
 
+import errno
 import ipaddress
+import os
 import random
 import struct
 from collections.abc import Callable, Iterable
@@ -21,6 +23,7 @@ from rdmakit.wire import (
     Opcode,
     Packet,
     Payload,
+    Train,
     WireError,
     crc32,
     decode,
@@ -29,6 +32,7 @@ from rdmakit.wire import (
 )
 from rdmakit.wire.ident import solve_ipv4_ident
 
+from . import fastpath
 from .tcp import TcpLink
 from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
 
@@ -59,6 +63,8 @@ _MASK_BYTE4 = 0xFF000000
 _MIDDLE = frozenset(
     int(op) for op in (Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE)
 )
+#: MIDDLE opcodes whose runs the native data plane places (``QueuePair.rx_run``).
+_RUN_OPS = frozenset(int(op) for op in (Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +123,7 @@ class SoftDevice:
         rng: random.Random | None = None,
         gso: bool = True,
         verify_icrc: bool = True,
+        native: bool = True,
     ) -> None:
         self.ip = str(ipaddress.ip_address(ip))
         self.transport: TransportName = transport
@@ -137,6 +144,10 @@ class SoftDevice:
         else:
             raise ValueError(f"unknown transport {transport!r}")
         self.name = f"soft-{'udp' if transport == 'roce-udp' else 'tcp'}:{self.ip}"
+        #: The native data plane (runs of MIDDLE packets in bulk), UDP only; None: pure Python.
+        self._native = fastpath.native if native and self.udp is not None else None
+        #: A run the last read ended inside: (QP, opcode, source ip, source port, ICRC flow).
+        self._hot: tuple[QueuePair, int, str, int, IcrcFlow] | None = None
         self.pd = ProtectionDomain(self.rng)
         self._qps: dict[int, QueuePair] = {}
         self._peer_bytes: dict[str, bytes] = {}
@@ -276,59 +287,142 @@ class SoftDevice:
         assert link is not None
         if not (link.ready() if readable is None else readable):
             return False
-        c = self.counters
-        verify, qps = self.verify_icrc, self._qps
-        unpack_bth, pack_bth, unpack_ic = _BTH.unpack_from, _BTH.pack, _ICRC.unpack_from
         busy = False
-        for _ in range(MAX_RX_BATCHES):
-            got = link.recv()
+        reads = 0
+        while reads < MAX_RX_BATCHES:
+            hot = self._hot
+            if hot is not None:
+                # The last read ended inside a run of MIDDLE packets: let the native
+                # data plane read on while what arrives continues it.
+                n = self._receive_hot(hot, now, MAX_RX_BATCHES - reads)
+                if n >= 0:
+                    if n == 0:
+                        break
+                    busy = True
+                    reads += n
+                    continue
+            got = link.recv_raw()
             if got is None:
                 break
             busy = True
-            segs, (src_ip, sport) = got
-            if segs:
-                flow = self._rx_flows.get((src_ip, sport))
-                if flow is None:
-                    flow = self._rx_flow(src_ip, sport)
-                states = flow.states
-                c.packets_in += len(segs)
-                for k, seg in enumerate(segs):
-                    n = len(seg)
-                    if n < BTH_LEN + ICRC_LEN:
-                        c.malformed += 1
-                        continue
-                    end = n - ICRC_LEN
-                    op, b1, pkey, w1, w2 = unpack_bth(seg)
-                    if verify:
-                        # ICRC (Annex A17.3.3) of GSO segment k: IPv4 ID k, BTH byte 4 masked.
-                        st = states.get(n | k << 16)
-                        if st is None:
-                            st = flow.state(n, k)
-                        ic = crc32(seg[BTH_LEN:end], crc32(pack_bth(op, b1, pkey, w1 | _MASK_BYTE4, w2), st))
-                        if ic == unpack_ic(seg, end)[0]:
-                            c.icrc_ok += 1
-                        elif not self._icrc_other_ident(flow, seg, k, src_ip, sport):
-                            c.bad_icrc += 1
-                            continue
-                    if op in _MIDDLE and not b1 & 0x3F:  # TVer 0, no pad
-                        qp = qps.get(w1 & _U24)
-                        if (
-                            qp is not None
-                            and pkey & 0x7FFF == 0x7FFF
-                            and type(r := qp.remote) is PeerAddress
-                            and r.ip == src_ip
-                            and qp.receive_middle(op, w2 & _U24, w2 >= 0x80000000, seg[BTH_LEN:end], now)
-                        ):
-                            continue
-                    try:
-                        pkt = decode(seg[:end])
-                    except WireError:
-                        c.malformed += 1
-                        continue
-                    self._deliver(pkt, src_ip, now)
+            reads += 1
+            nbytes, segsize, (src_ip, sport) = got
+            if not segsize:
+                continue  # a socket error (counted by the link)
+            nsegs = (nbytes + segsize - 1) // segsize if nbytes else 1
+            self.counters.packets_in += nsegs
+            self._rx_batch(nbytes, segsize, src_ip, sport, 0, now)
             if not link.ready():
                 break
         return busy
+
+    def _receive_hot(self, hot: tuple[QueuePair, int, str, int, IcrcFlow], now: float, max_reads: int) -> int:
+        """Reads done by the native run reader (0: nothing to read); -1: the run is over, read plainly."""
+        qp, op, src_ip, sport, flow = hot
+        fast, link = self._native, self.udp
+        assert fast is not None
+        assert link is not None
+        run = qp.rx_run(op) if self._qps.get(qp.qpn) is qp else None
+        r = qp.remote
+        if run is None or type(r) is not PeerAddress or r.ip != src_ip:
+            self._hot = None
+            return -1
+        psn, mem, off, most, mtu = run
+        size = mtu + BTH_LEN + ICRC_LEN
+        placed, last_ack, reads, datagrams, gro, err, pending = fast.recv_runs(
+            link.fileno(), link.view, self._v6, (src_ip, sport), flow.seg_states(size, GSO_MAX_SEGMENTS),
+            op, qp.qpn, psn, mtu, mem, off, most, max_reads,
+        )  # fmt: skip
+        c, lc = self.counters, link.counters
+        c.packets_in += datagrams
+        lc.datagrams_in += datagrams
+        lc.gro_batches += gro
+        if err:
+            link.record_error(OSError(err, os.strerror(err)))
+        if placed:
+            qp.rx_run_done(op, placed, last_ack, now)
+            c.icrc_ok += placed
+        if pending is not None:
+            self._hot = None
+            nbytes, segsize, k, (ip, port) = pending
+            self._rx_batch(nbytes, segsize, ip, port, k, now)
+        elif placed >= most or not reads:
+            self._hot = None  # the run is complete (or the socket is quiet): the plain reader decides
+        return int(reads)
+
+    def _rx_batch(self, nbytes: int, segsize: int, src_ip: str, sport: int, k: int, now: float) -> None:
+        """Segments ``k`` .. of the datagrams in the link's buffer (see ``UdpLink.recv_raw``)."""
+        c = self.counters
+        if not nbytes:
+            c.malformed += 1
+            return
+        link = self.udp
+        assert link is not None
+        view = link.view
+        verify, qps, fast = self.verify_icrc, self._qps, self._native
+        unpack_bth, pack_bth, unpack_ic = _BTH.unpack_from, _BTH.pack, _ICRC.unpack_from
+        flow = self._rx_flows.get((src_ip, sport))
+        if flow is None:
+            flow = self._rx_flow(src_ip, sport)
+        states = flow.states
+        nsegs = (nbytes + segsize - 1) // segsize
+        while k < nsegs:
+            pos = k * segsize
+            seg = view[pos : min(pos + segsize, nbytes)]
+            n = len(seg)
+            if n < BTH_LEN + ICRC_LEN:
+                c.malformed += 1
+                k += 1
+                continue
+            end = n - ICRC_LEN
+            op, b1, pkey, w1, w2 = unpack_bth(seg)
+            if fast is not None and op in _RUN_OPS and verify:
+                # A run of in-order MIDDLE packets: checked (ICRC included) and
+                # placed in one native call; the first that needs more stops it.
+                qp = qps.get(w1 & _U24)
+                if qp is not None and type(r := qp.remote) is PeerAddress and r.ip == src_ip:
+                    run = qp.rx_run(op)
+                    if run is not None and n == run[4] + BTH_LEN + ICRC_LEN:
+                        got_n, last_ack = fast.place_run(
+                            view, nbytes, segsize, k, flow.seg_states(n, nsegs), op, qp.qpn,
+                            run[0], run[4], run[1], run[2], run[3],
+                        )  # fmt: skip
+                        if got_n:
+                            qp.rx_run_done(op, got_n, last_ack, now)
+                            c.icrc_ok += got_n
+                            k += got_n
+                            if k >= nsegs and got_n < run[3]:
+                                self._hot = (qp, op, src_ip, sport, flow)
+                            continue
+            idx = k
+            k += 1
+            if verify:
+                # ICRC (Annex A17.3.3) of GSO segment idx: IPv4 ID idx, BTH byte 4 masked.
+                st = states.get(n | idx << 16)
+                if st is None:
+                    st = flow.state(n, idx)
+                ic = crc32(seg[BTH_LEN:end], crc32(pack_bth(op, b1, pkey, w1 | _MASK_BYTE4, w2), st))
+                if ic == unpack_ic(seg, end)[0]:
+                    c.icrc_ok += 1
+                elif not self._icrc_other_ident(flow, seg, idx, src_ip, sport):
+                    c.bad_icrc += 1
+                    continue
+            if op in _MIDDLE and not b1 & 0x3F:  # TVer 0, no pad
+                qp = qps.get(w1 & _U24)
+                if (
+                    qp is not None
+                    and pkey & 0x7FFF == 0x7FFF
+                    and type(r := qp.remote) is PeerAddress
+                    and r.ip == src_ip
+                    and qp.receive_middle(op, w2 & _U24, w2 >= 0x80000000, seg[BTH_LEN:end], now)
+                ):
+                    continue
+            try:
+                pkt = decode(seg[:end])
+            except WireError:
+                c.malformed += 1
+                continue
+            self._deliver(pkt, src_ip, now)
 
     def _rx_flow(self, src_ip: str, sport: int) -> IcrcFlow:
         src = self._peer_bytes.get(src_ip)
@@ -389,6 +483,21 @@ class SoftDevice:
         for qp in self._qps.values():
             if not qp.may_transmit():
                 continue
+            if self._native is not None:
+                items = qp.poll_transmit_trains(now)
+                if not items:
+                    continue
+                busy = True
+                remote = qp.remote
+                npkts = 0
+                for it in items:
+                    npkts += it.npkts if type(it) is Train else 1
+                if not isinstance(remote, PeerAddress):
+                    self.counters.dropped_state += npkts
+                    continue
+                self.counters.packets_out += npkts
+                self._send_udp(items, remote)
+                continue
             pkts = qp.poll_transmit(now)
             if not pkts:
                 continue
@@ -415,7 +524,7 @@ class SoftDevice:
             self._backlog.pop(0)
         return True
 
-    def _send_udp(self, pkts: list[Packet], remote: PeerAddress) -> None:
+    def _send_udp(self, pkts: list[Packet] | list[Packet | Train], remote: PeerAddress) -> None:
         link = self.udp
         assert link is not None
         addr = (remote.ip, remote.port)
@@ -429,6 +538,15 @@ class SoftDevice:
         send: Callable[[list[Payload], int, int], None] = self._send_or_queue(addr)
         pack_ic, pack_bth = _ICRC.pack, _BTH.pack
         for pkt in pkts:
+            if type(pkt) is Train:
+                if count:
+                    send(parts, seg, count)
+                    parts, seg, count, total = [], 0, 0, 0
+                rest = self._send_train(pkt, flow, addr)
+                if rest:
+                    self._send_udp(rest, remote)
+                continue
+            assert type(pkt) is Packet
             op = pkt[0]
             pl = pkt[15]
             plen = len(pl)
@@ -472,6 +590,43 @@ class SoftDevice:
                 parts, seg, count, total = [], 0, 0, 0
         if count:
             send(parts, seg, count)
+
+    def _send_train(self, train: Train, flow: IcrcFlow, addr: tuple[str, int]) -> list[Packet]:
+        """Send a run of MIDDLE packets natively; what could not be sent is returned as packets.
+
+        Behind a backlog, or when the socket fills or refuses, the rest goes the
+        per-packet way (which queues it in order, or counts the error).
+        """
+        link = self.udp
+        fast = self._native
+        assert link is not None
+        if fast is None or self._backlog:
+            return train.packets()
+        size = BTH_LEN + train.mtu + ICRC_LEN
+        gso = link.gso
+        per = min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size) if gso else 1
+        total = train.npkts
+        states = flow.seg_states(size, min(per, total))
+        sent, err = fast.send_train(
+            link.fileno(), addr, self._v6, gso, train.opcode, train.dest_qp, train.psn, total,
+            train.payload, train.mtu, train.ack_first, train.ack_every, states,
+        )  # fmt: skip
+        lc = link.counters
+        lc.datagrams_out += sent
+        batches = (sent + per - 1) // per
+        lc.sends += batches
+        if gso:
+            lc.gso_sends += batches
+        if sent == total:
+            return []
+        if err in (errno.EAGAIN, errno.EWOULDBLOCK):
+            lc.send_would_block += 1
+        elif gso and err in (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP):
+            link.gso = False  # as UdpLink.send_gso: no GSO on this path, for good
+        elif err:
+            link.record_error(OSError(err, os.strerror(err)))
+            return []  # a dead route loses the packets; the engine retransmits them
+        return train.tail(sent).packets()
 
     def _tx_flow(self, remote: PeerAddress) -> IcrcFlow:
         dst = self._peer_bytes.get(remote.ip)

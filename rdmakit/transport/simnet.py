@@ -32,11 +32,13 @@ import random
 from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 from rdmakit.wire import (
     ROCE_UDP_PORT,
+    Opcode,
     Packet,
+    Train,
     WireError,
     decode,
     encode,
@@ -62,6 +64,18 @@ class SimQP(Protocol):
     def handle_timer(self, now: float) -> None: ...
     def get_timer(self) -> float | None: ...
     def poll_transmit(self, now: float, max_packets: int | None = None) -> list[Packet]: ...
+
+
+class BulkSimQP(SimQP, Protocol):
+    """A QP that also sends trains and takes runs (``SimNet(bulk=True)``)."""
+
+    def poll_transmit_trains(self, now: float, max_packets: int | None = None) -> list[Packet | Train]: ...
+    def rx_run(self, opcode: int) -> tuple[int, memoryview, int, int, int] | None: ...
+    def rx_run_done(self, opcode: int, count: int, last_ackreq: int, now: float) -> None: ...
+
+
+#: MIDDLE opcodes a bulk receiver places through ``rx_run``.
+_RUN_OPS = frozenset((Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,8 +117,14 @@ class _Partition:
 class SimNet:
     """The network: endpoints, attached QPs, an event heap and the virtual clock ``now``."""
 
-    def __init__(self, seed: int, faults: Faults | None = None, *, trace: bool = True) -> None:
+    def __init__(
+        self, seed: int, faults: Faults | None = None, *, trace: bool = True, bulk: bool = False
+    ) -> None:
+        """``bulk``: take the QPs' packets as trains and place in-order MIDDLE packets
+        through ``rx_run``/``rx_run_done``, as the native UDP data plane does (the
+        packets on the wire stay the same)."""
         self.seed = seed
+        self.bulk = bulk
         self.rng = random.Random(seed)
         self.faults = faults or Faults()
         self.now = 0.0
@@ -241,13 +261,36 @@ class SimNet:
             self._record(src, dst, len(data), crc, "no_qp")
             return
         self._record(src, dst, len(data), crc, "delivered")
+        if self.bulk and pkt.opcode in _RUN_OPS and self._place(cast(BulkSimQP, qp), pkt):
+            return
         qp.receive(pkt, self.now)
+
+    def _place(self, qp: BulkSimQP, pkt: Packet) -> bool:
+        """A run of one packet, as the native receiver checks and places it."""
+        run = qp.rx_run(pkt.opcode)
+        if run is None:
+            return False
+        psn, mem, off, _most, mtu = run
+        plain = pkt._replace(ackreq=False, payload=b"") == Packet(pkt.opcode, pkt.dest_qp, psn)
+        if not plain or len(pkt.payload) != mtu:
+            return False
+        mem[off : off + mtu] = pkt.payload
+        qp.rx_run_done(pkt.opcode, 1, 0 if pkt.ackreq else -1, self.now)
+        return True
 
     def _pump(self) -> None:
         """Send everything every QP has ready now."""
         now = self.now
         for addr, qp in self._qps:
-            pkts = qp.poll_transmit(now)
+            if self.bulk:
+                pkts = []
+                for it in cast(BulkSimQP, qp).poll_transmit_trains(now):
+                    if isinstance(it, Train):
+                        pkts += it.packets()
+                    else:
+                        pkts.append(it)
+            else:
+                pkts = qp.poll_transmit(now)
             if pkts:
                 dst = qp.remote
                 for pkt in pkts:

@@ -143,6 +143,37 @@ class UdpLink:
         c.datagrams_in += len(segs)
         return segs, (addr[0], addr[1])
 
+    def recv_raw(self) -> tuple[int, int, tuple[str, int]] | None:
+        """One read into ``view``: ``(nbytes, segment size, source)``, or None if empty.
+
+        The datagrams are ``view[k*seg : min((k+1)*seg, nbytes)]`` (one, of
+        ``nbytes``, without GRO); the segment size is 0 after a socket error.
+        """
+        try:
+            n, anc, _flags, addr = self.sock.recvmsg_into([self._buf], self._cmsg_space)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as e:
+            self._error(e)
+            return 0, 0, ("", 0)
+        seg = 0
+        for level, typ, data in anc:
+            if level == SOL_UDP and typ == UDP_GRO and len(data) >= 4:
+                seg = _I32.unpack_from(data)[0]
+        c = self.counters
+        if 0 < seg < n:
+            c.gro_batches += 1
+            c.datagrams_in += (n + seg - 1) // seg
+        else:
+            seg = max(n, 1)
+            c.datagrams_in += 1
+        return n, seg, (addr[0], addr[1])
+
+    @property
+    def view(self) -> memoryview:
+        """The receive buffer ``recv_raw`` fills."""
+        return self._view
+
     # -- send ------------------------------------------------------------------
     def send(self, parts: Sequence[Payload], addr: tuple[str, int]) -> bool:
         """Send one datagram; False if the socket buffer is full (try again later)."""
@@ -178,6 +209,10 @@ class UdpLink:
     def _send_each(self, parts: Sequence[Payload], seg_size: int, addr: tuple[str, int]) -> bool:
         data = b"".join(parts)
         return all(self.send([data[i : i + seg_size]], addr) for i in range(0, len(data), seg_size))
+
+    def record_error(self, e: OSError) -> None:
+        """Count a send error met outside this link (the native data plane)."""
+        self._error(e)
 
     def _error(self, e: OSError) -> None:
         c = self.counters

@@ -17,6 +17,7 @@ cheapest way to ICRC many packets between the same two ports.
 
 import struct
 import zlib
+from array import array
 from collections.abc import Callable
 
 from .errors import LocalWireError, WireError
@@ -170,7 +171,7 @@ class IcrcFlow:
     IPv6 has no ID: ``k`` is ignored there.
     """
 
-    __slots__ = ("_header", "_v6", "states")
+    __slots__ = ("_arrays", "_header", "_v6", "states")
 
     def __init__(self, header: Callable[[int, int], bytes], v6: bool = False) -> None:
         """Use :meth:`ipv4` or :meth:`ipv6`; ``header(n, k)``: the masked headers for ``n``
@@ -179,6 +180,7 @@ class IcrcFlow:
         self._v6 = v6
         #: ``n | k << 16`` -> CRC state after the masked headers (read-only; see :meth:`state`).
         self.states: dict[int, int] = {}
+        self._arrays: dict[int, array[int]] = {}
         header(BTH_LEN + ICRC_LEN, 0)  # validate the addresses and ports now
 
     @classmethod
@@ -255,6 +257,18 @@ class IcrcFlow:
         except struct.error as e:
             raise LocalWireError(f"a packet of {n - ICRC_LEN} bytes does not fit in a UDP datagram") from e
         return crc
+
+    def seg_states(self, n: int, count: int) -> "array[int]":
+        """``state(n, k)`` for ``k`` in ``range(count)`` (at least), as a native ``uint32`` array.
+
+        For code that continues the CRC of many segments of one size in bulk.
+        """
+        arr = self._arrays.get(n)
+        if arr is None or len(arr) < count:
+            if len(self._arrays) >= _FLOW_CACHE_MAX:
+                self._arrays.clear()
+            arr = self._arrays[n] = array("I", [self.state(n, k) for k in range(count)])
+        return arr
 
 
 def pack_icrc(value: int) -> bytes:

@@ -157,6 +157,52 @@ class Packet(NamedTuple):
         return OPCODE_INFO[self.opcode]
 
 
+class Train(NamedTuple):
+    """A run of ``npkts`` MIDDLE packets of one message, as one object.
+
+    Packet ``i`` is ``opcode`` to ``dest_qp`` with PSN ``psn + i`` (mod 2^24),
+    the default P_Key, no extension header, and ``payload[i*mtu:(i+1)*mtu]``;
+    it asks for an ACK when ``i >= ack_first >= 0`` and ``(i - ack_first) %
+    ack_every == 0``. A sender that builds headers in bulk takes a train as it
+    is; :meth:`packets` gives the same packets one by one.
+    """
+
+    opcode: Opcode
+    dest_qp: int
+    psn: int
+    npkts: int
+    payload: memoryview
+    mtu: int
+    ack_first: int = -1
+    ack_every: int = 1
+
+    def ackreq(self, i: int) -> bool:
+        first = self.ack_first
+        return 0 <= first <= i and (i - first) % self.ack_every == 0
+
+    def tail(self, j: int) -> "Train":
+        """The same train from its packet ``j`` on."""
+        first, every = self.ack_first, self.ack_every
+        if first >= 0:
+            first = first - j if first >= j else (-(j - first) % every)
+            if first >= self.npkts - j:
+                first = -1
+        mtu = self.mtu
+        return self._replace(
+            psn=(self.psn + j) & 0xFFFFFF,
+            npkts=self.npkts - j,
+            payload=self.payload[j * mtu :],
+            ack_first=first,
+        )
+
+    def packets(self) -> list[Packet]:
+        op, dqp, psn, mtu, pl = self.opcode, self.dest_qp, self.psn, self.mtu, self.payload
+        return [
+            Packet(op, dqp, (psn + i) & 0xFFFFFF, self.ackreq(i), payload=pl[i * mtu : (i + 1) * mtu])
+            for i in range(self.npkts)
+        ]
+
+
 def pad_len(payload_len: int) -> int:
     """Pad bytes after a payload (IBTA §9.2: to a 4-byte multiple)."""
     return -payload_len & 3

@@ -122,10 +122,11 @@ def make_pair(
     mem_size: int = 1 << 16,
     caps: QpCaps | None = None,
     cq_depth: int = 4096,
+    bulk: bool = False,
     **conn: object,
 ) -> Pair:
     rng = random.Random(seed)
-    net = SimNet(seed, faults)
+    net = SimNet(seed, faults, bulk=bulk)
     caps = caps or QpCaps()
     a = make_side("a", rng, mem_size, caps, cq_depth)
     b = make_side("b", rng, mem_size, caps, cq_depth)

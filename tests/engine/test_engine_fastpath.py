@@ -16,6 +16,7 @@ import pytest
 from engine_harness import Faults, Workload, fill, make_pair
 
 from rdmakit.engine import completer, qp, requester, responder
+from rdmakit.wire import Packet, Train
 
 CONFIGS = {
     "clean": Faults(),
@@ -24,11 +25,11 @@ CONFIGS = {
 }
 
 
-def fingerprint(seed: int, faults: Faults) -> tuple[Any, ...]:
+def fingerprint(seed: int, faults: Faults, bulk: bool = False) -> tuple[Any, ...]:
     # Messages of up to 80 packets: some MIDDLE packets carry AckReq (every 65th).
     n, max_len, mtu = 8, 20000, 256
     half = 1 << max(14, (2 * n * (max_len + 16)).bit_length())
-    p = make_pair(seed, faults, mtu=mtu, mem_size=2 * half)
+    p = make_pair(seed, faults, mtu=mtu, mem_size=2 * half, bulk=bulk)
     rng = random.Random(seed ^ 0xFA57)
     fill(p.a.mem, rng)
     fill(p.b.mem, rng)
@@ -56,6 +57,7 @@ def fingerprint(seed: int, faults: Faults) -> tuple[Any, ...]:
         p.b.received,
         p.a.qp.stats,
         p.b.qp.stats,
+        p.net.trace_digest(),
     )
 
 
@@ -89,3 +91,29 @@ def test_fast_path_equals_generic_path(name: str, monkeypatch: pytest.MonkeyPatc
         assert fast == slow
     assert taken["middle"] > 0
     assert taken["read"] > 0
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_trains_and_runs_equal_packets(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bulk interfaces of the native data plane (``poll_transmit_trains``, ``rx_run``/
+    ``rx_run_done``) leave the same trace, memory, completions and counters as packets."""
+    taken = {"trains": 0, "train_packets": 0, "runs": 0}
+    real_packets, real_done = Train.packets, qp.QueuePair.rx_run_done
+
+    def counting_packets(self: Train) -> list[Packet]:
+        taken["trains"] += 1
+        taken["train_packets"] += self.npkts
+        return real_packets(self)
+
+    def counting_done(self: qp.QueuePair, opcode: int, count: int, *a: Any) -> None:
+        taken["runs"] += count
+        real_done(self, opcode, count, *a)
+
+    monkeypatch.setattr(Train, "packets", counting_packets)
+    monkeypatch.setattr(qp.QueuePair, "rx_run_done", counting_done)
+    for seed in range(12):
+        print(f"seed={seed} faults={name}")
+        assert fingerprint(seed, CONFIGS[name], bulk=True) == fingerprint(seed, CONFIGS[name])
+    assert taken["trains"] > 0
+    assert taken["train_packets"] > taken["trains"]
+    assert taken["runs"] > 0

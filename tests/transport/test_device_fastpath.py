@@ -16,10 +16,12 @@ import pytest
 
 from rdmakit.engine import SGE, Access, CompletionQueue, SendWR, WcStatus, WrOpcode
 from rdmakit.engine import qp as qp_mod
+from rdmakit.transport import fastpath
 from rdmakit.transport.device import PeerAddress, SoftDevice, connect_qp, local_endpoint
 from rdmakit.transport.driver import Driver
 from rdmakit.wire import AETH, RETH, Opcode, Packet, encode, icrc_ipv4, pack_icrc
 
+needs_native = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
 ALL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
 
@@ -68,8 +70,12 @@ def test_udp_send_is_byte_identical_to_the_generic_encoder(
     dev.close()
 
 
-def _transfer(ip_a: str, ip_b: str, op: WrOpcode, size: int) -> tuple[bytes, bytes, Any, Any]:
-    with SoftDevice(ip_a, port=0) as a, SoftDevice(ip_b, port=0) as b, Driver() as drv:
+def _transfer(ip_a: str, ip_b: str, op: WrOpcode, size: int, native: bool) -> tuple[bytes, bytes, Any, Any]:
+    with (
+        SoftDevice(ip_a, port=0, native=native) as a,
+        SoftDevice(ip_b, port=0, native=native) as b,
+        Driver() as drv,
+    ):
         drv.add(a)
         drv.add(b)
         cqa, cqb = CompletionQueue(64), CompletionQueue(64)
@@ -99,29 +105,65 @@ def _transfer(ip_a: str, ip_b: str, op: WrOpcode, size: int) -> tuple[bytes, byt
         return bytes(ma), bytes(mb), qa.stats, qb.stats
 
 
-@pytest.mark.parametrize("op", [WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ])
-def test_udp_receive_fast_path_ends_like_the_generic_path(
-    new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch, op: WrOpcode
-) -> None:
-    taken = [0]
-    real = qp_mod.QueuePair.receive_middle
+class _Counting:
+    """The native module, counting calls of its functions."""
 
-    def counting(self: qp_mod.QueuePair, *a: Any) -> bool:
-        ok = real(self, *a)
-        taken[0] += ok
+    def __init__(self, native: Any, calls: dict[str, int]) -> None:
+        self.native, self.calls = native, calls
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.native, name)
+
+        def counted(*a: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return fn(*a)
+
+        return counted
+
+
+MODES = ["generic", "python", pytest.param("native", marks=needs_native)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", [WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ])
+def test_udp_receive_fast_paths_end_like_the_generic_path(
+    new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch, op: WrOpcode, mode: str
+) -> None:
+    taken = {"middle": 0, "run": 0}
+    real_middle = qp_mod.QueuePair.receive_middle
+    real_run = qp_mod.QueuePair.rx_run_done
+
+    def counting_middle(self: qp_mod.QueuePair, *a: Any) -> bool:
+        ok = real_middle(self, *a)
+        taken["middle"] += ok
         return ok
 
-    monkeypatch.setattr(qp_mod.QueuePair, "receive_middle", counting)
+    def counting_run(self: qp_mod.QueuePair, opcode: int, count: int, *a: Any) -> None:
+        taken["run"] += count
+        real_run(self, opcode, count, *a)
+
+    monkeypatch.setattr(qp_mod.QueuePair, "receive_middle", counting_middle)
+    monkeypatch.setattr(qp_mod.QueuePair, "rx_run_done", counting_run)
+    calls: dict[str, int] = {}
+    if mode == "native":
+        monkeypatch.setattr(fastpath, "native", _Counting(fastpath.native, calls))
     size = 300 * 1024 + 3  # 76 packets at MTU 4096: AckReq inside, a padded last packet
-    fast = _transfer(new_ip(), new_ip(), op, size)
-    assert taken[0] > 0
+    with monkeypatch.context() as m:
+        m.setattr(qp_mod, "_fast_path_enabled", mode != "generic")
+        got = _transfer(new_ip(), new_ip(), op, size, native=mode == "native")
+    if mode == "generic":
+        assert taken == {"middle": 0, "run": 0}
+    elif mode == "python":
+        assert taken["middle"] > 0
+        assert taken["run"] == 0
+    else:
+        assert taken["run"] > 0
+        assert set(calls) == {"send_train", "place_run", "recv_runs"}  # every native entry point ran
     monkeypatch.setattr(qp_mod, "_fast_path_enabled", False)
-    taken[0] = 0
-    slow = _transfer(new_ip(), new_ip(), op, size)
-    assert taken[0] == 0
-    assert fast[0] == fast[1]
-    assert fast[:2] == slow[:2]
-    for f, s in zip(fast[2:], slow[2:], strict=True):
+    ref = got if mode == "generic" else _transfer(new_ip(), new_ip(), op, size, native=False)
+    assert got[0] == got[1]
+    assert got[:2] == ref[:2]
+    for f, s in zip(got[2:], ref[2:], strict=True):
         assert not f.dropped
         assert not s.dropped
         if not f.timeouts and not s.timeouts:  # a loaded host may time out once: that is not the fast path

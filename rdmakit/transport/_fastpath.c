@@ -1,0 +1,628 @@
+/*
+ * rdmakit.transport._fastpath: the bulk data plane of the UDP soft device.
+ *
+ * Optional: every function here has a pure-Python twin that is the reference
+ * (rdmakit/transport/fastpath.py), and the tests run both and compare. What is
+ * here is only what costs per packet when a message is moved in MTU-sized
+ * MIDDLE packets:
+ *
+ *   crc32(data, value=0)       zlib's CRC-32 (PCLMULQDQ folding on x86-64);
+ *   send_train(...)            build the BTH and ICRC of a run of MIDDLE
+ *                              packets and send them with UDP GSO (sendmsg with
+ *                              an iovec per header, payload and ICRC: the payload
+ *                              is never copied in user space);
+ *   place_run(...)             check a run of received MIDDLE segments (opcode,
+ *                              P_Key, TVer, pad, QPN, PSN, length, ICRC) and copy
+ *                              their payloads into the target memory, stopping at
+ *                              the first segment that needs the general path.
+ *
+ * The ICRC (IBTA Annex A17.3.3) of a segment is continued from a CRC state the
+ * caller computed over the masked pseudo IP/UDP headers of that segment (which
+ * depend on the segment's length and its IPv4 ID, i.e. its index in a GSO
+ * batch), then over the BTH with byte 4 set to 0xFF, then over the payload.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/udp.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+
+#define BTH_LEN 12
+#define ICRC_LEN 4
+#define GSO_MAX_SEGMENTS 64
+#define GSO_MAX_BYTES 65507
+#define PSN_MASK 0xFFFFFFu
+
+/* -- CRC-32 (reflected 0xEDB88320, zlib's convention) ----------------------------------- */
+
+static uint32_t crc_table[8][256];
+
+static void crc_init_tables(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = crc_table[0][n];
+        for (int t = 1; t < 8; t++) {
+            c = crc_table[0][c & 0xFF] ^ (c >> 8);
+            crc_table[t][n] = c;
+        }
+    }
+}
+
+/* The raw (pre-inverted) state over len bytes, slicing by 8. */
+static uint32_t crc_raw_table(uint32_t c, const unsigned char *p, size_t len) {
+    while (len && ((uintptr_t)p & 7)) {
+        c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+        len--;
+    }
+    while (len >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + 4, 4);
+        lo ^= c;  /* little-endian hosts only: see crc_usable */
+        c = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^
+            crc_table[5][(lo >> 16) & 0xFF] ^ crc_table[4][lo >> 24] ^
+            crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
+            crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        len -= 8;
+    }
+    while (len--)
+        c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c;
+}
+
+#if defined(__x86_64__)
+static int have_clmul;
+
+/*
+ * Folding with carry-less multiplication ("Fast CRC Computation for Generic
+ * Polynomials Using PCLMULQDQ Instruction", Intel, 2009), with the constants
+ * for the bit-reflected CRC-32 polynomial. len >= 64 and a multiple of 16; c is
+ * the raw state.
+ */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_raw_clmul(uint32_t c, const unsigned char *buf,
+                                                                        size_t len) {
+    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);
+    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);
+    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124LL);
+    const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
+    __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8, y5, y6, y7, y8;
+
+    x1 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
+    x2 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
+    x3 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
+    x4 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)c));
+    x0 = k1k2;
+    buf += 64;
+    len -= 64;
+    while (len >= 64) {
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x6 = _mm_clmulepi64_si128(x2, x0, 0x00);
+        x7 = _mm_clmulepi64_si128(x3, x0, 0x00);
+        x8 = _mm_clmulepi64_si128(x4, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x2 = _mm_clmulepi64_si128(x2, x0, 0x11);
+        x3 = _mm_clmulepi64_si128(x3, x0, 0x11);
+        x4 = _mm_clmulepi64_si128(x4, x0, 0x11);
+        y5 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
+        y6 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
+        y7 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
+        y8 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), y5);
+        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), y6);
+        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), y7);
+        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), y8);
+        buf += 64;
+        len -= 64;
+    }
+    /* Fold the four lanes into one. */
+    x0 = k3k4;
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x3), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
+    while (len >= 16) {
+        x2 = _mm_loadu_si128((const __m128i *)buf);
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+        buf += 16;
+        len -= 16;
+    }
+    /* 128 -> 64 bits. */
+    x2 = _mm_clmulepi64_si128(x1, x0, 0x10);
+    x3 = _mm_setr_epi32(~0, 0, ~0, 0);
+    x1 = _mm_srli_si128(x1, 8);
+    x1 = _mm_xor_si128(x1, x2);
+    x0 = k5k0;
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, x3);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    /* Barrett reduction to 32 bits. */
+    x0 = poly;
+    x2 = _mm_and_si128(x1, x3);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
+    x2 = _mm_and_si128(x2, x3);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+#endif
+
+/* zlib's crc32(): value is the CRC so far (0 to start). */
+static uint32_t crc32_update(uint32_t value, const unsigned char *p, size_t len) {
+    uint32_t c = ~value;
+#if defined(__x86_64__)
+    if (have_clmul && len >= 64) {
+        size_t chunk = len & ~(size_t)15;
+        c = crc_raw_clmul(c, p, chunk);
+        p += chunk;
+        len -= chunk;
+    }
+#endif
+    c = crc_raw_table(c, p, len);
+    return ~c;
+}
+
+/* -- helpers ---------------------------------------------------------------------------- */
+
+static int parse_addr(PyObject *addr, int v6, struct sockaddr_storage *ss, socklen_t *sl) {
+    const char *host;
+    int port;
+    if (!PyArg_ParseTuple(addr, "si", &host, &port))
+        return -1;
+    memset(ss, 0, sizeof *ss);
+    if (v6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((uint16_t)port);
+        if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1) {
+            PyErr_Format(PyExc_ValueError, "not an IPv6 address: %s", host);
+            return -1;
+        }
+        *sl = sizeof *a;
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)ss;
+        a->sin_family = AF_INET;
+        a->sin_port = htons((uint16_t)port);
+        if (inet_pton(AF_INET, host, &a->sin_addr) != 1) {
+            PyErr_Format(PyExc_ValueError, "not an IPv4 address: %s", host);
+            return -1;
+        }
+        *sl = sizeof *a;
+    }
+    return 0;
+}
+
+static void put_bth(unsigned char *h, int op, uint32_t dqpn, uint32_t psn, int ackreq, int byte4) {
+    h[0] = (unsigned char)op;
+    h[1] = 0;  /* SE 0, M 0, pad 0, TVer 0 */
+    h[2] = 0xFF;
+    h[3] = 0xFF;  /* default P_Key */
+    h[4] = (unsigned char)byte4;
+    h[5] = (unsigned char)(dqpn >> 16);
+    h[6] = (unsigned char)(dqpn >> 8);
+    h[7] = (unsigned char)dqpn;
+    h[8] = ackreq ? 0x80 : 0;
+    h[9] = (unsigned char)(psn >> 16);
+    h[10] = (unsigned char)(psn >> 8);
+    h[11] = (unsigned char)psn;
+}
+
+static void put_le32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+}
+
+static uint32_t get_le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* -- crc32 ------------------------------------------------------------------------------ */
+
+static PyObject *fp_crc32(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer b;
+    unsigned long value = 0;
+    if (!PyArg_ParseTuple(args, "y*|k:crc32", &b, &value))
+        return NULL;
+    uint32_t c;
+    Py_BEGIN_ALLOW_THREADS
+    c = crc32_update((uint32_t)value, b.buf, (size_t)b.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(c);
+}
+
+/* -- send_train ------------------------------------------------------------------------- */
+
+/*
+ * send_train(fd, addr, v6, gso, op, dqpn, psn, count, payload, mtu, ack_first, ack_every,
+ *            states) -> (sent, errno)
+ *
+ * Packet i (0 <= i < count) is opcode op to dqpn with PSN psn + i, AckReq when
+ * i >= ack_first >= 0 and (i - ack_first) % ack_every == 0, and the payload
+ * bytes [i*mtu, (i+1)*mtu). They leave in GSO batches of up to
+ * min(64, 65507 // size) segments (one per sendmsg without GSO); segment k of a
+ * batch takes the ICRC state states[k] (uint32, native order). Returns how many
+ * packets the kernel took and the errno that stopped it (0 if none).
+ */
+static PyObject *fp_send_train(PyObject *Py_UNUSED(self), PyObject *args) {
+    int fd, v6, gso, op, ack_first, ack_every;
+    unsigned long dqpn, psn;
+    Py_ssize_t count, mtu;
+    PyObject *addr;
+    Py_buffer pl, st;
+    if (!PyArg_ParseTuple(args, "iOppikkny*niiy*:send_train", &fd, &addr, &v6, &gso, &op, &dqpn, &psn,
+                          &count, &pl, &mtu, &ack_first, &ack_every, &st))
+        return NULL;
+    PyObject *result = NULL;
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    if (parse_addr(addr, v6, &ss, &sl) < 0)
+        goto out;
+    if (mtu <= 0 || (mtu & 3) || count < 0 || pl.len < count * mtu || ack_every <= 0) {
+        PyErr_SetString(PyExc_ValueError, "send_train: bad sizes");
+        goto out;
+    }
+    Py_ssize_t size = BTH_LEN + mtu + ICRC_LEN;
+    Py_ssize_t per = 1;
+    if (gso) {
+        per = GSO_MAX_BYTES / size;
+        if (per > GSO_MAX_SEGMENTS)
+            per = GSO_MAX_SEGMENTS;
+        if (per < 1)
+            per = 1;
+    }
+    Py_ssize_t nstates = st.len / 4;
+    if (nstates < (count < per ? count : per)) {
+        PyErr_SetString(PyExc_ValueError, "send_train: too few ICRC states");
+        goto out;
+    }
+    const uint32_t *states = st.buf;
+    const unsigned char *src = pl.buf;
+    unsigned char hdrs[GSO_MAX_SEGMENTS][BTH_LEN];
+    unsigned char icrcs[GSO_MAX_SEGMENTS][ICRC_LEN];
+    struct iovec iov[GSO_MAX_SEGMENTS * 3];
+    union {
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } ctrl;
+    Py_ssize_t sent = 0;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (sent < count) {
+        Py_ssize_t n = count - sent < per ? count - sent : per;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Py_ssize_t i = sent + k;
+            uint32_t p = (uint32_t)((psn + (unsigned long)i) & PSN_MASK);
+            int ackreq = ack_first >= 0 && i >= ack_first && (i - ack_first) % ack_every == 0;
+            const unsigned char *body = src + i * mtu;
+            put_bth(hdrs[k], op, (uint32_t)dqpn, p, ackreq, 0xFF);  /* masked for the ICRC */
+            uint32_t c = crc32_update(states[k], hdrs[k], BTH_LEN);
+            c = crc32_update(c, body, (size_t)mtu);
+            hdrs[k][4] = 0;
+            put_le32(icrcs[k], c);
+            iov[3 * k].iov_base = hdrs[k];
+            iov[3 * k].iov_len = BTH_LEN;
+            iov[3 * k + 1].iov_base = (void *)body;
+            iov[3 * k + 1].iov_len = (size_t)mtu;
+            iov[3 * k + 2].iov_base = icrcs[k];
+            iov[3 * k + 2].iov_len = ICRC_LEN;
+        }
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_name = &ss;
+        msg.msg_namelen = sl;
+        msg.msg_iov = iov;
+        msg.msg_iovlen = (size_t)(3 * n);
+        if (gso && n > 1) {
+            memset(&ctrl, 0, sizeof ctrl);
+            msg.msg_control = ctrl.buf;
+            msg.msg_controllen = sizeof ctrl.buf;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+            cm->cmsg_level = SOL_UDP;
+            cm->cmsg_type = UDP_SEGMENT;
+            cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t segsz = (uint16_t)size;
+            memcpy(CMSG_DATA(cm), &segsz, sizeof segsz);
+        }
+        ssize_t r;
+        do {
+            r = sendmsg(fd, &msg, 0);
+        } while (r < 0 && errno == EINTR);
+        if (r < 0) {
+            err = errno;
+            break;
+        }
+        sent += n;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("ni", sent, err);
+out:
+    PyBuffer_Release(&pl);
+    PyBuffer_Release(&st);
+    return result;
+}
+
+/* -- place_run -------------------------------------------------------------------------- */
+
+/*
+ * place_run(buf, nbytes, seg, k0, states, op, qpn, psn, mtu, dst, dst_off, max_count)
+ *     -> (count, last_ackreq)
+ *
+ * buf[:nbytes] holds received segments of seg bytes each (a GRO batch; the last
+ * may be shorter); segment k starts at k * seg. Starting at segment k0, accept
+ * segments while each is a MIDDLE of opcode op with TVer 0, no pad, a valid
+ * P_Key, destination qpn, PSN psn + i, exactly BTH + mtu + ICRC bytes, and an
+ * ICRC that matches when continued from states[k] (k: the index in the batch);
+ * copy each payload to dst[dst_off + i*mtu]. At most max_count. Returns how many
+ * were accepted and the index of the last accepted one that asked for an ACK
+ * (-1 if none). Nothing is written for a segment that is not accepted.
+ */
+/* The checks and copies of place_run; no Python objects (runs without the GIL). */
+static Py_ssize_t place_core(const unsigned char *base, Py_ssize_t nbytes, Py_ssize_t seg, Py_ssize_t k0,
+                             const uint32_t *states, Py_ssize_t nstates, int op, unsigned long qpn,
+                             unsigned long psn, Py_ssize_t mtu, unsigned char *out, Py_ssize_t out_len,
+                             Py_ssize_t dst_off, Py_ssize_t max_count, Py_ssize_t *last_ack) {
+    Py_ssize_t size = BTH_LEN + mtu + ICRC_LEN;
+    Py_ssize_t count = 0;
+    for (Py_ssize_t k = k0; count < max_count; k++, count++) {
+        Py_ssize_t off = k * seg;
+        if (off >= nbytes || k >= nstates)
+            break;
+        Py_ssize_t len = nbytes - off < seg ? nbytes - off : seg;
+        if (len != size)
+            break;
+        const unsigned char *s = base + off;
+        uint32_t p = (uint32_t)((psn + (unsigned long)count) & PSN_MASK);
+        if (s[0] != op || (s[1] & 0x3F) || (s[3] != 0xFF) || (s[2] & 0x7F) != 0x7F)
+            break;
+        if (((uint32_t)s[5] << 16 | (uint32_t)s[6] << 8 | s[7]) != qpn)
+            break;
+        if (((uint32_t)s[9] << 16 | (uint32_t)s[10] << 8 | s[11]) != p)
+            break;
+        Py_ssize_t at = dst_off + count * mtu;
+        if (at + mtu > out_len)
+            break;
+        unsigned char masked[BTH_LEN];
+        memcpy(masked, s, BTH_LEN);
+        masked[4] = 0xFF;
+        uint32_t c = crc32_update(states[k], masked, BTH_LEN);
+        c = crc32_update(c, s + BTH_LEN, (size_t)mtu);
+        if (c != get_le32(s + BTH_LEN + mtu))
+            break;
+        memcpy(out + at, s + BTH_LEN, (size_t)mtu);
+        if (s[8] & 0x80)
+            *last_ack = count;
+    }
+    return count;
+}
+
+static int check_place_args(Py_ssize_t nbytes, Py_ssize_t blen, Py_ssize_t seg, Py_ssize_t k0, Py_ssize_t mtu,
+                            Py_ssize_t dst_off, Py_ssize_t max_count) {
+    if (nbytes < 0 || nbytes > blen || seg <= 0 || k0 < 0 || mtu <= 0 || dst_off < 0 || max_count < 0) {
+        PyErr_SetString(PyExc_ValueError, "place_run: bad sizes");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *fp_place_run(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer b, st, dst;
+    Py_ssize_t nbytes, seg, k0, mtu, dst_off, max_count;
+    int op;
+    unsigned long qpn, psn;
+    if (!PyArg_ParseTuple(args, "y*nnny*ikknw*nn:place_run", &b, &nbytes, &seg, &k0, &st, &op, &qpn, &psn,
+                          &mtu, &dst, &dst_off, &max_count))
+        return NULL;
+    PyObject *result = NULL;
+    if (check_place_args(nbytes, b.len, seg, k0, mtu, dst_off, max_count) < 0)
+        goto out;
+    Py_ssize_t count, last_ack = -1;
+    Py_BEGIN_ALLOW_THREADS
+    count = place_core(b.buf, nbytes, seg, k0, st.buf, st.len / 4, op, qpn, psn, mtu, dst.buf, dst.len, dst_off,
+                       max_count, &last_ack);
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("nn", count, last_ack);
+out:
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&st);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+/* -- recv_runs -------------------------------------------------------------------------- */
+
+/*
+ * recv_runs(fd, buf, v6, src, states, op, qpn, psn, mtu, dst, dst_off, max_count, max_reads)
+ *     -> (placed, last_ackreq, reads, datagrams, gro_batches, errno, pending)
+ *
+ * Read the socket (non-blocking, up to max_reads reads into buf) while what
+ * arrives continues the run: datagrams from src (the (ip, port) the ICRC
+ * states belong to) whose every segment place_run takes, placed as one run
+ * from psn. Stops at EAGAIN, at max_count placed, or at the first read that
+ * the run does not take whole; that read stays in buf and pending is
+ * (nbytes, seg, k, (ip, port)): segments before k were placed, the rest are
+ * the caller's. pending is None otherwise. datagrams counts every datagram
+ * read, pending ones included; last_ackreq is relative to psn (-1: none);
+ * errno is that of a failed read other than EAGAIN (0: none).
+ */
+static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
+    int fd, v6, op;
+    PyObject *src;
+    Py_buffer b, st, dst;
+    unsigned long qpn, psn;
+    Py_ssize_t mtu, dst_off, max_count, max_reads;
+    if (!PyArg_ParseTuple(args, "iw*pOy*ikknw*nnn:recv_runs", &fd, &b, &v6, &src, &st, &op, &qpn, &psn, &mtu,
+                          &dst, &dst_off, &max_count, &max_reads))
+        return NULL;
+    PyObject *result = NULL;
+    struct sockaddr_storage want;
+    socklen_t want_len;
+    if (parse_addr(src, v6, &want, &want_len) < 0)
+        goto out;
+    if (check_place_args(0, b.len, 1, 0, mtu, dst_off, max_count) < 0)
+        goto out;
+    Py_ssize_t placed = 0, last_ack = -1, reads = 0, datagrams = 0, gro = 0;
+    Py_ssize_t p_nbytes = 0, p_seg = 0, p_k = 0;
+    int pending = 0, err = 0;
+    struct sockaddr_storage from;
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctrl;
+    Py_BEGIN_ALLOW_THREADS
+    while (reads < max_reads && placed < max_count) {
+        struct iovec iov = {b.buf, (size_t)b.len};
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_name = &from;
+        msg.msg_namelen = sizeof from;
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctrl.buf;
+        msg.msg_controllen = sizeof ctrl.buf;
+        ssize_t r;
+        do {
+            r = recvmsg(fd, &msg, MSG_DONTWAIT);
+        } while (r < 0 && errno == EINTR);
+        if (r < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                err = errno;
+            break;
+        }
+        reads++;
+        Py_ssize_t n = r, seg = 0;
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
+            if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO && cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                int v;
+                memcpy(&v, CMSG_DATA(cm), sizeof v);
+                seg = v;
+            }
+        }
+        if (seg > 0 && seg < n) {
+            gro++;
+            datagrams += (n + seg - 1) / seg;
+        } else {
+            seg = n > 0 ? n : 1;
+            datagrams++;
+        }
+        Py_ssize_t k = 0;
+        int same = msg.msg_namelen == want_len;
+        if (same && !v6) {
+            struct sockaddr_in *a = (struct sockaddr_in *)&from, *w = (struct sockaddr_in *)&want;
+            same = a->sin_addr.s_addr == w->sin_addr.s_addr && a->sin_port == w->sin_port;
+        } else if (same) {
+            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&from, *w = (struct sockaddr_in6 *)&want;
+            same = memcmp(&a->sin6_addr, &w->sin6_addr, sizeof a->sin6_addr) == 0 && a->sin6_port == w->sin6_port;
+        }
+        if (same && n > 0) {
+            Py_ssize_t last = -1;
+            k = place_core(b.buf, n, seg, 0, st.buf, st.len / 4, op, qpn, (psn + (unsigned long)placed) & PSN_MASK,
+                           mtu, dst.buf, dst.len, dst_off + placed * mtu, max_count - placed, &last);
+            if (last >= 0)
+                last_ack = placed + last;
+            placed += k;
+        }
+        if (!same || n == 0 || k * seg < n) {
+            pending = 1;
+            p_nbytes = n;
+            p_seg = seg;
+            p_k = k;
+            break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (!pending) {
+        result = Py_BuildValue("nnnnniO", placed, last_ack, reads, datagrams, gro, err, Py_None);
+        goto out;
+    }
+    char host[INET6_ADDRSTRLEN] = "";
+    int port = 0;
+    if (from.ss_family == AF_INET6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&from;
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+        port = ntohs(a->sin6_port);
+    } else if (from.ss_family == AF_INET) {
+        struct sockaddr_in *a = (struct sockaddr_in *)&from;
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+        port = ntohs(a->sin_port);
+    }
+    result = Py_BuildValue("nnnnni(nnn(si))", placed, last_ack, reads, datagrams, gro, err, p_nbytes, p_seg, p_k,
+                           host, port);
+out:
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&st);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+/* -- module ----------------------------------------------------------------------------- */
+
+static PyMethodDef methods[] = {
+    {"crc32", fp_crc32, METH_VARARGS, "crc32(data, value=0) -> int: zlib's CRC-32."},
+    {"send_train", fp_send_train, METH_VARARGS, "Send a run of MIDDLE packets (see the module source)."},
+    {"place_run", fp_place_run, METH_VARARGS, "Check and place a run of MIDDLE segments."},
+    {"recv_runs", fp_recv_runs, METH_VARARGS, "Read the socket while what arrives continues a run."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_fastpath", "The bulk data plane of the UDP soft device, in C.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+    const uint16_t one = 1;
+    if (*(const unsigned char *)&one != 1) {
+        PyErr_SetString(PyExc_ImportError, "_fastpath: little-endian hosts only");
+        return NULL;
+    }
+    crc_init_tables();
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+#endif
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+#if defined(__x86_64__)
+    if (PyModule_AddIntConstant(m, "CLMUL", have_clmul) < 0) {
+#else
+    if (PyModule_AddIntConstant(m, "CLMUL", 0) < 0) {
+#endif
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

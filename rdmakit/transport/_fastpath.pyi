@@ -1,0 +1,52 @@
+from typing_extensions import Buffer
+
+CLMUL: int
+
+def crc32(data: Buffer, value: int = 0, /) -> int: ...
+def send_train(
+    fd: int,
+    addr: tuple[str, int],
+    v6: bool,
+    gso: bool,
+    op: int,
+    dqpn: int,
+    psn: int,
+    count: int,
+    payload: Buffer,
+    mtu: int,
+    ack_first: int,
+    ack_every: int,
+    states: Buffer,
+    /,
+) -> tuple[int, int]: ...
+def place_run(
+    buf: Buffer,
+    nbytes: int,
+    seg: int,
+    k0: int,
+    states: Buffer,
+    op: int,
+    qpn: int,
+    psn: int,
+    mtu: int,
+    dst: Buffer,
+    dst_off: int,
+    max_count: int,
+    /,
+) -> tuple[int, int]: ...
+def recv_runs(
+    fd: int,
+    buf: Buffer,
+    v6: bool,
+    src: tuple[str, int],
+    states: Buffer,
+    op: int,
+    qpn: int,
+    psn: int,
+    mtu: int,
+    dst: Buffer,
+    dst_off: int,
+    max_count: int,
+    max_reads: int,
+    /,
+) -> tuple[int, int, int, int, int, int, tuple[int, int, int, tuple[str, int]] | None]: ...

@@ -1,0 +1,35 @@
+"""The optional native data plane of the UDP soft device (``_fastpath.c``).
+
+What it does, packet for packet, the pure-Python path does too; it only does
+it without a Python object per packet: build the BTH and ICRC of a run of
+MIDDLE packets and hand them to the kernel in GSO batches (``send_train``),
+and check and place a run of received MIDDLE segments of a GRO batch
+(``place_run``). It is built with the package when a C compiler is there
+(``setup.py``; the build goes on without it otherwise). Set
+``RDMAKIT_PURE_PYTHON=1`` to run without it; ``native`` is None then.
+"""
+
+import os
+from types import ModuleType
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get("RDMAKIT_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from . import _fastpath
+    except ImportError:
+        return None
+    return _fastpath
+
+
+#: The native module, or None (not built, or switched off).
+native: ModuleType | None = _load()
+
+
+def describe() -> str:
+    """One line for ``rdmakit devices -V`` and the benchmark header."""
+    if native is None:
+        why = "switched off" if os.environ.get("RDMAKIT_PURE_PYTHON", "") not in ("", "0") else "not built"
+        return f"pure Python ({why})"
+    return "native (" + ("PCLMULQDQ CRC-32" if native.CLMUL else "table CRC-32") + ")"
