@@ -7,6 +7,10 @@ and check and place a run of received MIDDLE segments of a GRO batch
 (``place_run``). It is built with the package when a C compiler is there
 (``setup.py``; the build goes on without it otherwise). Set
 ``RDMAKIT_PURE_PYTHON=1`` to run without it; ``native`` is None then.
+
+Its CRC-32 folds 256 bits at a time with VPCLMULQDQ where the CPU has it and
+AVX2, else 128 bits with PCLMULQDQ, else uses tables (``native.CLMUL``: 2, 1,
+0). ``RDMAKIT_NO_VPCLMUL=1`` (any value) keeps it to PCLMULQDQ.
 """
 
 import os
@@ -32,4 +36,5 @@ def describe() -> str:
     if native is None:
         why = "switched off" if os.environ.get("RDMAKIT_PURE_PYTHON", "") not in ("", "0") else "not built"
         return f"pure Python ({why})"
-    return "native (" + ("PCLMULQDQ CRC-32" if native.CLMUL else "table CRC-32") + ")"
+    crc = {2: "VPCLMULQDQ", 1: "PCLMULQDQ"}.get(int(native.CLMUL), "table")
+    return f"native ({crc} CRC-32)"

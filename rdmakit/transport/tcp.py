@@ -209,21 +209,34 @@ class TcpLink:
 
     def _read(self, s: _Stream) -> list[memoryview]:
         """Read what is there and return the whole frames it completes."""
-        if s.start:  # keep only the partial frame, at the front
-            rest = s.end - s.start
-            s.buf[:rest] = s.buf[s.start : s.end]
-            s.start, s.end = 0, rest
+        if s.start == s.end:
+            s.start = s.end = 0  # nothing kept: start over at the front, for free
+        elif s.start:
+            # A partial frame is kept. Move it to the front only when the buffer
+            # cannot hold the rest of it where it is (moving costs a copy of it).
+            need = _READ_CHUNK
+            if s.peer is not None and s.end - s.start >= 4:
+                need = 4 + min(FRAME_HEADER.unpack_from(s.buf, s.start)[0], MAX_FRAME)
+            if len(s.buf) - s.start < need or len(s.buf) - s.end < 65536:
+                rest = s.end - s.start
+                s.buf[:rest] = s.buf[s.start : s.end]
+                s.start, s.end = 0, rest
         buf = s.buf
         while True:
             if s.end == len(buf):
                 need = 0
-                if s.peer is not None and s.end >= 4:
-                    need = 4 + min(FRAME_HEADER.unpack_from(buf, 0)[0], MAX_FRAME)
-                if need <= len(buf):
+                if s.peer is not None and s.end - s.start >= 4:
+                    need = 4 + min(FRAME_HEADER.unpack_from(buf, s.start)[0], MAX_FRAME)
+                if s.start + need <= len(buf):
                     break  # full of whole frames: parse them first
-                grown = bytearray(need)
-                grown[: s.end] = buf[: s.end]
-                s.buf = buf = grown
+                rest = s.end - s.start
+                if need <= len(buf):
+                    buf[:rest] = buf[s.start : s.end]  # the frame fits once moved to the front
+                else:
+                    grown = bytearray(need)
+                    grown[:rest] = buf[s.start : s.end]
+                    s.buf = buf = grown
+                s.start, s.end = 0, rest
             try:
                 n = s.sock.recv_into(memoryview(buf)[s.end :])
             except (BlockingIOError, InterruptedError):

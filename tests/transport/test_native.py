@@ -5,8 +5,11 @@ packets, and it must place exactly the segments the per-packet path would take
 as in-order MIDDLE packets, writing nothing for the first one it refuses.
 """
 
+import os
 import random
 import socket
+import subprocess
+import sys
 import zlib
 from collections.abc import Callable
 
@@ -34,6 +37,27 @@ def test_crc32_is_zlibs() -> None:
     assert crc32(memoryview(bytearray(b"abc"))) == zlib.crc32(b"abc")
     with pytest.raises(TypeError):
         crc32("text")  # not a buffer
+
+
+@pytest.mark.parametrize("env", [{}, {"RDMAKIT_NO_VPCLMUL": "1"}], ids=["best", "pclmulqdq"])
+def test_crc32_is_zlibs_with_each_instruction_set(env: dict[str, str]) -> None:
+    """Each SIMD path the CPU offers (the import picks one), in a process of its own."""
+    code = (
+        "import random, zlib\n"
+        "from rdmakit.transport import _fastpath as f\n"
+        "d = random.Random(9).randbytes(9000)\n"
+        "for n in [*range(600), 4096, 4108, 8191]:\n"
+        "    for off in (0, 7):\n"
+        "        for v in (0, 0xFFFFFFFF, 0x1234567):\n"
+        "            assert f.crc32(d[off:off + n], v) == zlib.crc32(d[off:off + n], v), (n, off, v)\n"
+        "print(f.CLMUL)\n"
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "RDMAKIT_NO_VPCLMUL"} | env
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True
+    )
+    if env:
+        assert int(out.stdout) <= 1
 
 
 def _sink(ip: str) -> socket.socket:
