@@ -603,6 +603,13 @@ class QueuePair:
             return read_run(self.req)
         return None
 
+    def rx_place(self, pkt: Packet, plen: int) -> memoryview | None:
+        """Where ``plen`` payload bytes of the request ``pkt`` (headers only) will land, for
+        transports that receive a payload straight into place (see ``Responder.write_target``)."""
+        if not _fast_path_enabled or not self._rx:
+            return None
+        return self.resp.write_target(pkt, plen)
+
     def rx_run_done(self, opcode: int, count: int, last_ackreq: int, now: float) -> None:
         """``count`` packets of the run ``rx_run`` described were placed (``last_ackreq``: see Train)."""
         if opcode == _RR_MIDDLE:

@@ -158,6 +158,7 @@ class Responder:
         "msn",
         "mtu",
         "out",
+        "placed",
         "psn",
         "qp",
         "recv_off",
@@ -196,6 +197,8 @@ class Responder:
         self.w_off = 0
         self.w_resid = 0
         self.w_len = 0
+        #: A payload a transport already put where ``write_target`` said: (the buffer, where).
+        self.placed: tuple[Payload, tuple[int, int, int, int]] | None = None
         self.mtu = 1024
         self.min_rnr_timer = 0
         self.resources: list[RdAtomicResource | None] = []
@@ -349,6 +352,49 @@ class Responder:
         if ackreq:
             self._queue_ack(psn)
         return True
+
+    def write_target(self, pkt: Packet, plen: int) -> memoryview | None:
+        """Where ``plen`` payload bytes of the WRITE request ``pkt`` (headers only) will land.
+
+        For transports that receive a large payload straight into the target
+        memory (the TCP stream reader): the packet must be the next in-order
+        one, a WRITE without immediate, and pass every check ``_send_write``
+        makes (opcode sequence, access, length, R_Key and bounds); None
+        otherwise. Handing ``receive`` the packet with the returned buffer as
+        its payload then skips the copy; it is checked as usual.
+        """
+        qp = self.qp
+        info = OPCODE_INFO.get(pkt.opcode)
+        if info is None or info.kind is not _WRITE or info.imm or pkt.psn != self.psn or not plen:
+            return None
+        if not qp.access_bits & _REMOTE_WRITE:
+            return None
+        pos = info.position
+        mtu = self.mtu
+        if ((pos is _FIRST or pos is _MIDDLE) and plen != mtu) or plen > mtu:
+            return None
+        reth = pkt.reth
+        if pos is _FIRST or pos is _ONLY:
+            if self.in_msg is not None or reth is None or not 0 < reth.dma_len <= MAX_MSG_SIZE:
+                return None
+            if (plen != reth.dma_len) if pos is _ONLY else (plen >= reth.dma_len):
+                return None
+            view = qp.pd.remote_slice(reth.rkey, reth.va, reth.dma_len, Access.REMOTE_WRITE)
+            key = (reth.rkey, reth.va, 0, plen)
+            off = 0
+        else:
+            if self.in_msg is not _WRITE or self.w_gen != qp.pd.generation:
+                return None
+            if (plen != self.w_resid) if pos is _LAST else (plen >= self.w_resid):
+                return None
+            view = self.w_view
+            off = self.w_off
+            key = (self.w_rkey, self.w_va, off, plen)
+        if view is None:
+            return None
+        target = view[off : off + plen]
+        self.placed = (target, key)
+        return target
 
     def write_run(self) -> tuple[int, memoryview, int, int, int] | None:
         """Where a run of in-order WRITE MIDDLE packets would go (see ``QueuePair.rx_run``).
@@ -529,7 +575,14 @@ class Responder:
                 view = self.w_view
                 assert view is not None
                 off = self.w_off
-                view[off : off + plen] = payload
+                placed = self.placed
+                if (
+                    placed is None
+                    or placed[0] is not payload
+                    or placed[1] != (self.w_rkey, self.w_va, off, plen)
+                ):
+                    view[off : off + plen] = payload
+                self.placed = None
                 self.w_off = off + plen
                 self.w_resid = resid - plen
             if end:

@@ -33,7 +33,7 @@ from rdmakit.wire import (
 from rdmakit.wire.ident import solve_ipv4_ident
 
 from . import fastpath
-from .tcp import TcpLink
+from .tcp import Placed, TcpLink
 from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
 
 TransportName = Literal["roce-udp", "tcp"]
@@ -63,6 +63,14 @@ _MASK_BYTE4 = 0xFF000000
 _MIDDLE = frozenset(
     int(op) for op in (Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE)
 )
+#: Header length (BTH and RETH) of the WRITE requests whose payload the TCP reader may
+#: receive straight into place (``QueuePair.rx_place``).
+_WRITE_HEADER_LEN = {
+    int(Opcode.RDMA_WRITE_FIRST): BTH_LEN + 16,
+    int(Opcode.RDMA_WRITE_ONLY): BTH_LEN + 16,
+    int(Opcode.RDMA_WRITE_MIDDLE): BTH_LEN,
+    int(Opcode.RDMA_WRITE_LAST): BTH_LEN,
+}
 #: MIDDLE opcodes whose runs the native data plane places (``QueuePair.rx_run``).
 _RUN_OPS = frozenset(int(op) for op in (Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE))
 
@@ -89,6 +97,8 @@ class DeviceCounters:
     wrong_source: int = 0
     dropped_state: int = 0
     backlog_max: int = 0
+    #: Packets whose payload was received straight into the target memory (TCP).
+    placed: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -141,6 +151,8 @@ class SoftDevice:
         elif transport == "tcp":
             self.tcp = TcpLink(self.ip, port)
             self.port = self.tcp.port
+            if native:
+                self.tcp.place = self._place_tcp
         else:
             raise ValueError(f"unknown transport {transport!r}")
         self.name = f"soft-{'udp' if transport == 'roce-udp' else 'tcp'}:{self.ip}"
@@ -463,7 +475,11 @@ class SoftDevice:
             for body in frames:
                 c.packets_in += 1
                 try:
-                    pkt = decode(body)
+                    if isinstance(body, Placed):
+                        pkt = decode(body.header)._replace(payload=body.payload)
+                        c.placed += 1
+                    else:
+                        pkt = decode(body)
                 except WireError:
                     c.malformed += 1
                     continue
@@ -475,6 +491,27 @@ class SoftDevice:
                     if isinstance(r, PeerAddress) and (r.ip, r.port) == dead and qp.state is QpState.RTS:
                         qp.transport_error(now)
         return busy
+
+    def _place_tcp(self, src_ip: str, head: memoryview, n: int) -> tuple[int, memoryview] | None:
+        """Where the payload of a large frame from ``src_ip`` goes (``TcpLink.place``).
+
+        ``head``: the first bytes of the frame body (``n`` bytes in all). Only
+        a WRITE request without pad that its QP will take in order has a home.
+        """
+        op, b1 = head[0], head[1]
+        hlen = _WRITE_HEADER_LEN.get(op)
+        if hlen is None or b1 & 0x30 or len(head) < hlen:
+            return None
+        try:
+            pkt = decode(head[:hlen])
+        except WireError:
+            return None
+        qp = self._qps.get(pkt.dest_qp)
+        r = qp.remote if qp is not None else None
+        if qp is None or not isinstance(r, PeerAddress) or r.ip != src_ip:
+            return None
+        target = qp.rx_place(pkt, n - hlen)
+        return None if target is None else (hlen, target)
 
     def _transmit(self, now: float) -> bool:
         busy = False

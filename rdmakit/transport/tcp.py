@@ -18,7 +18,8 @@ import select
 import socket
 import struct
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 from rdmakit.wire import FRAME_HEADER, MAX_FRAME, Packet, encode_headers, pad_bytes
 
@@ -43,8 +44,33 @@ def _ip_str(b: bytes) -> str:
     return socket.inet_ntop(socket.AF_INET6, b)
 
 
+#: Frames at least this long may be received straight into place (see ``TcpLink.place``).
+DIRECT_MIN = 64 << 10
+#: Bytes of a frame's body that must be in before the placer is asked (all RC headers fit).
+_PEEK = 64
+
+
+class Placed(NamedTuple):
+    """A frame whose payload was received straight into place: its headers, and the payload."""
+
+    header: bytes
+    payload: memoryview
+
+
+#: ``place(peer ip, the first bytes of a frame body, body length)``: None, or the header
+#: length and the buffer that takes the rest of the body (see ``SoftDevice``).
+Placer = Callable[[str, memoryview, int], "tuple[int, memoryview] | None"]
+
+
+class _Direct:
+    __slots__ = ("filled", "header", "target")
+
+    def __init__(self, header: bytes, target: memoryview, filled: int) -> None:
+        self.header, self.target, self.filled = header, target, filled
+
+
 class _Stream:
-    __slots__ = ("addr", "buf", "dead", "end", "out", "peer", "sock", "start")
+    __slots__ = ("addr", "buf", "dead", "direct", "end", "large", "out", "peer", "sock", "start")
 
     def __init__(self, sock: socket.socket, peer: Addr | None) -> None:
         self.sock = sock
@@ -54,6 +80,10 @@ class _Stream:
         self.start = 0
         self.end = 0
         self.dead = False
+        #: The frame being received straight into place, if any.
+        self.direct: _Direct | None = None
+        #: The last frame was a large one (the next may be too: read its header first).
+        self.large = False
 
 
 class TcpLink:
@@ -63,6 +93,9 @@ class TcpLink:
         ls = socket.socket(self.family, socket.SOCK_STREAM)
         try:
             ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # Accepted streams inherit the buffer: sizing it after accept would
+            # shrink a window the peer was already offered (TCP then drops data).
+            ls.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUF)
             ls.bind((ip, port))
             ls.listen(64)
             ls.setblocking(False)
@@ -78,6 +111,10 @@ class TcpLink:
         self._preface = _PREFACE.pack(PREFACE_MAGIC, _ip16(ip), self.port)
         self.bad_prefaces = 0
         self.bad_frames = 0
+        #: Who says where a large frame's payload goes (``SoftDevice`` sets it); None: nowhere.
+        self.place: Placer | None = None
+        #: Frames received straight into place.
+        self.placed_frames = 0
 
     def fileno(self) -> int:
         return self._ep.fileno()
@@ -149,7 +186,7 @@ class TcpLink:
                     sent = 0
 
     # -- receiving ---------------------------------------------------------------------
-    def poll(self) -> Iterator[tuple[list[memoryview], str, Addr | None]]:
+    def poll(self) -> Iterator[tuple[list[memoryview | Placed], str, Addr | None]]:
         """Yield ``(frame bodies, peer ip, failed peer or None)`` for each ready stream.
 
         Frame bodies are views into the stream's buffer, valid until the next poll.
@@ -192,7 +229,6 @@ class TcpLink:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUF)
             s = _Stream(sock, None)
             self._by_fd[sock.fileno()] = s
             self._ep.register(sock.fileno(), select.EPOLLIN)
@@ -207,38 +243,102 @@ class TcpLink:
         if s.peer is not None and self._out.get(s.peer) is s:
             del self._out[s.peer]
 
-    def _read(self, s: _Stream) -> list[memoryview]:
-        """Read what is there and return the whole frames it completes."""
-        if s.start == s.end:
-            s.start = s.end = 0  # nothing kept: start over at the front, for free
-        elif s.start:
-            # A partial frame is kept. Move it to the front only when the buffer
-            # cannot hold the rest of it where it is (moving costs a copy of it).
-            need = _READ_CHUNK
-            if s.peer is not None and s.end - s.start >= 4:
-                need = 4 + min(FRAME_HEADER.unpack_from(s.buf, s.start)[0], MAX_FRAME)
-            if len(s.buf) - s.start < need or len(s.buf) - s.end < 65536:
-                rest = s.end - s.start
-                s.buf[:rest] = s.buf[s.start : s.end]
-                s.start, s.end = 0, rest
+    def _read_direct(self, s: _Stream, d: _Direct) -> Placed | None:
+        """Receive the rest of a frame straight into place; the frame once complete."""
+        target = d.target
+        while d.filled < len(target):
+            try:
+                n = s.sock.recv_into(target[d.filled :])
+            except (BlockingIOError, InterruptedError):
+                return None
+            except OSError:
+                s.dead = True
+                return None
+            if n == 0:
+                s.dead = True
+                return None
+            d.filled += n
+        s.direct = None
+        self.placed_frames += 1
+        return Placed(d.header, target)
+
+    def _read(self, s: _Stream) -> list[memoryview | Placed]:
+        """Read what is there and return the whole frames it completes.
+
+        Frame bodies are views into the stream's buffer, so once one is
+        parsed the buffer stays where it is until the next call. A large frame
+        whose payload has a home (``place``) is read there instead; after one,
+        the next read at a frame boundary takes only the header first, so that
+        the following large frame can go straight into place too.
+        """
+        frames: list[memoryview | Placed] = []
+        d = s.direct
+        if d is not None:
+            done = self._read_direct(s, d)
+            if done is None:
+                return frames
+            frames.append(done)
+        parsed = False  # frames of this call point into s.buf: it must not move
         buf = s.buf
-        while True:
-            if s.end == len(buf):
-                need = 0
-                if s.peer is not None and s.end - s.start >= 4:
-                    need = 4 + min(FRAME_HEADER.unpack_from(buf, s.start)[0], MAX_FRAME)
-                if s.start + need <= len(buf):
-                    break  # full of whole frames: parse them first
+        while not s.dead:
+            if s.peer is None and s.end - s.start >= _PREFACE.size:
+                magic, ip16, port = _PREFACE.unpack_from(buf, s.start)
+                if magic != PREFACE_MAGIC:
+                    self.bad_prefaces += 1
+                    s.dead = True
+                    break
+                s.peer = (_ip_str(ip16), port)
+                s.start += _PREFACE.size
+            if s.peer is not None:
+                pos, end = s.start, s.end
+                view = memoryview(buf)
+                while end - pos >= 4:
+                    (n,) = FRAME_HEADER.unpack_from(buf, pos)
+                    if not 12 <= n <= MAX_FRAME:
+                        s.dead = True  # garbage on the stream: nothing after it can be trusted
+                        self.bad_frames += 1
+                        break
+                    if end - pos - 4 < n:
+                        break
+                    frames.append(view[pos + 4 : pos + 4 + n])
+                    parsed = True
+                    s.large = n >= DIRECT_MIN
+                    pos += 4 + n
+                s.start = pos
+                if s.dead:
+                    break
+                if self._place(s):
+                    assert s.direct is not None
+                    done = self._read_direct(s, s.direct)
+                    if done is None:
+                        break
+                    frames.append(done)
+                    continue
+            if s.start == s.end and not parsed:
+                s.start = s.end = 0  # nothing kept: start over at the front, for free
+            need = 0
+            if s.peer is not None and s.end - s.start >= 4:
+                need = 4 + min(FRAME_HEADER.unpack_from(buf, s.start)[0], MAX_FRAME)
+            if s.start + need > len(buf) or s.end == len(buf):
+                # The frame under way does not fit where it is: move it to the front
+                # (or grow), unless frames of this call still sit in front of it.
+                if parsed:
+                    break
                 rest = s.end - s.start
-                if need <= len(buf):
-                    buf[:rest] = buf[s.start : s.end]  # the frame fits once moved to the front
-                else:
+                if need > len(buf):
                     grown = bytearray(need)
                     grown[:rest] = buf[s.start : s.end]
                     s.buf = buf = grown
+                elif s.start:
+                    buf[:rest] = buf[s.start : s.end]
+                else:
+                    break  # full of one frame's worth that is not complete: cannot be
                 s.start, s.end = 0, rest
+            limit = len(buf) - s.end
+            if s.large and s.start == s.end and self.place is not None:
+                limit = min(limit, 4 + _PEEK)  # a frame boundary after a large frame: header first
             try:
-                n = s.sock.recv_into(memoryview(buf)[s.end :])
+                n = s.sock.recv_into(memoryview(buf)[s.end : s.end + limit])
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -248,28 +348,26 @@ class TcpLink:
                 s.dead = True
                 break
             s.end += n
-        frames: list[memoryview] = []
-        pos, end = s.start, s.end
-        if s.peer is None:
-            if end - pos < _PREFACE.size:
-                return frames
-            magic, ip16, port = _PREFACE.unpack_from(buf, pos)
-            if magic != PREFACE_MAGIC:
-                self.bad_prefaces += 1
-                s.dead = True
-                return frames
-            s.peer = (_ip_str(ip16), port)
-            pos += _PREFACE.size
-        view = memoryview(buf)
-        while end - pos >= 4:
-            (n,) = FRAME_HEADER.unpack_from(buf, pos)
-            if not 12 <= n <= MAX_FRAME:
-                s.dead = True  # garbage on the stream: nothing after it can be trusted
-                self.bad_frames += 1
-                break
-            if end - pos - 4 < n:
-                break
-            frames.append(view[pos + 4 : pos + 4 + n])
-            pos += 4 + n
-        s.start = pos
         return frames
+
+    def _place(self, s: _Stream) -> bool:
+        """A large frame under way whose payload has a home: take what is here of it there."""
+        place = self.place
+        pos, end = s.start, s.end
+        if place is None or s.peer is None or end - pos < 4 + _PEEK:
+            return False
+        (n,) = FRAME_HEADER.unpack_from(s.buf, pos)
+        if not DIRECT_MIN <= n <= MAX_FRAME or end - pos - 4 >= n:
+            return False
+        view = memoryview(s.buf)
+        got = place(s.peer[0], view[pos + 4 : end], n)
+        if got is None or len(got[1]) != n - got[0]:
+            return False
+        hlen, target = got
+        body = pos + 4 + hlen
+        have = end - body
+        target[:have] = view[body:end]
+        s.direct = _Direct(bytes(view[pos + 4 : body]), target, have)
+        s.start = s.end
+        s.large = True
+        return True
