@@ -12,7 +12,7 @@ setup(
         Extension(
             "rdmakit.transport._fastpath",
             sources=["rdmakit/transport/_fastpath.c"],
-            extra_compile_args=["-O2", "-std=gnu11", "-fno-strict-aliasing"],
+            extra_compile_args=["-O2", "-std=gnu11", "-fno-strict-aliasing", "-Wall", "-Wextra"],
             optional=True,
         )
     ]

@@ -98,6 +98,40 @@ static uint32_t crc_raw_table(uint32_t c, const unsigned char *p, size_t len) {
 static int have_clmul;
 
 /*
+ * The end of both foldings: fold the remaining 16-byte blocks into x1 (len a
+ * multiple of 16), then reduce 128 -> 64 -> 32 bits (Barrett).
+ */
+__attribute__((target("pclmul,sse4.1"))) static inline uint32_t crc_fold_tail(__m128i x1, const unsigned char *buf,
+                                                                               size_t len) {
+    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);
+    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124LL);
+    const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
+    __m128i x2, x3, x5;
+    while (len >= 16) {
+        x2 = _mm_loadu_si128((const __m128i *)buf);
+        x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, k3k4, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+        buf += 16;
+        len -= 16;
+    }
+    x2 = _mm_clmulepi64_si128(x1, k3k4, 0x10);
+    x3 = _mm_setr_epi32(~0, 0, ~0, 0);
+    x1 = _mm_srli_si128(x1, 8);
+    x1 = _mm_xor_si128(x1, x2);
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, x3);
+    x1 = _mm_clmulepi64_si128(x1, k5k0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    x2 = _mm_and_si128(x1, x3);
+    x2 = _mm_clmulepi64_si128(x2, poly, 0x10);
+    x2 = _mm_and_si128(x2, x3);
+    x2 = _mm_clmulepi64_si128(x2, poly, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+
+/*
  * Folding with carry-less multiplication ("Fast CRC Computation for Generic
  * Polynomials Using PCLMULQDQ Instruction", Intel, 2009), with the constants
  * for the bit-reflected CRC-32 polynomial. len >= 64 and a multiple of 16; c is
@@ -107,8 +141,6 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc_raw_clmul(uint32_t 
                                                                         size_t len) {
     const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);
     const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);
-    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124LL);
-    const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
     __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8, y5, y6, y7, y8;
 
     x1 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
@@ -150,32 +182,7 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc_raw_clmul(uint32_t 
     x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
     x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
     x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
-    while (len >= 16) {
-        x2 = _mm_loadu_si128((const __m128i *)buf);
-        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
-        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
-        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
-        buf += 16;
-        len -= 16;
-    }
-    /* 128 -> 64 bits. */
-    x2 = _mm_clmulepi64_si128(x1, x0, 0x10);
-    x3 = _mm_setr_epi32(~0, 0, ~0, 0);
-    x1 = _mm_srli_si128(x1, 8);
-    x1 = _mm_xor_si128(x1, x2);
-    x0 = k5k0;
-    x2 = _mm_srli_si128(x1, 4);
-    x1 = _mm_and_si128(x1, x3);
-    x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
-    x1 = _mm_xor_si128(x1, x2);
-    /* Barrett reduction to 32 bits. */
-    x0 = poly;
-    x2 = _mm_and_si128(x1, x3);
-    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
-    x2 = _mm_and_si128(x2, x3);
-    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
-    x1 = _mm_xor_si128(x1, x2);
-    return (uint32_t)_mm_extract_epi32(x1, 1);
+    return crc_fold_tail(x1, buf, len);
 }
 
 static int have_vclmul;
@@ -220,37 +227,13 @@ __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.1"))) static uint32_t crc_raw
         _mm256_extracti128_si256(y1, 1), _mm256_castsi256_si128(y2), _mm256_extracti128_si256(y2, 1),
         _mm256_castsi256_si128(y3), _mm256_extracti128_si256(y3, 1),
     };
-    __m128i x1 = lanes[0], x2, x3, x5;
+    __m128i x1 = lanes[0], x5;
     for (int i = 1; i < 8; i++) {
         x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
         x1 = _mm_clmulepi64_si128(x1, k3k4, 0x11);
         x1 = _mm_xor_si128(_mm_xor_si128(x1, lanes[i]), x5);
     }
-    while (len >= 16) {
-        x2 = _mm_loadu_si128((const __m128i *)buf);
-        x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
-        x1 = _mm_clmulepi64_si128(x1, k3k4, 0x11);
-        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
-        buf += 16;
-        len -= 16;
-    }
-    /* 128 -> 64 -> 32 bits, as crc_raw_clmul. */
-    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124LL);
-    const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
-    x2 = _mm_clmulepi64_si128(x1, k3k4, 0x10);
-    x3 = _mm_setr_epi32(~0, 0, ~0, 0);
-    x1 = _mm_srli_si128(x1, 8);
-    x1 = _mm_xor_si128(x1, x2);
-    x2 = _mm_srli_si128(x1, 4);
-    x1 = _mm_and_si128(x1, x3);
-    x1 = _mm_clmulepi64_si128(x1, k5k0, 0x00);
-    x1 = _mm_xor_si128(x1, x2);
-    x2 = _mm_and_si128(x1, x3);
-    x2 = _mm_clmulepi64_si128(x2, poly, 0x10);
-    x2 = _mm_and_si128(x2, x3);
-    x2 = _mm_clmulepi64_si128(x2, poly, 0x00);
-    x1 = _mm_xor_si128(x1, x2);
-    return (uint32_t)_mm_extract_epi32(x1, 1);
+    return crc_fold_tail(x1, buf, len);
 }
 #endif
 
