@@ -63,6 +63,7 @@ _ROWS: dict[int, tuple[OpInfo, bool, tuple[int, ...], bool]] = {
 #: MIDDLE opcodes with a fast path (no extension headers, the bulk of a long message).
 _RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
 _WRITE_MIDDLE = Opcode.RDMA_WRITE_MIDDLE
+_SEND_MIDDLE = Opcode.SEND_MIDDLE
 _MIDDLE_OPS = frozenset((Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, _RR_MIDDLE))
 #: Packet fields reth .. ieth, all None on a MIDDLE packet.
 _NO_EXT_HEADERS = (None,) * 6
@@ -599,6 +600,8 @@ class QueuePair:
             return None
         if opcode == _WRITE_MIDDLE:
             return self.resp.write_run()
+        if opcode == _SEND_MIDDLE:
+            return self.resp.send_run()
         if opcode == _RR_MIDDLE and self._tx:
             return read_run(self.req)
         return None
@@ -614,6 +617,8 @@ class QueuePair:
         """``count`` packets of the run ``rx_run`` described were placed (``last_ackreq``: see Train)."""
         if opcode == _RR_MIDDLE:
             read_run_done(self.req, count, now)
+        elif opcode == _SEND_MIDDLE:
+            self.resp.send_run_done(count, last_ackreq)
         else:
             self.resp.write_run_done(count, last_ackreq)
         self.stats.packets_in += count

@@ -413,11 +413,35 @@ class Responder:
             return None
         return self.psn, view, self.w_off, most, mtu
 
+    def send_run(self) -> tuple[int, memoryview, int, int, int] | None:
+        """Where a run of in-order SEND MIDDLE packets would go (see ``QueuePair.rx_run``).
+
+        ``fast_middle``'s conditions for every packet of the run: a SEND under
+        way into a receive WQE of one buffer with room for each.
+        """
+        r = self.cur_recv
+        if self.in_msg is not _SEND or r is None or r.segs is None or len(r.segs) != 1:
+            return None
+        mtu = self.mtu
+        off = self.recv_off
+        most = (r.length - off) // mtu
+        if most <= 0:
+            return None
+        return self.psn, r.segs[0], off, most, mtu
+
+    def send_run_done(self, count: int, last_ackreq: int) -> None:
+        """``count`` packets of the run placed (as ``count`` calls of ``fast_middle``)."""
+        self.recv_off += count * self.mtu
+        self._run_done(count, last_ackreq)
+
     def write_run_done(self, count: int, last_ackreq: int) -> None:
         """``count`` packets of the run placed; the last one asking for an ACK was number ``last_ackreq``."""
         size = count * self.mtu
         self.w_off += size
         self.w_resid -= size
+        self._run_done(count, last_ackreq)
+
+    def _run_done(self, count: int, last_ackreq: int) -> None:
         self.sent_psn_nak = False
         psn = self.psn
         self.psn = self.ack_psn = (psn + count) & _MASK

@@ -72,7 +72,9 @@ _WRITE_HEADER_LEN = {
     int(Opcode.RDMA_WRITE_LAST): BTH_LEN,
 }
 #: MIDDLE opcodes whose runs the native data plane places (``QueuePair.rx_run``).
-_RUN_OPS = frozenset(int(op) for op in (Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE))
+_RUN_OPS = frozenset(
+    int(op) for op in (Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE)
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,7 +75,7 @@ class BulkSimQP(SimQP, Protocol):
 
 
 #: MIDDLE opcodes a bulk receiver places through ``rx_run``.
-_RUN_OPS = frozenset((Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE))
+_RUN_OPS = frozenset((Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rdmakit.engine import SGE, Access, CompletionQueue, SendWR, WcStatus, WrOpcode
+from rdmakit.engine import SGE, Access, CompletionQueue, RecvWR, SendWR, WcStatus, WrOpcode
 from rdmakit.engine import qp as qp_mod
 from rdmakit.transport import fastpath
 from rdmakit.transport.device import PeerAddress, SoftDevice, connect_qp, local_endpoint
@@ -87,6 +87,8 @@ def _transfer(ip_a: str, ip_b: str, op: WrOpcode, size: int, native: bool) -> tu
         mrb = b.pd.register(mb, 0x9000, ALL)
         connect_qp(a, qa, 10, local_endpoint(b, qb, 20))
         connect_qp(b, qb, 20, local_endpoint(a, qa, 10))
+        if op is WrOpcode.SEND:
+            qb.post_recv(RecvWR(wr_id=9, sg_list=(SGE(mrb.addr, size, mrb.lkey),)))
         qa.post_send(
             SendWR(
                 wr_id=1,
@@ -125,7 +127,7 @@ MODES = ["generic", "python", pytest.param("native", marks=needs_native)]
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("op", [WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ])
+@pytest.mark.parametrize("op", [WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ, WrOpcode.SEND])
 def test_udp_receive_fast_paths_end_like_the_generic_path(
     new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch, op: WrOpcode, mode: str
 ) -> None:
