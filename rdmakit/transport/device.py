@@ -124,6 +124,11 @@ class SoftDevice:
     ``transport="roce-udp"`` speaks RoCEv2 on UDP (port 4791 unless ``port`` says
     otherwise, for tests); ``transport="tcp"`` carries the same packets framed on
     TCP streams (the listener's port defaults to 4791 too).
+
+    ``bulk`` (the default) moves messages in bulk where it can: on UDP, runs of
+    MIDDLE packets through the native data plane (``fastpath``, when built);
+    on TCP, large WRITE payloads read straight into the target memory.
+    ``bulk=False`` goes packet by packet, with the same results.
     """
 
     def __init__(
@@ -135,7 +140,7 @@ class SoftDevice:
         rng: random.Random | None = None,
         gso: bool = True,
         verify_icrc: bool = True,
-        native: bool = True,
+        bulk: bool = True,
     ) -> None:
         self.ip = str(ipaddress.ip_address(ip))
         self.transport: TransportName = transport
@@ -153,13 +158,13 @@ class SoftDevice:
         elif transport == "tcp":
             self.tcp = TcpLink(self.ip, port)
             self.port = self.tcp.port
-            if native:
+            if bulk:
                 self.tcp.place = self._place_tcp
         else:
             raise ValueError(f"unknown transport {transport!r}")
         self.name = f"soft-{'udp' if transport == 'roce-udp' else 'tcp'}:{self.ip}"
         #: The native data plane (runs of MIDDLE packets in bulk), UDP only; None: pure Python.
-        self._native = fastpath.native if native and self.udp is not None else None
+        self._native = fastpath.native if bulk and self.udp is not None else None
         #: A run the last read ended inside: (QP, opcode, source ip, source port, ICRC flow).
         self._hot: tuple[QueuePair, int, str, int, IcrcFlow] | None = None
         self.pd = ProtectionDomain(self.rng)

@@ -72,8 +72,8 @@ def test_udp_send_is_byte_identical_to_the_generic_encoder(
 
 def _transfer(ip_a: str, ip_b: str, op: WrOpcode, size: int, native: bool) -> tuple[bytes, bytes, Any, Any]:
     with (
-        SoftDevice(ip_a, port=0, native=native) as a,
-        SoftDevice(ip_b, port=0, native=native) as b,
+        SoftDevice(ip_a, port=0, bulk=native) as a,
+        SoftDevice(ip_b, port=0, bulk=native) as b,
         Driver() as drv,
     ):
         drv.add(a)

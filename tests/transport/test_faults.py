@@ -64,7 +64,7 @@ def pair(
     new_ip: Callable[[], str], request: pytest.FixtureRequest
 ) -> Iterator[tuple[SoftDevice, SoftDevice, Driver]]:
     native = request.param
-    a, b = SoftDevice(new_ip(), gso=False, native=native), SoftDevice(new_ip(), gso=False, native=native)
+    a, b = SoftDevice(new_ip(), gso=False, bulk=native), SoftDevice(new_ip(), gso=False, bulk=native)
     drv = Driver()
     drv.add(a)
     drv.add(b)

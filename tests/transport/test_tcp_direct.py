@@ -34,7 +34,7 @@ ALL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
 class _Pair:
     def __init__(self, new_ip: Callable[[], str], mtu: int, place: bool = True) -> None:
         self.a = SoftDevice(new_ip(), transport="tcp", port=0)
-        self.b = SoftDevice(new_ip(), transport="tcp", port=0, native=place)
+        self.b = SoftDevice(new_ip(), transport="tcp", port=0, bulk=place)
         self.drv = Driver()
         self.drv.add(self.a)
         self.drv.add(self.b)
