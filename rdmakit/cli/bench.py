@@ -351,7 +351,7 @@ def _bench(args: argparse.Namespace) -> int:
         if args.json_out:
             return
         ratio = f"{row.ratio:6.2f}" if row.ratio is not None else "      "
-        print(f"{row.name:<48} {row.value:10.1f} {row.unit:<5} {ratio}  {row.target}", flush=True)
+        print(f"{row.name:<48} {row.value:10.1f} {row.unit:<5} {ratio}  {row.target}".rstrip(), flush=True)
 
     if not args.json_out:
         print(f"rdmakit bench: {args.runs} runs each (median), {args.total} MiB per throughput run")
