@@ -170,3 +170,13 @@ def test_udp_receive_fast_paths_end_like_the_generic_path(
         assert not s.dropped
         if not f.timeouts and not s.timeouts:  # a loaded host may time out once: that is not the fast path
             assert f == s
+
+
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=needs_native)], ids=["python", "native"])
+@pytest.mark.parametrize("op", [WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ, WrOpcode.SEND])
+def test_ipv6_bulk_transfers(op: WrOpcode, native: bool) -> None:
+    """Two devices on ::1 (their own ports): the IPv6 ICRC, GSO and GRO paths, both ways."""
+    a, b, sa, sb = _transfer("::1", "::1", op, (1 << 20) + 333, native=native)
+    assert a == b
+    assert not sa.dropped
+    assert not sb.dropped
