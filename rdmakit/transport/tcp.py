@@ -275,9 +275,7 @@ class TcpLink:
         d = s.direct
         if d is not None:
             done = self._read_direct(s, d)
-            if done is None:
-                return frames
-            frames.append(done)
+            return frames if done is None else [done]
         parsed = False  # frames of this call point into s.buf: it must not move
         buf = s.buf
         while not s.dead:
@@ -307,13 +305,17 @@ class TcpLink:
                 s.start = pos
                 if s.dead:
                     break
-                if self._place(s):
-                    assert s.direct is not None
-                    done = self._read_direct(s, s.direct)
-                    if done is None:
+                if self._placeable(s):
+                    # Whether the payload has a home depends on the frames before it:
+                    # the engine sees those first, then the next call asks.
+                    if frames:
                         break
-                    frames.append(done)
-                    continue
+                    if self._place(s):
+                        assert s.direct is not None
+                        done = self._read_direct(s, s.direct)
+                        if done is not None:
+                            frames.append(done)
+                        break
             if s.start == s.end and not parsed:
                 s.start = s.end = 0  # nothing kept: start over at the front, for free
             need = 0
@@ -350,15 +352,22 @@ class TcpLink:
             s.end += n
         return frames
 
-    def _place(self, s: _Stream) -> bool:
-        """A large frame under way whose payload has a home: take what is here of it there."""
-        place = self.place
+    def _placeable(self, s: _Stream) -> bool:
+        """A large frame is under way and enough of it is in to ask where it goes."""
         pos, end = s.start, s.end
-        if place is None or s.peer is None or end - pos < 4 + _PEEK:
+        if self.place is None or s.peer is None or end - pos < 4 + _PEEK:
             return False
+        n = int(FRAME_HEADER.unpack_from(s.buf, pos)[0])
+        return DIRECT_MIN <= n <= MAX_FRAME and end - pos - 4 < n
+
+    def _place(self, s: _Stream) -> bool:
+        """The large frame under way (``_placeable``): if its payload has a home, take
+        what is here of it there and read the rest there too."""
+        place = self.place
+        assert place is not None
+        assert s.peer is not None
+        pos, end = s.start, s.end
         (n,) = FRAME_HEADER.unpack_from(s.buf, pos)
-        if not DIRECT_MIN <= n <= MAX_FRAME or end - pos - 4 >= n:
-            return False
         view = memoryview(s.buf)
         got = place(s.peer[0], view[pos + 4 : end], n)
         if got is None or len(got[1]) != n - got[0]:
