@@ -48,6 +48,8 @@ def _ip_str(b: bytes) -> str:
 DIRECT_MIN = 64 << 10
 #: Bytes of a frame's body that must be in before the placer is asked (all RC headers fit).
 _PEEK = 64
+#: Most bytes a direct read waits for before the stream counts as readable (SO_RCVLOWAT).
+_LOWAT_MAX = 256 << 10
 
 
 class Placed(NamedTuple):
@@ -63,10 +65,11 @@ Placer = Callable[[str, memoryview, int], "tuple[int, memoryview] | None"]
 
 
 class _Direct:
-    __slots__ = ("filled", "header", "target")
+    __slots__ = ("filled", "header", "lowat", "target")
 
     def __init__(self, header: bytes, target: memoryview, filled: int) -> None:
         self.header, self.target, self.filled = header, target, filled
+        self.lowat = 1  # the socket's SO_RCVLOWAT
 
 
 class _Stream:
@@ -246,10 +249,17 @@ class TcpLink:
     def _read_direct(self, s: _Stream, d: _Direct) -> Placed | None:
         """Receive the rest of a frame straight into place; the frame once complete."""
         target = d.target
+        sock = s.sock
         while d.filled < len(target):
             try:
-                n = s.sock.recv_into(target[d.filled :])
+                n = sock.recv_into(target[d.filled :])
             except (BlockingIOError, InterruptedError):
+                # Wake the reader only once a good part of the rest is in (one
+                # system call here saves many rounds of the pump meanwhile).
+                low = min(len(target) - d.filled, _LOWAT_MAX)
+                if low != d.lowat:
+                    self._lowat(s, low)
+                    d.lowat = low
                 return None
             except OSError:
                 s.dead = True
@@ -258,9 +268,16 @@ class TcpLink:
                 s.dead = True
                 return None
             d.filled += n
+        if d.lowat != 1:
+            self._lowat(s, 1)
         s.direct = None
         self.placed_frames += 1
         return Placed(d.header, target)
+
+    @staticmethod
+    def _lowat(s: _Stream, n: int) -> None:
+        with contextlib.suppress(OSError):
+            s.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
 
     def _read(self, s: _Stream) -> list[memoryview | Placed]:
         """Read what is there and return the whole frames it completes.
