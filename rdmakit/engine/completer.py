@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from rdmakit.wire import AckKind, NakCode, Opcode, OpInfo, Packet, Payload, Position
 
-from .requester import ATOMIC, POSTED, READ, SEND_WRITE, Requester, scatter
+from .requester import ATOMIC, POSTED, READ, SEND_WRITE, Requester, SendWqe, scatter
 from .types import WcStatus
 
 if TYPE_CHECKING:
@@ -50,6 +50,20 @@ def _sdiff(a: int, b: int) -> int:
     return d - 0x1000000 if d >= _HALF else d
 
 
+def _middle_read(req: Requester) -> SendWqe | None:
+    """The READ at the SQ head, if its next response may be an in-order MIDDLE to place."""
+    sq = req.sq
+    if not sq or req.comp_opcode is None:
+        return None
+    wqe = sq[0]
+    if wqe.kind != READ or wqe.state == POSTED:
+        return None
+    psn = req.comp_psn
+    if (psn - req.sent_hwm) & _MASK < _HALF or 0 < (psn - wqe.last_psn) & _MASK < _HALF:
+        return None
+    return wqe
+
+
 def fast_read_middle(req: Requester, psn: int, payload: Payload, now: float) -> bool:
     """Place an in-order READ RESPONSE MIDDLE packet of the READ at the head of the SQ.
 
@@ -58,31 +72,21 @@ def fast_read_middle(req: Requester, psn: int, payload: Payload, now: float) -> 
     needs more than that (a gap, an implied NAK, a bad length, ...): the
     caller then takes the generic path.
     """
-    sq = req.sq
-    if not sq or psn != req.comp_psn or req.comp_opcode is None:
+    if psn != req.comp_psn:
         return False
-    wqe = sq[0]
-    if wqe.kind != READ or wqe.state == POSTED:
-        return False
-    if (psn - req.sent_hwm) & _MASK < _HALF or 0 < (psn - wqe.last_psn) & _MASK < _HALF:
+    wqe = _middle_read(req)
+    if wqe is None:
         return False
     plen = len(payload)
     done = wqe.read_done
-    mtu = req.mtu
-    if plen != mtu or wqe.length - done <= mtu:
+    if plen != req.mtu or wqe.length - done <= plen:
         return False
-    req.retry_left = req.retry_cnt
-    req.rnr_left = req.rnr_retry
-    req.started_retry = False
     seg0 = wqe.seg0
     if seg0 is not None:
         seg0[done : done + plen] = payload
     else:
         scatter(wqe.segs, done, payload)
-    wqe.read_done = done + plen
-    req.comp_psn = (psn + 1) & _MASK
-    req.comp_opcode = _RR_MIDDLE
-    req.restart_timer(now)
+    read_run_done(req, 1, now)
     return True
 
 
@@ -92,29 +96,20 @@ def read_run(req: Requester) -> tuple[int, memoryview, int, int, int] | None:
     ``fast_read_middle``'s conditions for every packet of the run; the READ's
     local memory must be one buffer.
     """
-    sq = req.sq
-    if not sq or req.comp_opcode is None:
-        return None
-    wqe = sq[0]
-    seg0 = wqe.seg0
-    if wqe.kind != READ or wqe.state == POSTED or seg0 is None:
-        return None
-    psn = req.comp_psn
-    if (psn - req.sent_hwm) & _MASK < _HALF or 0 < (psn - wqe.last_psn) & _MASK < _HALF:
+    wqe = _middle_read(req)
+    if wqe is None or wqe.seg0 is None:
         return None
     mtu = req.mtu
     done = wqe.read_done
     most = (wqe.length - done - 1) // mtu
     if most <= 0:
         return None
-    return psn, seg0, done, most, mtu
+    return req.comp_psn, wqe.seg0, done, most, mtu
 
 
 def read_run_done(req: Requester, count: int, now: float) -> None:
-    """``count`` packets of the run placed (as ``count`` calls of ``fast_read_middle``)."""
-    req.retry_left = req.retry_cnt
-    req.rnr_left = req.rnr_retry
-    req.started_retry = False
+    """``count`` MIDDLE packets of the head READ placed, in order."""
+    req.reset_retry_counters()
     req.sq[0].read_done += count * req.mtu
     req.comp_psn = (req.comp_psn + count) & _MASK
     req.comp_opcode = _RR_MIDDLE

@@ -322,18 +322,12 @@ class Responder:
         if psn != self.psn or plen != self.mtu:
             return False
         if op == _WRITE_MIDDLE:
-            resid = self.w_resid
-            view = self.w_view
-            if self.in_msg is not _WRITE or plen >= resid or view is None:
+            run = self.write_run()
+            if run is None:
                 return False
-            if self.w_gen != self.qp.pd.generation:
-                return False  # memory was deregistered meanwhile: the generic path re-checks
-            if not self.qp.access_bits & _REMOTE_WRITE:
-                return False
-            off = self.w_off
+            view, off = run[1], run[2]
             view[off : off + plen] = payload
-            self.w_off = off + plen
-            self.w_resid = resid - plen
+            self.write_run_done(1, 0 if ackreq else -1)
         else:
             r = self.cur_recv
             if self.in_msg is not _SEND or r is None or r.segs is None:
@@ -346,11 +340,7 @@ class Responder:
                 segs[0][off : off + plen] = payload
             else:
                 scatter(segs, off, payload)
-            self.recv_off = off + plen
-        self.sent_psn_nak = False
-        self.psn = self.ack_psn = (psn + 1) & _MASK
-        if ackreq:
-            self._queue_ack(psn)
+            self.send_run_done(1, 0 if ackreq else -1)
         return True
 
     def write_target(self, pkt: Packet, plen: int) -> memoryview | None:

@@ -12,7 +12,7 @@ import random
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from rdmakit.engine import CompletionQueue, EngineError, ProtectionDomain, QpCaps, QpState, QueuePair
 from rdmakit.wire import (
@@ -524,35 +524,23 @@ class SoftDevice:
         busy = False
         if self._backlog and not self._flush_backlog():
             return True
+        trains = self._native is not None  # UDP only: TCP sends packets
         for qp in self._qps.values():
             if not qp.may_transmit():
                 continue
-            if self._native is not None:
-                items = qp.poll_transmit_trains(now)
-                if not items:
-                    continue
-                busy = True
-                remote = qp.remote
-                npkts = 0
-                for it in items:
-                    npkts += it.npkts if type(it) is Train else 1
-                if not isinstance(remote, PeerAddress):
-                    self.counters.dropped_state += npkts
-                    continue
-                self.counters.packets_out += npkts
-                self._send_udp(items, remote)
-                continue
-            pkts = qp.poll_transmit(now)
+            before = qp.stats.packets_out
+            pkts = qp.poll_transmit_trains(now) if trains else qp.poll_transmit(now)
             if not pkts:
                 continue
             busy = True
+            n = qp.stats.packets_out - before  # packets, trains counted in full
             remote = qp.remote
             if not isinstance(remote, PeerAddress):
-                self.counters.dropped_state += len(pkts)
+                self.counters.dropped_state += n
                 continue
-            self.counters.packets_out += len(pkts)
+            self.counters.packets_out += n
             if self.tcp is not None:
-                self.tcp.send_packets(pkts, (remote.ip, remote.port))
+                self.tcp.send_packets(cast("list[Packet]", pkts), (remote.ip, remote.port))
             else:
                 self._send_udp(pkts, remote)
         return busy

@@ -351,7 +351,7 @@ class TcpLink:
                 elif s.start:
                     buf[:rest] = buf[s.start : s.end]
                 else:
-                    break  # full of one frame's worth that is not complete: cannot be
+                    break  # not reached: a buffer full from the front holds whole frames, parsed above
                 s.start, s.end = 0, rest
             limit = len(buf) - s.end
             if s.large and s.start == s.end and self.place is not None:
