@@ -17,19 +17,17 @@ Rules (each from ``doca_mmap.h``):
 - ``export_rdma`` needs a started local mmap with an RDMA permission.
 
 Addresses. The range's address is the buffer's real virtual address, read
-through the buffer protocol (``PyObject_GetBuffer`` via ctypes), so it is what
-a verbs backend registers and what a peer writes to. Where that is not
-available (a Python without ``ctypes.pythonapi``), a unique synthetic address
+through the buffer protocol (``rdmakit.verbs.buffer_address``), so it is what
+a verbs backend registers and what a peer writes to. Should the buffer protocol
+give no address (0), a unique synthetic address
 above 2**62 is used instead: no Linux user-space pointer is that high, so
 synthetic and real ranges never overlap. Either way the mmap holds a
 ``memoryview`` export of the buffer until ``destroy``, which pins it: a
 ``bytearray`` cannot be resized and an ``mmap.mmap`` cannot be closed meanwhile.
 """
 
-import ctypes
 import itertools
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntFlag
 from ipaddress import IPv6Address
@@ -40,6 +38,7 @@ from rdmakit.doca.backend import MemoryRegistration
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode
 from rdmakit.engine.types import Access
+from rdmakit.verbs.buffers import buffer_address
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from 3.12
@@ -96,51 +95,12 @@ def _verbs_access(flags: AccessFlag) -> Access:
 # Buffer addresses
 
 
-class _PyBuffer(ctypes.Structure):
-    """``Py_buffer`` (stable ABI since 3.11)."""
-
-    _fields_ = [
-        ("buf", ctypes.c_void_p),
-        ("obj", ctypes.c_void_p),
-        ("len", ctypes.c_ssize_t),
-        ("itemsize", ctypes.c_ssize_t),
-        ("readonly", ctypes.c_int),
-        ("ndim", ctypes.c_int),
-        ("format", ctypes.c_char_p),
-        ("shape", ctypes.c_void_p),
-        ("strides", ctypes.c_void_p),
-        ("suboffsets", ctypes.c_void_p),
-        ("internal", ctypes.c_void_p),
-    ]
-
-
-def _buffer_api() -> tuple[Callable[..., object], Callable[..., object]] | None:
-    try:
-        api = ctypes.pythonapi
-        get = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)(
-            ("PyObject_GetBuffer", api)
-        )
-        release = ctypes.PYFUNCTYPE(None, ctypes.POINTER(_PyBuffer))(("PyBuffer_Release", api))
-    except (AttributeError, OSError):
-        return None
-    return get, release
-
-
-_BUFFER_API = _buffer_api()
 _synthetic_base = itertools.count(1 << 62, 1 << 40)  # 1 TiB apart; ranges are smaller
 
 
 def _buffer_address(view: memoryview) -> int | None:
-    """The virtual address of `view`'s first byte, or None where ctypes can't tell."""
-    if _BUFFER_API is None:
-        return None
-    get, release = _BUFFER_API
-    pybuf = _PyBuffer()
-    get(view, ctypes.byref(pybuf), 0)  # PyBUF_SIMPLE; raises on failure
-    try:
-        return pybuf.buf or None
-    finally:
-        release(ctypes.byref(pybuf))
+    """The virtual address of `view`'s first byte (C-contiguous), or None where it has none."""
+    return buffer_address(view) or None
 
 
 def _as_bytes_view(buffer: "Buffer") -> memoryview:
