@@ -11,11 +11,17 @@ the raw-socket baseline measured in the same run:
   datagram size (target ≥ 0.5);
 - 8-byte RDMA WRITE round trips through the synchronous driver vs. a blocking
   UDP ping-pong (target ≤ 1.5);
-- RDMA READ throughput and 8-byte atomic latency, alongside.
+- RDMA READ throughput and 8-byte atomic latency, alongside; the WRITE round
+  trip also against a ping-pong that busy-polls both ends (the software's
+  own cost, without the wake-ups a blocking socket pays), and again in
+  event-driven mode.
 
 Both sides pump their device through the synchronous :class:`Driver`: they
 poll for ``--spin-us`` after the last event, then block in epoll (on a few
-shared cores a spinning process takes the CPU its peer needs). The RDMA
+shared cores a spinning process takes the CPU its peer needs). The polling
+must outlast the peer's turn-around (25–60 µs of Python per side here), or
+every round trip also pays two wake-ups from idle; the event-driven row
+(``--spin-us 0`` on both sides) shows that cost. The RDMA
 requester's window is ``--window`` PSNs (rxe's 128 is what a kernel peer
 expects; between two rdmakit peers the receiver's socket buffer holds more).
 """
@@ -108,7 +114,7 @@ def _serve(inp: TextIO, out: TextIO) -> int:
         elif op == "udp-echo":
             echo = baseline.UdpEcho(cmd["ip"])
             reply(port=echo.port)
-            echo.serve(cmd["count"])
+            echo.serve(cmd["count"], bool(cmd.get("poll", False)))
             reply(done=True)
         elif op == "rdma":
             r = _Responder(cmd["transport"], cmd["ip"], cmd["size"])
@@ -308,19 +314,26 @@ def _measure(args: argparse.Namespace, emit: Callable[[Row], None]) -> None:
 
         n = args.pings
 
-        def raw_ping() -> float:
-            child.send(op="udp-echo", ip=b, count=n)
-            port = child.recv()["port"]
-            rtts = baseline.udp_ping(a, (b, port), n, 8)
-            child.recv()
-            return statistics.median(rtts)
-
-        ping = _median(raw_ping, runs)
-        emit(Row("raw UDP ping-pong, 8 bytes, round trip", ping * 1e6, "µs"))
-
-        def rdma_rtt(opcode: WrOpcode, compare_add: int = 0, swap: int = 0) -> Callable[[], float]:
+        def raw_ping(poll: bool) -> Callable[[], float]:
             def measure() -> float:
-                r = _Requester(child, "roce-udp", a, b, MiB, opts)
+                child.send(op="udp-echo", ip=b, count=n, poll=poll)
+                port = child.recv()["port"]
+                rtts = baseline.udp_ping(a, (b, port), n, 8, poll)
+                child.recv()
+                return statistics.median(rtts)
+
+            return measure
+
+        ping = _median(raw_ping(False), runs)
+        emit(Row("raw UDP ping-pong, 8 bytes, round trip", ping * 1e6, "µs"))
+        polled = _median(raw_ping(True), runs)
+        emit(Row("raw UDP ping-pong, busy-polling both ends", polled * 1e6, "µs"))
+
+        def rdma_rtt(
+            opcode: WrOpcode, compare_add: int = 0, swap: int = 0, how: _Opts = opts
+        ) -> Callable[[], float]:
+            def measure() -> float:
+                r = _Requester(child, "roce-udp", a, b, MiB, how)
                 try:
                     r.round_trips(opcode, 8, 100, compare_add, swap)
                     return statistics.median(r.round_trips(opcode, 8, n, compare_add, swap))
@@ -331,12 +344,15 @@ def _measure(args: argparse.Namespace, emit: Callable[[Row], None]) -> None:
 
         v = _median(rdma_rtt(WrOpcode.RDMA_WRITE), runs)
         emit(Row("RDMA WRITE 8 bytes, round trip (sync driver)", v * 1e6, "µs", ping * 1e6, "≤ 1.5"))
+        emit(Row("  the same against the busy-polling ping", v * 1e6, "µs", polled * 1e6))
         v = _median(rdma_rtt(WrOpcode.RDMA_READ), runs)
         emit(Row("RDMA READ 8 bytes, round trip", v * 1e6, "µs", ping * 1e6))
         v = _median(rdma_rtt(WrOpcode.ATOMIC_FETCH_AND_ADD, compare_add=1), runs)
         emit(Row("ATOMIC FETCH_ADD 8 bytes, round trip", v * 1e6, "µs", ping * 1e6))
         v = _median(rdma_rtt(WrOpcode.ATOMIC_CMP_AND_SWP, compare_add=0, swap=0), runs)
         emit(Row("ATOMIC CMP_SWP 8 bytes, round trip", v * 1e6, "µs", ping * 1e6))
+        v = _median(rdma_rtt(WrOpcode.RDMA_WRITE, how=dataclasses.replace(opts, spin=0.0)), runs)
+        emit(Row("RDMA WRITE 8 bytes, round trip (event-driven)", v * 1e6, "µs", ping * 1e6))
     finally:
         child.close()
 
@@ -376,7 +392,10 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         help="requester window in PSNs, rdmakit to rdmakit (1024; rxe 128)",
     )
     p.add_argument(
-        "--spin-us", type=float, default=50.0, help="µs of idle polling before blocking in epoll (50)"
+        "--spin-us",
+        type=float,
+        default=200.0,
+        help="µs of idle polling before blocking in epoll (200; 0: event-driven only)",
     )
     p.add_argument("--ip-a", default="127.0.0.2", help="this side's loopback address")
     p.add_argument("--ip-b", default="127.0.0.3", help="the far side's loopback address")

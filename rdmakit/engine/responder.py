@@ -90,6 +90,8 @@ _new_packet = tuple.__new__
 #: Tests turn the READ-response fast path off to prove it changes nothing.
 _fast_path_enabled = True
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)
+_REMOTE_READ = int(Access.REMOTE_READ)
+_REMOTE_ATOMIC = int(Access.REMOTE_ATOMIC)
 
 
 class RecvWqe:
@@ -369,7 +371,7 @@ class Responder:
                 return None
             if (plen != reth.dma_len) if pos is _ONLY else (plen >= reth.dma_len):
                 return None
-            view = qp.pd.remote_slice(reth.rkey, reth.va, reth.dma_len, Access.REMOTE_WRITE)
+            view = qp.pd.remote_slice(reth.rkey, reth.va, reth.dma_len, _REMOTE_WRITE)
             key = (reth.rkey, reth.va, 0, plen)
             off = 0
         else:
@@ -563,7 +565,7 @@ class Responder:
                     self._fail_rwqe(rwqe, WcStatus.REM_INV_REQ_ERR)
                     raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
                 if length:
-                    view = qp.pd.remote_slice(reth.rkey, reth.va, length, Access.REMOTE_WRITE)
+                    view = qp.pd.remote_slice(reth.rkey, reth.va, length, _REMOTE_WRITE)
                     if view is None:
                         self._fail_rwqe(rwqe, WcStatus.REM_ACCESS_ERR)
                         raise _Fatal(NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
@@ -581,7 +583,7 @@ class Responder:
                 if self.w_gen != qp.pd.generation:
                     # Something was deregistered since the FIRST packet: the rest of the
                     # message may only land if its R_Key still grants the range.
-                    self.w_view = qp.pd.remote_slice(self.w_rkey, self.w_va, self.w_len, Access.REMOTE_WRITE)
+                    self.w_view = qp.pd.remote_slice(self.w_rkey, self.w_va, self.w_len, _REMOTE_WRITE)
                     self.w_gen = qp.pd.generation
                     if self.w_view is None:
                         self._fail_rwqe(rwqe, WcStatus.REM_ACCESS_ERR)
@@ -666,7 +668,7 @@ class Responder:
             raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
         view = None
         if length:
-            view = qp.pd.remote_slice(reth.rkey, reth.va, length, Access.REMOTE_READ)
+            view = qp.pd.remote_slice(reth.rkey, reth.va, length, _REMOTE_READ)
             if view is None:
                 raise _Fatal(NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
         psn = pkt.psn
@@ -690,7 +692,7 @@ class Responder:
             raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
         ae = pkt.atomic_eth
         assert ae is not None
-        view = qp.pd.remote_slice(ae.rkey, ae.va, 8, Access.REMOTE_ATOMIC)
+        view = qp.pd.remote_slice(ae.rkey, ae.va, 8, _REMOTE_ATOMIC)
         if view is None:
             raise _Fatal(NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
         if ae.va & 7:
@@ -736,7 +738,7 @@ class Responder:
             return
         view = None
         if length:
-            view = self.qp.pd.remote_slice(reth.rkey, va, length, Access.REMOTE_READ)
+            view = self.qp.pd.remote_slice(reth.rkey, va, length, _REMOTE_READ)
             if view is None:
                 self._fatal(psn, NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
                 return

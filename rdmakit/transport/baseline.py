@@ -117,29 +117,40 @@ def udp_gso_source(ip: str, dest: tuple[str, int], seg: int, total: int) -> floa
 
 
 class UdpEcho:
-    """A blocking UDP echo server for ``count`` datagrams (the latency baseline's far end)."""
+    """A UDP echo server for ``count`` datagrams (the latency baseline's far end).
+
+    Blocking in ``recvfrom``, or with ``poll`` a non-blocking socket read in a
+    busy loop (what a polling RDMA application does with its CQ).
+    """
 
     def __init__(self, ip: str) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((ip, 0))
         self.port: int = self.sock.getsockname()[1]
 
-    def serve(self, count: int) -> None:
+    def serve(self, count: int, poll: bool = False) -> None:
         buf = bytearray(2048)
         s = self.sock
+        s.setblocking(not poll)
         try:
             for _ in range(count):
-                n, addr = s.recvfrom_into(buf)
+                while True:
+                    try:
+                        n, addr = s.recvfrom_into(buf)
+                        break
+                    except BlockingIOError:
+                        continue
                 s.sendto(memoryview(buf)[:n], addr)
         finally:
             s.close()
 
 
-def udp_ping(ip: str, dest: tuple[str, int], count: int, size: int) -> list[float]:
-    """Round-trip times of ``count`` blocking ping-pongs of ``size`` bytes."""
+def udp_ping(ip: str, dest: tuple[str, int], count: int, size: int, poll: bool = False) -> list[float]:
+    """Round-trip times of ``count`` ping-pongs of ``size`` bytes (blocking, or busy-polling)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind((ip, 0))
     s.connect(dest)
+    s.setblocking(not poll)
     msg = bytes(size)
     buf = bytearray(2048)
     out: list[float] = []
@@ -147,7 +158,12 @@ def udp_ping(ip: str, dest: tuple[str, int], count: int, size: int) -> list[floa
         for _ in range(count):
             t0 = time.perf_counter()
             s.send(msg)
-            s.recv_into(buf)
+            while True:
+                try:
+                    s.recv_into(buf)
+                    break
+                except BlockingIOError:
+                    continue
             out.append(time.perf_counter() - t0)
     finally:
         s.close()
