@@ -3,8 +3,9 @@
  *
  * Optional: every function here has a pure-Python twin that is the reference
  * (rdmakit/transport/fastpath.py), and the tests run both and compare. What is
- * here is only what costs per packet when a message is moved in MTU-sized
- * MIDDLE packets:
+ * here is only what costs per packet: moving a message in MTU-sized MIDDLE
+ * packets, and the codec, ICRC and system call of the single packets of a
+ * small operation's round trip:
  *
  *   crc32(data, value=0)       zlib's CRC-32 (PCLMULQDQ folding on x86-64);
  *   send_train(...)            build the BTH and ICRC of a run of MIDDLE
@@ -14,7 +15,12 @@
  *   place_run(...)             check a run of received MIDDLE segments (opcode,
  *                              P_Key, TVer, pad, QPN, PSN, length, ICRC) and copy
  *                              their payloads into the target memory, stopping at
- *                              the first segment that needs the general path.
+ *                              the first segment that needs the general path;
+ *   send_packet(...)           encode one packet (any RC opcode), add its ICRC
+ *                              and send it: one call for what a small
+ *                              operation's round trip sends;
+ *   check_decode(...)          check one received segment's ICRC and decode it
+ *                              into a Packet, or say why the Python path must.
  *
  * The ICRC (IBTA Annex A17.3.3) of a segment is continued from a CRC state the
  * caller computed over the masked pseudo IP/UDP headers of that segment (which
@@ -652,6 +658,452 @@ out:
     return result;
 }
 
+/* -- single packets: codec, ICRC and send/check in one call ------------------------------ */
+
+/*
+ * For the packets that do not come in runs (requests, ACKs, atomics: the
+ * round trip of a small operation), what costs is Python's per-packet
+ * bookkeeping around the codec, the ICRC and the system call. These two
+ * functions do each side in one call, with rdmakit.wire.packet's tables
+ * (handed over once by init_codec), and hand anything unusual back to the
+ * Python path, which is the reference and says what is wrong:
+ *
+ *   send_packet(fd, addr, v6, pkt, states, flow) -> int
+ *       encode_headers(pkt) + payload + pad + ICRC, sent with one sendmsg.
+ *       0: sent; > 0: the errno of sendmsg; -1: not sent, take the Python path
+ *       (a field out of range, a header the opcode does not carry, ...).
+ *   check_decode(seg, idx, states, flow) -> Packet | int
+ *       The ICRC of GSO segment idx checked, then decode(seg[:-4]).
+ *       0: the ICRC does not match; 1: it does, but decode it in Python.
+ *
+ * The ICRC state of an n-byte segment with index idx (BTH .. ICRC) is
+ * states[n | idx << 16], or flow.state(n, idx) where it is missing.
+ */
+
+enum { L_BARE, L_AETH, L_AETH_ONLY, L_RETH, L_RETH_ONLY, L_IMM, L_RETH_IMM, L_IETH, L_ATOMIC, L_ATOMIC_ACK };
+
+static PyObject *t_packet, *t_reth, *t_aeth, *t_atomic_eth;
+static PyObject *op_member[256];
+static signed char op_layout[256];
+static unsigned char op_hlen[256];
+static int codec_ready;
+
+static PyObject *fp_init_codec(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *packet, *reth, *aeth, *atomic, *table;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!:init_codec", &PyType_Type, &packet, &PyType_Type, &reth, &PyType_Type,
+                          &aeth, &PyType_Type, &atomic, &PyDict_Type, &table))
+        return NULL;
+    PyObject *types[4] = {packet, reth, aeth, atomic};
+    for (int i = 0; i < 4; i++) {
+        if (!PyType_IsSubtype((PyTypeObject *)types[i], &PyTuple_Type)) {
+            PyErr_SetString(PyExc_TypeError, "init_codec: the header types must be tuples");
+            return NULL;
+        }
+    }
+    PyObject *member[256] = {NULL};
+    signed char layout[256];
+    unsigned char hlen[256];
+    memset(layout, -1, sizeof layout);
+    memset(hlen, 0, sizeof hlen);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(table, &pos, &key, &value)) {
+        long op = PyLong_AsLong(key);
+        PyObject *m;
+        int lay, off;
+        if (op == -1 && PyErr_Occurred())
+            return NULL;
+        if (!PyArg_ParseTuple(value, "Oii:init_codec", &m, &lay, &off))
+            return NULL;
+        if (op < 0 || op > 255 || lay < L_BARE || lay > L_ATOMIC_ACK || off < BTH_LEN || off > 48) {
+            PyErr_SetString(PyExc_ValueError, "init_codec: bad table entry");
+            return NULL;
+        }
+        member[op] = m;
+        layout[op] = (signed char)lay;
+        hlen[op] = (unsigned char)off;
+    }
+    for (int i = 0; i < 256; i++) {
+        Py_XINCREF(member[i]);
+        Py_XSETREF(op_member[i], member[i]);
+    }
+    memcpy(op_layout, layout, sizeof layout);
+    memcpy(op_hlen, hlen, sizeof hlen);
+    Py_INCREF(packet);
+    Py_XSETREF(t_packet, packet);
+    Py_INCREF(reth);
+    Py_XSETREF(t_reth, reth);
+    Py_INCREF(aeth);
+    Py_XSETREF(t_aeth, aeth);
+    Py_INCREF(atomic);
+    Py_XSETREF(t_atomic_eth, atomic);
+    codec_ready = 1;
+    Py_RETURN_NONE;
+}
+
+static void put_be16(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 8);
+    p[1] = (unsigned char)v;
+}
+
+static void put_be32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static void put_be64(unsigned char *p, uint64_t v) {
+    put_be32(p, (uint32_t)(v >> 32));
+    put_be32(p + 4, (uint32_t)v);
+}
+
+static uint32_t get_be16(const unsigned char *p) { return (uint32_t)p[0] << 8 | p[1]; }
+
+static uint32_t get_be32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint64_t get_be64(const unsigned char *p) { return (uint64_t)get_be32(p) << 32 | get_be32(p + 4); }
+
+/* The ICRC state of an n-byte segment with index idx; -1 with an exception set. */
+static int64_t icrc_state(PyObject *states, PyObject *flow, Py_ssize_t n, Py_ssize_t idx) {
+    PyObject *key = PyLong_FromSsize_t(n | idx << 16);
+    if (key == NULL)
+        return -1;
+    PyObject *v = PyDict_GetItemWithError(states, key);  /* borrowed */
+    Py_DECREF(key);
+    if (v != NULL) {
+        Py_INCREF(v);
+    } else {
+        if (PyErr_Occurred())
+            return -1;
+        v = PyObject_CallMethod(flow, "state", "nn", n, idx);
+        if (v == NULL)
+            return -1;
+    }
+    unsigned long s = PyLong_AsUnsignedLong(v);
+    Py_DECREF(v);
+    if (s == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    if (s > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_ValueError, "ICRC state is not a u32");
+        return -1;
+    }
+    return (int64_t)s;
+}
+
+/* An int item in [0, max]; 0 if it is not one (no exception left set). */
+static int get_uint(PyObject *o, uint64_t max, uint64_t *out) {
+    if (!PyLong_Check(o))
+        return 0;
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (v > max)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+/* A truth value; -1 with an exception set. */
+static int truth(PyObject *o) {
+    if (o == Py_True)
+        return 1;
+    if (o == Py_False)
+        return 0;
+    return PyObject_IsTrue(o);
+}
+
+/* BTH and extension headers of pkt (a 16-tuple) into h; their length, 0 to take the Python path,
+ * -1 with an exception set. */
+static int encode_into(PyObject *pkt, unsigned char *h, Py_ssize_t plen) {
+    PyObject **it = ((PyTupleObject *)pkt)->ob_item;
+    uint64_t op, qp, psn, pkey;
+    if (!get_uint(it[0], 255, &op) || op_layout[op] < 0 || !get_uint(it[1], PSN_MASK, &qp) ||
+        !get_uint(it[2], PSN_MASK, &psn) || !get_uint(it[6], 0xFFFF, &pkey))
+        return 0;
+    int flags[5];
+    const int fi[5] = {3, 4, 5, 7, 8}; /* ackreq, se, migreq, fecn, becn */
+    for (int i = 0; i < 5; i++) {
+        flags[i] = truth(it[fi[i]]);
+        if (flags[i] < 0)
+            return -1;
+    }
+    PyObject *reth = it[9], *aeth = it[10], *atomic = it[11], *aack = it[12], *imm = it[13], *ieth = it[14];
+    int has = (reth != Py_None) | (aeth != Py_None) << 1 | (atomic != Py_None) << 2 | (aack != Py_None) << 3 |
+              (imm != Py_None) << 4 | (ieth != Py_None) << 5;
+    int lay = op_layout[op];
+    static const int want[] = {
+        [L_BARE] = 0, [L_AETH] = 2, [L_AETH_ONLY] = 2, [L_RETH] = 1, [L_RETH_ONLY] = 1,
+        [L_IMM] = 16, [L_RETH_IMM] = 17, [L_IETH] = 32, [L_ATOMIC] = 4, [L_ATOMIC_ACK] = 10,
+    };
+    if (has != want[lay])
+        return 0;
+    if (plen && (lay == L_AETH_ONLY || lay == L_RETH_ONLY || lay == L_ATOMIC || lay == L_ATOMIC_ACK))
+        return 0;
+    static const unsigned char padcnt[4] = {0x00, 0x30, 0x20, 0x10};
+    h[0] = (unsigned char)op;
+    h[1] = (unsigned char)((flags[1] ? 0x80 : 0) | (flags[2] ? 0x40 : 0) | padcnt[plen & 3]);
+    put_be16(h + 2, (uint32_t)pkey);
+    put_be32(h + 4, (flags[3] ? 0x80000000u : 0) | (flags[4] ? 0x40000000u : 0) | (uint32_t)qp);
+    put_be32(h + 8, (flags[0] ? 0x80000000u : 0) | (uint32_t)psn);
+    unsigned char *p = h + BTH_LEN;
+    uint64_t a, b, c, d;
+    if (reth != Py_None) {
+        if (!PyTuple_Check(reth) || PyTuple_GET_SIZE(reth) != 3 || !get_uint(PyTuple_GET_ITEM(reth, 0), UINT64_MAX, &a) ||
+            !get_uint(PyTuple_GET_ITEM(reth, 1), 0xFFFFFFFFu, &b) || !get_uint(PyTuple_GET_ITEM(reth, 2), 0xFFFFFFFFu, &c))
+            return 0;
+        put_be64(p, a);
+        put_be32(p + 8, (uint32_t)b);
+        put_be32(p + 12, (uint32_t)c);
+        p += 16;
+    }
+    if (aeth != Py_None) {
+        if (!PyTuple_Check(aeth) || PyTuple_GET_SIZE(aeth) != 2 || !get_uint(PyTuple_GET_ITEM(aeth, 0), 0xFF, &a) ||
+            !get_uint(PyTuple_GET_ITEM(aeth, 1), PSN_MASK, &b))
+            return 0;
+        put_be32(p, (uint32_t)(a << 24 | b));
+        p += 4;
+    }
+    if (atomic != Py_None) {
+        if (!PyTuple_Check(atomic) || PyTuple_GET_SIZE(atomic) != 4 ||
+            !get_uint(PyTuple_GET_ITEM(atomic, 0), UINT64_MAX, &a) ||
+            !get_uint(PyTuple_GET_ITEM(atomic, 1), 0xFFFFFFFFu, &b) ||
+            !get_uint(PyTuple_GET_ITEM(atomic, 2), UINT64_MAX, &c) || !get_uint(PyTuple_GET_ITEM(atomic, 3), UINT64_MAX, &d))
+            return 0;
+        put_be64(p, a);
+        put_be32(p + 8, (uint32_t)b);
+        put_be64(p + 12, c);
+        put_be64(p + 20, d);
+        p += 28;
+    }
+    if (aack != Py_None) {
+        if (!get_uint(aack, UINT64_MAX, &a))
+            return 0;
+        put_be64(p, a);
+        p += 8;
+    }
+    if (imm != Py_None || ieth != Py_None) {
+        if (!get_uint(imm != Py_None ? imm : ieth, 0xFFFFFFFFu, &a))
+            return 0;
+        put_be32(p, (uint32_t)a);
+        p += 4;
+    }
+    int n = (int)(p - h);
+    return n == op_hlen[op] ? n : 0;
+}
+
+static PyObject *fp_send_packet(PyObject *Py_UNUSED(self), PyObject *args) {
+    int fd, v6;
+    PyObject *addr, *pkt, *states, *flow;
+    if (!PyArg_ParseTuple(args, "iOpOO!O:send_packet", &fd, &addr, &v6, &pkt, &PyDict_Type, &states, &flow))
+        return NULL;
+    if (!codec_ready || !PyTuple_Check(pkt) || PyTuple_GET_SIZE(pkt) != 16)
+        return PyLong_FromLong(-1);
+    PyObject *payload = PyTuple_GET_ITEM(pkt, 15);
+    if (PyMemoryView_Check(payload) && PyMemoryView_GET_BUFFER(payload)->itemsize != 1)
+        return PyLong_FromLong(-1);
+    Py_buffer pl;
+    if (PyObject_GetBuffer(payload, &pl, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return PyLong_FromLong(-1);
+    }
+    PyObject *result = NULL;
+    unsigned char h[48], tail[8] = {0};
+    int hlen = encode_into(pkt, h, pl.len);
+    if (hlen <= 0) {
+        if (hlen == 0)
+            result = PyLong_FromLong(-1);
+        goto out;
+    }
+    Py_ssize_t pad = -pl.len & 3;
+    Py_ssize_t size = hlen + pl.len + pad + ICRC_LEN;
+    if (size > 0xFFFF - 8) {
+        result = PyLong_FromLong(-1);
+        goto out;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    if (parse_addr(addr, v6, &ss, &sl) < 0)
+        goto out;
+    int64_t st = icrc_state(states, flow, size, 0);
+    if (st < 0)
+        goto out;
+    unsigned char b4 = h[4];
+    h[4] = 0xFF; /* FECN, BECN, resv6 count as ones (Annex A17.3.3) */
+    uint32_t c = crc32_update((uint32_t)st, h, (size_t)hlen);
+    h[4] = b4;
+    c = crc32_update(c, pl.buf, (size_t)pl.len);
+    c = crc32_update(c, tail, (size_t)pad);
+    put_le32(tail + pad, c);
+    struct iovec iov[3] = {{h, (size_t)hlen}, {pl.buf, (size_t)pl.len}, {tail, (size_t)(pad + ICRC_LEN)}};
+    if (!pl.len) {
+        iov[1] = iov[2];
+    }
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_name = &ss;
+    msg.msg_namelen = sl;
+    msg.msg_iov = iov;
+    msg.msg_iovlen = pl.len ? 3 : 2;
+    ssize_t r;
+    do {
+        r = sendmsg(fd, &msg, 0);
+    } while (r < 0 && errno == EINTR);
+    result = PyLong_FromLong(r < 0 ? errno : 0);
+out:
+    PyBuffer_Release(&pl);
+    return result;
+}
+
+static PyObject *new_tuple(PyObject *type, Py_ssize_t n) {
+    PyTypeObject *t = (PyTypeObject *)type;
+    return t->tp_alloc(t, n);
+}
+
+static PyObject *u64(uint64_t v) { return PyLong_FromUnsignedLongLong(v); }
+
+static PyObject *fp_check_decode(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *seg, *states, *flow;
+    Py_ssize_t idx;
+    if (!PyArg_ParseTuple(args, "OnO!O:check_decode", &seg, &idx, &PyDict_Type, &states, &flow))
+        return NULL;
+    if (idx < 0 || idx > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "check_decode: segment index is not a u16");
+        return NULL;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(seg, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    const unsigned char *p = b.buf;
+    Py_ssize_t n = b.len;
+    if (n < BTH_LEN + ICRC_LEN) {
+        result = PyLong_FromLong(1);
+        goto out;
+    }
+    int64_t st = icrc_state(states, flow, n, idx);
+    if (st < 0)
+        goto out;
+    unsigned char h[BTH_LEN];
+    memcpy(h, p, BTH_LEN);
+    h[4] = 0xFF;
+    uint32_t c = crc32_update((uint32_t)st, h, BTH_LEN);
+    c = crc32_update(c, p + BTH_LEN, (size_t)(n - BTH_LEN - ICRC_LEN));
+    if (c != get_le32(p + n - ICRC_LEN)) {
+        result = PyLong_FromLong(0);
+        goto out;
+    }
+    Py_ssize_t m = n - ICRC_LEN;
+    int op = p[0], b1 = p[1], lay = codec_ready ? op_layout[op] : -1;
+    Py_ssize_t off = op_hlen[op], end = m - ((b1 >> 4) & 3);
+    if (lay < 0 || (b1 & 0x0F) || (m & 3) || end < off ||
+        (end != off && (lay == L_AETH_ONLY || lay == L_RETH_ONLY || lay == L_ATOMIC || lay == L_ATOMIC_ACK))) {
+        result = PyLong_FromLong(1);
+        goto out;
+    }
+    uint32_t w1 = get_be32(p + 4), w2 = get_be32(p + 8);
+    const unsigned char *x = p + BTH_LEN;
+    PyObject *reth = NULL, *aeth = NULL, *atomic = NULL, *aack = NULL, *imm = NULL;
+    int ok = 1;
+    switch (lay) {
+    case L_AETH:
+    case L_AETH_ONLY:
+    case L_ATOMIC_ACK:
+        aeth = new_tuple(t_aeth, 2);
+        if (aeth != NULL) {
+            uint32_t w = get_be32(x);
+            PyTuple_SET_ITEM(aeth, 0, PyLong_FromUnsignedLong(w >> 24));
+            PyTuple_SET_ITEM(aeth, 1, PyLong_FromUnsignedLong(w & PSN_MASK));
+        }
+        ok = aeth != NULL;
+        if (ok && lay == L_ATOMIC_ACK)
+            ok = (aack = u64(get_be64(x + 4))) != NULL;
+        break;
+    case L_RETH:
+    case L_RETH_ONLY:
+    case L_RETH_IMM:
+        reth = new_tuple(t_reth, 3);
+        if (reth != NULL) {
+            PyTuple_SET_ITEM(reth, 0, u64(get_be64(x)));
+            PyTuple_SET_ITEM(reth, 1, PyLong_FromUnsignedLong(get_be32(x + 8)));
+            PyTuple_SET_ITEM(reth, 2, PyLong_FromUnsignedLong(get_be32(x + 12)));
+        }
+        ok = reth != NULL;
+        if (ok && lay == L_RETH_IMM)
+            ok = (imm = PyLong_FromUnsignedLong(get_be32(x + 16))) != NULL;
+        break;
+    case L_IMM:
+    case L_IETH:
+        ok = (imm = PyLong_FromUnsignedLong(get_be32(x))) != NULL;
+        break;
+    case L_ATOMIC:
+        atomic = new_tuple(t_atomic_eth, 4);
+        if (atomic != NULL) {
+            PyTuple_SET_ITEM(atomic, 0, u64(get_be64(x)));
+            PyTuple_SET_ITEM(atomic, 1, PyLong_FromUnsignedLong(get_be32(x + 8)));
+            PyTuple_SET_ITEM(atomic, 2, u64(get_be64(x + 12)));
+            PyTuple_SET_ITEM(atomic, 3, u64(get_be64(x + 20)));
+        }
+        ok = atomic != NULL;
+        break;
+    default:
+        break;
+    }
+    /* An item that failed to build leaves NULL in a header tuple: give up (MemoryError is set). */
+    PyObject *hdrs[3] = {reth, aeth, atomic};
+    for (int i = 0; ok && i < 3; i++) {
+        if (hdrs[i] != NULL)
+            for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(hdrs[i]); j++)
+                if (PyTuple_GET_ITEM(hdrs[i], j) == NULL)
+                    ok = 0;
+    }
+    PyObject *pkt = NULL, *payload = NULL;
+    if (ok)
+        payload = PySequence_GetSlice(seg, off, end);
+    if (payload != NULL)
+        pkt = new_tuple(t_packet, 16);
+    if (pkt == NULL) {
+        Py_XDECREF(payload);
+        Py_XDECREF(reth);
+        Py_XDECREF(aeth);
+        Py_XDECREF(atomic);
+        Py_XDECREF(aack);
+        Py_XDECREF(imm);
+        goto out;
+    }
+    PyObject *qp = PyLong_FromUnsignedLong(w1 & PSN_MASK), *psn = PyLong_FromUnsignedLong(w2 & PSN_MASK);
+    PyObject *pkey = PyLong_FromUnsignedLong(get_be16(p + 2));
+    Py_INCREF(op_member[op]);
+    PyTuple_SET_ITEM(pkt, 0, op_member[op]);
+    PyTuple_SET_ITEM(pkt, 1, qp);
+    PyTuple_SET_ITEM(pkt, 2, psn);
+    PyTuple_SET_ITEM(pkt, 3, Py_NewRef(w2 & 0x80000000u ? Py_True : Py_False));
+    PyTuple_SET_ITEM(pkt, 4, Py_NewRef(b1 & 0x80 ? Py_True : Py_False));
+    PyTuple_SET_ITEM(pkt, 5, Py_NewRef(b1 & 0x40 ? Py_True : Py_False));
+    PyTuple_SET_ITEM(pkt, 6, pkey);
+    PyTuple_SET_ITEM(pkt, 7, Py_NewRef(w1 & 0x80000000u ? Py_True : Py_False));
+    PyTuple_SET_ITEM(pkt, 8, Py_NewRef(w1 & 0x40000000u ? Py_True : Py_False));
+    PyTuple_SET_ITEM(pkt, 9, reth != NULL ? reth : Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(pkt, 10, aeth != NULL ? aeth : Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(pkt, 11, atomic != NULL ? atomic : Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(pkt, 12, aack != NULL ? aack : Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(pkt, 13, imm != NULL && lay != L_IETH ? imm : Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(pkt, 14, imm != NULL && lay == L_IETH ? imm : Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(pkt, 15, payload);
+    if (qp == NULL || psn == NULL || pkey == NULL) {
+        Py_DECREF(pkt);
+        goto out;
+    }
+    result = pkt;
+out:
+    PyBuffer_Release(&b);
+    return result;
+}
+
 /* -- module ----------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -659,6 +1111,9 @@ static PyMethodDef methods[] = {
     {"send_train", fp_send_train, METH_VARARGS, "Send a run of MIDDLE packets (see the module source)."},
     {"place_run", fp_place_run, METH_VARARGS, "Check and place a run of MIDDLE segments."},
     {"recv_runs", fp_recv_runs, METH_VARARGS, "Read the socket while what arrives continues a run."},
+    {"init_codec", fp_init_codec, METH_VARARGS, "Hand over rdmakit.wire.packet's types and opcode table."},
+    {"send_packet", fp_send_packet, METH_VARARGS, "Encode one packet, add its ICRC and send it."},
+    {"check_decode", fp_check_decode, METH_VARARGS, "Check one segment's ICRC and decode it."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,4 +1,9 @@
+from typing import Any
+
 from typing_extensions import Buffer
+
+from rdmakit.wire.icrc import IcrcFlow
+from rdmakit.wire.packet import Packet
 
 CLMUL: int
 
@@ -50,3 +55,10 @@ def recv_runs(
     max_reads: int,
     /,
 ) -> tuple[int, int, int, int, int, int, tuple[int, int, int, tuple[str, int]] | None]: ...
+def init_codec(
+    packet: type, reth: type, aeth: type, atomic_eth: type, layouts: dict[int, tuple[Any, int, int]], /
+) -> None: ...
+def send_packet(
+    fd: int, addr: tuple[str, int], v6: bool, pkt: Packet, states: dict[int, int], flow: IcrcFlow, /
+) -> int: ...
+def check_decode(seg: Buffer, idx: int, states: dict[int, int], flow: IcrcFlow, /) -> Packet | int: ...

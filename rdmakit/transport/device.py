@@ -416,6 +416,14 @@ class SoftDevice:
             idx = k
             k += 1
             if verify:
+                if fast is not None:
+                    # One native call checks the ICRC and decodes; 0 (another IP ID?) and 1
+                    # (not decodable there) leave it to the Python path below.
+                    got = fast.check_decode(seg, idx, states, flow)
+                    if type(got) is Packet:
+                        c.icrc_ok += 1
+                        self._deliver(got, src_ip, now)
+                        continue
                 # ICRC (Annex A17.3.3) of GSO segment idx: IPv4 ID idx, BTH byte 4 masked.
                 st = states.get(n | idx << 16)
                 if st is None:
@@ -563,6 +571,18 @@ class SoftDevice:
         flow = self._tx_flows.get(addr)
         if flow is None:
             flow = self._tx_flow(remote)
+        fast = self._native
+        if fast is not None and len(pkts) == 1 and type(pkt := pkts[0]) is Packet and not self._backlog:
+            # A single packet (a small operation's request or response): one native call.
+            err = fast.send_packet(link.fileno(), addr, self._v6, pkt, flow.states, flow)
+            if err >= 0 and err not in _WOULD_BLOCK:
+                lc = link.counters
+                lc.datagrams_out += 1  # as UdpLink.send: a send error is a lost packet
+                lc.sends += 1
+                if err:
+                    link.record_error(OSError(err, os.strerror(err)))
+                return
+            # -1 (the Python encoder says what is wrong) or a full socket (queued below)
         states = flow.states
         gso = link.gso
         parts: list[Payload] = []
@@ -687,6 +707,9 @@ class SoftDevice:
             self.counters.backlog_max = max(self.counters.backlog_max, len(backlog))
 
         return send
+
+
+_WOULD_BLOCK = frozenset((errno.EAGAIN, errno.EWOULDBLOCK))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

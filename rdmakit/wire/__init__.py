@@ -18,6 +18,7 @@ from .opcodes import OPCODE_INFO, Kind, Opcode, OpInfo, Position
 from .packet import (
     AETH,
     BTH_LEN,
+    CODEC_LAYOUTS,
     CREDITS_UNLIMITED,
     DEFAULT_PKEY,
     ICRC_LEN,
@@ -41,7 +42,7 @@ from .packet import (
 from .psn import PSN_BITS, PSN_HALF, PSN_MASK, psn_add, psn_diff
 
 __all__ = [
-    "AETH", "BTH_LEN", "CRC32_IMPL", "CREDITS_UNLIMITED", "DEFAULT_PKEY", "FRAME_HEADER",
+    "AETH", "BTH_LEN", "CODEC_LAYOUTS", "CRC32_IMPL", "CREDITS_UNLIMITED", "DEFAULT_PKEY", "FRAME_HEADER",
     "ICRC_LEN", "IP_PROTO_UDP", "MAX_FRAME", "OPCODE_INFO", "PSN_BITS", "PSN_HALF", "PSN_MASK",
     "RETH", "ROCE_UDP_PORT", "AckKind", "AtomicETH", "FrameDecoder", "IcrcFlow", "Kind",
     "LocalWireError", "NakCode", "OpInfo", "Opcode", "Packet", "Payload", "Position", "Train", "WireError",

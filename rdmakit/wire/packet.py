@@ -275,6 +275,10 @@ _ENC_LAYOUT: dict[int, int] = {op: _layout(info) for op, info in OPCODE_INFO.ite
 _DEC_INFO: dict[int, tuple[Opcode, int, int]] = {
     int(op): (info.opcode, _layout(info), BTH_LEN + info.ext_len) for op, info in OPCODE_INFO.items()
 }
+#: The same table for native codecs (``rdmakit.transport._fastpath``): opcode byte ->
+#: (Opcode, layout, BTH + extension header length); layouts numbered as the ``_L_*``
+#: constants above.
+CODEC_LAYOUTS: dict[int, tuple[Opcode, int, int]] = dict(_DEC_INFO)
 
 #: PadCnt (byte 1 bits 5:4) for a payload length mod 4.
 _PADCNT_BITS = (0x00, 0x30, 0x20, 0x10)

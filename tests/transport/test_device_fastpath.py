@@ -160,7 +160,8 @@ def test_udp_receive_fast_paths_end_like_the_generic_path(
         assert taken["run"] == 0
     else:
         assert taken["run"] > 0
-        assert set(calls) == {"send_train", "place_run", "recv_runs"}  # every native entry point ran
+        # every native entry point ran (the requests and ACKs: send_packet, check_decode)
+        assert set(calls) == {"send_train", "place_run", "recv_runs", "send_packet", "check_decode"}
     monkeypatch.setattr(qp_mod, "_fast_path_enabled", False)
     ref = got if mode == "generic" else _transfer(new_ip(), new_ip(), op, size, native=False)
     assert got[0] == got[1]
