@@ -357,6 +357,14 @@ def _qp_break(qp: BackendQP) -> None:
 
 # Every live Rdma context: a pump shared by several (the soft driver) collects for all of them.
 _live: "weakref.WeakSet[Rdma]" = weakref.WeakSet()
+# Bumped when a context joins, leaves or takes a pump: each context's list of the ones
+# sharing its pump (built at its next progress) is then out of date.
+_live_gen = 0
+
+
+def _live_changed() -> None:
+    global _live_gen
+    _live_gen += 1
 
 
 class Rdma(Ctx[Job]):
@@ -377,7 +385,9 @@ class Rdma(Ctx[Job]):
         self._posted: dict[int, _Posted] = {}
         self._wr_ids = itertools.count(1)
         self._error: DocaError | None = None
+        self._peers: tuple[int, tuple[weakref.ref[Rdma], ...]] = (-1, ())
         _live.add(self)
+        _live_changed()
 
     # -- capabilities -------------------------------------------------------------------------
 
@@ -572,6 +582,7 @@ class Rdma(Ctx[Job]):
             self._qp_caps = qp_caps
         _qp_init(self._qp, self._qp_access())
         if self._fd < 0:
+            _live_changed()
             try:
                 self._pump = self._qp.fileno()
             except DocaError:
@@ -630,6 +641,7 @@ class Rdma(Ctx[Job]):
 
     def _close(self) -> None:
         _live.discard(self)
+        _live_changed()
         if self._qp is not None:
             self._qp.close()
             self._qp = None
@@ -902,9 +914,14 @@ class Rdma(Ctx[Job]):
         if qp is None or self._closed:
             return False
         busy = qp.progress()
-        pump = self._pump
-        for ctx in list(_live):
-            if ctx._pump == pump and ctx._qp is not None and not ctx._closed and ctx._reap():
+        gen, peers = self._peers
+        if gen != _live_gen:
+            pump = self._pump
+            peers = tuple(weakref.ref(c) for c in list(_live) if c._pump == pump)
+            self._peers = (_live_gen, peers)
+        for ref in peers:
+            ctx = ref()
+            if ctx is not None and ctx._qp is not None and not ctx._closed and ctx._reap():
                 busy = True
         return busy
 

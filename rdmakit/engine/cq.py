@@ -38,6 +38,8 @@ class CompletionQueue:
     def poll(self, n: int = 1) -> list[Completion]:
         """Take up to ``n`` completions, oldest first (``ibv_poll_cq``)."""
         entries = self._entries
+        if not entries:
+            return []
         k = min(n, len(entries))
         return [entries.popleft() for _ in range(k)]
 
