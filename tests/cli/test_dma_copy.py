@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,39 +229,42 @@ def wait_for_line(proc: subprocess.Popen[str], needle: str) -> None:
     raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
 
 
-def test_dpu_killed_mid_copy(sides: tuple[Path, Path], service: str) -> None:
-    """DPU -> host; the DPU dies in the middle: the host says so in one line and leaves no file."""
-    host_dir, dpu_dir = sides
-    random_file(dpu_dir / "f.bin", 8 * MIB)
-    slow = ("--chunk-size", "65536", "--pause", "0.01")  # 128 jobs, 10 ms apart
-    dpu = start(dpu_dir, *copy_args("dpu", "f.bin", service, "-l", "60", *slow))
-    host = start(host_dir, *copy_args("host", "f.bin", service))
-    wait_for_line(dpu, "copy: ")  # the copier's progress: the copy is under way
-    dpu.kill()
-    dpu.communicate()
-    error = one_line_error(finish(host))
-    assert (
-        error
-        == "rdmakit dma-copy: the DPU went away before the copy was complete (DOCA_ERROR_CONNECTION_RESET)"
-    )
-    assert os.listdir(host_dir) == []
+#: How a test's CLI arguments are made: (role, file, *extra flags) -> argv.
+ArgsFor = Callable[..., list[str]]
 
 
-def test_host_killed_mid_copy(sides: tuple[Path, Path], service: str) -> None:
-    """Host -> DPU; the host dies in the middle: the DPU stops, says so in one line, leaves no file."""
+def killed_mid_copy(sides: tuple[Path, Path], args_for: ArgsFor, victim: str) -> None:
+    """The copier's peer dies in the middle of an 8 MiB copy (128 jobs, 10 ms apart).
+
+    ``victim`` "dpu": DPU -> host, the DPU dies; "host": host -> DPU, the host
+    dies. The survivor stops, says so in one line and leaves no file.
+    """
     host_dir, dpu_dir = sides
-    random_file(host_dir / "f.bin", 8 * MIB)
-    dpu = start(dpu_dir, *copy_args("dpu", "f.bin", service, "--chunk-size", "65536", "--pause", "0.01"))
-    host = start(host_dir, *copy_args("host", "f.bin", service, "-l", "60"))
-    wait_for_line(host, "the DPU: copy ")  # the host hears the DPU's progress
-    host.kill()
-    host.communicate()
-    error = one_line_error(finish(dpu))
-    assert (
-        error
-        == "rdmakit dma-copy: the host went away before the copy was complete (DOCA_ERROR_CONNECTION_RESET)"
+    slow = ("--chunk-size", "65536", "--pause", "0.01")
+    if victim == "dpu":
+        random_file(dpu_dir / "f.bin", 8 * MIB)
+        dead = start(dpu_dir, *args_for("dpu", "f.bin", "-l", "60", *slow))
+        survivor = start(host_dir, *args_for("host", "f.bin"))
+        wait_for_line(dead, "copy: ")  # the copier's progress: the copy is under way
+        gone, survivor_dir = "DPU", host_dir
+    else:
+        random_file(host_dir / "f.bin", 8 * MIB)
+        survivor = start(dpu_dir, *args_for("dpu", "f.bin", *slow))
+        dead = start(host_dir, *args_for("host", "f.bin", "-l", "60"))
+        wait_for_line(dead, "the DPU: copy ")  # the host hears the DPU's progress
+        gone, survivor_dir = "host", dpu_dir
+    dead.kill()
+    dead.communicate()
+    error = one_line_error(finish(survivor))
+    assert error == (
+        f"rdmakit dma-copy: the {gone} went away before the copy was complete (DOCA_ERROR_CONNECTION_RESET)"
     )
-    assert os.listdir(dpu_dir) == []
+    assert os.listdir(survivor_dir) == []
+
+
+@pytest.mark.parametrize("victim", ["dpu", "host"])
+def test_peer_killed_mid_copy(sides: tuple[Path, Path], service: str, victim: str) -> None:
+    killed_mid_copy(sides, lambda role, file, *extra: copy_args(role, file, service, *extra), victim)
 
 
 # -- the progress bar ----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_dma_copy import MIB, Done, finish, one_line_error, random_file, start, wait_for_line
+from .test_dma_copy import MIB, Done, finish, killed_mid_copy, one_line_error, random_file, start
 
 PORT = 47391  # with an address of its own per test, the port never collides
 
@@ -90,36 +90,9 @@ def test_transports_must_agree(sides: tuple[Path, Path], addrs: tuple[str, str, 
     assert os.listdir(dpu_dir) == []
 
 
-def test_dpu_killed_mid_copy_over_rdma(sides: tuple[Path, Path], addrs: tuple[str, str, str]) -> None:
-    """DPU -> host (RDMA WRITEs into the host's file); the DPU dies: one line, no file on the host."""
-    host_dir, dpu_dir = sides
-    random_file(dpu_dir / "f.bin", 8 * MIB)
-    slow = ("--chunk-size", "65536", "--pause", "0.01")
-    dpu = start(dpu_dir, *rdma_args("dpu", "f.bin", addrs, "-l", "60", *slow))
-    host = start(host_dir, *rdma_args("host", "f.bin", addrs))
-    wait_for_line(dpu, "copy: ")
-    dpu.kill()
-    dpu.communicate()
-    error = one_line_error(finish(host))
-    assert (
-        error
-        == "rdmakit dma-copy: the DPU went away before the copy was complete (DOCA_ERROR_CONNECTION_RESET)"
-    )
-    assert os.listdir(host_dir) == []
-
-
-def test_host_killed_mid_copy_over_rdma(sides: tuple[Path, Path], addrs: tuple[str, str, str]) -> None:
-    """Host -> DPU (RDMA READs of the host's file); the host dies: the DPU stops, one line, no file."""
-    host_dir, dpu_dir = sides
-    random_file(host_dir / "f.bin", 8 * MIB)
-    dpu = start(dpu_dir, *rdma_args("dpu", "f.bin", addrs, "--chunk-size", "65536", "--pause", "0.01"))
-    host = start(host_dir, *rdma_args("host", "f.bin", addrs, "-l", "60"))
-    wait_for_line(host, "the DPU: copy ")
-    host.kill()
-    host.communicate()
-    error = one_line_error(finish(dpu))
-    assert (
-        error
-        == "rdmakit dma-copy: the host went away before the copy was complete (DOCA_ERROR_CONNECTION_RESET)"
-    )
-    assert os.listdir(dpu_dir) == []
+@pytest.mark.parametrize("victim", ["dpu", "host"])
+def test_peer_killed_mid_copy_over_rdma(
+    sides: tuple[Path, Path], addrs: tuple[str, str, str], victim: str
+) -> None:
+    """As over shared memory: the survivor says so in one line and leaves no file."""
+    killed_mid_copy(sides, lambda role, file, *extra: rdma_args(role, file, addrs, *extra), victim)

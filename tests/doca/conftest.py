@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from rdmakit.doca import AccessFlag, Dev, LocalBackendDevice, Mmap, local_devinfo
+from rdmakit.doca import AccessFlag, Dev, LocalBackendDevice, Mmap, SyncEvent, WorkQ, local_devinfo
 
 
 @pytest.fixture
@@ -55,3 +55,19 @@ def make_mmap(dev: Dev) -> Iterator[MmapFactory]:
     for mmap in made:
         if mmap.num_bufs == 0:
             mmap.destroy()
+
+
+@pytest.fixture
+def workq() -> Iterator[WorkQ]:
+    """A polling WorkQ of depth 8 (test_ctx has its own)."""
+    with WorkQ(8) as wq:
+        yield wq
+
+
+@pytest.fixture
+def event(workq: WorkQ) -> Iterator[SyncEvent]:
+    """A started SyncEvent on ``workq``."""
+    with SyncEvent() as ev:
+        ev.workq_add(workq)
+        ev.start()
+        yield ev

@@ -1,7 +1,5 @@
 """DOCA Core 3.3: the buffer (doca_buf.h): geometry, data, lists and references."""
 
-from collections.abc import Callable
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,18 +10,12 @@ from rdmakit.doca import (
     Buf,
     BufInventory,
     Dev,
-    DocaError,
     DocaErrorCode,
     Mmap,
 )
 
 from .conftest import MmapFactory
-
-
-def _code(call: Callable[[], object]) -> DocaErrorCode:
-    with pytest.raises(DocaError) as exc:
-        call()
-    return exc.value.code
+from .util import error_code
 
 
 @pytest.fixture
@@ -94,7 +86,7 @@ def test_set_data_outside_the_buffer_is_invalid(
 ) -> None:
     """DOCA Core 3.3 (doca_buf_set_data): [data, data+data_len] must lie in [head, head+len]."""
     buf = inventory.get_by_addr(mmap, mmap.addr + 100, 16)
-    assert _code(lambda: buf.set_data(buf.addr + offset, length)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: buf.set_data(buf.addr + offset, length)) is DocaErrorCode.INVALID_VALUE
     assert (buf.data, buf.data_len) == (buf.addr, 0)
 
 
@@ -123,8 +115,8 @@ def test_append_then_commit_grows_the_data(inventory: BufInventory, make_mmap: M
 def test_commit_beyond_the_tailroom_is_invalid(inventory: BufInventory, mmap: Mmap) -> None:
     """Appending more than the tailroom holds is INVALID_VALUE and changes nothing."""
     buf = inventory.get_by_addr(mmap, mmap.addr, 8)
-    assert _code(lambda: buf.commit_append(9)) is DocaErrorCode.INVALID_VALUE
-    assert _code(lambda: buf.commit_append(-1)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: buf.commit_append(9)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: buf.commit_append(-1)) is DocaErrorCode.INVALID_VALUE
     assert buf.data_len == 0
 
 
@@ -133,7 +125,7 @@ def test_read_only_mmap_is_no_destination(inventory: BufInventory, make_mmap: Mm
     mmap = make_mmap(b"read-only bytes", access=AccessFlag.LOCAL_READ_ONLY)
     buf = inventory.get_by_data(mmap, mmap.addr, 4)
     assert bytes(buf.source_view()) == b"read"
-    assert _code(buf.append_view) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(buf.append_view) is DocaErrorCode.NOT_PERMITTED
 
 
 def test_remote_buf_has_no_local_bytes(inventory: BufInventory, make_mmap: MmapFactory, dev: Dev) -> None:
@@ -143,7 +135,7 @@ def test_remote_buf_has_no_local_bytes(inventory: BufInventory, make_mmap: MmapF
     buf = inventory.get_by_addr(remote, remote.addr + 64, 128)
     assert (buf.addr, buf.length) == (local.addr + 64, 128)
     for view in (buf.view, buf.source_view, buf.append_view):
-        assert _code(view) is DocaErrorCode.NOT_PERMITTED
+        assert error_code(view) is DocaErrorCode.NOT_PERMITTED
     buf.dec_refcount()
     remote.destroy()
 
@@ -173,11 +165,11 @@ def test_chain_needs_heads_and_refcount_one(inventory: BufInventory, mmap: Mmap)
     """DOCA Core 3.3 (doca_buf_chain_list): both must be heads, list2 with refcount 1 (NOT_PERMITTED)."""
     a, b, c, d = _bufs(inventory, mmap, 4)
     a.chain_list(b)
-    assert _code(lambda: c.chain_list(b)) is DocaErrorCode.NOT_PERMITTED  # b is not a head
-    assert _code(lambda: b.chain_list(c)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: c.chain_list(b)) is DocaErrorCode.NOT_PERMITTED  # b is not a head
+    assert error_code(lambda: b.chain_list(c)) is DocaErrorCode.NOT_PERMITTED
     d.inc_refcount()
-    assert _code(lambda: c.chain_list(d)) is DocaErrorCode.NOT_PERMITTED
-    assert _code(lambda: c.chain_list(c)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: c.chain_list(d)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: c.chain_list(c)) is DocaErrorCode.INVALID_VALUE
     assert c.list_len == 1
     assert d.list_len == 1
 
@@ -188,7 +180,7 @@ def test_chain_length_is_limited(inventory: BufInventory, mmap: Mmap) -> None:
     for buf in bufs[1:4]:
         bufs[0].chain_list(buf)
     assert bufs[0].list_len == inventory.max_list_len == 4
-    assert _code(lambda: bufs[0].chain_list(bufs[4])) is DocaErrorCode.TOO_BIG
+    assert error_code(lambda: bufs[0].chain_list(bufs[4])) is DocaErrorCode.TOO_BIG
     assert bufs[0].list_len == 4
     assert bufs[4].is_first
 
@@ -197,7 +189,7 @@ def test_list_len_only_on_the_head(inventory: BufInventory, mmap: Mmap) -> None:
     """DOCA Core 3.3 (doca_buf_get_list_len): NOT_PERMITTED unless the buffer is a head."""
     a, b = _bufs(inventory, mmap, 2)
     a.chain_list(b)
-    assert _code(lambda: b.list_len) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: b.list_len) is DocaErrorCode.NOT_PERMITTED
 
 
 def test_unchain_splits_the_list(inventory: BufInventory, mmap: Mmap) -> None:
@@ -210,8 +202,8 @@ def test_unchain_splits_the_list(inventory: BufInventory, mmap: Mmap) -> None:
     assert list(c) == [c, d]
     assert c.is_first
     assert c.refcount == 1
-    assert _code(lambda: a.unchain(d)) is DocaErrorCode.INVALID_VALUE  # d is no longer in a's list
-    assert _code(lambda: a.unchain(a)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: a.unchain(d)) is DocaErrorCode.INVALID_VALUE  # d is no longer in a's list
+    assert error_code(lambda: a.unchain(a)) is DocaErrorCode.INVALID_VALUE
 
 
 # -- references -----------------------------------------------------------------------------------
@@ -244,8 +236,8 @@ def test_references_live_on_the_head(inventory: BufInventory, mmap: Mmap) -> Non
     """DOCA Core 3.3 (doca_buf_inc_refcount): a non-head element is NOT_PERMITTED."""
     a, b = _bufs(inventory, mmap, 2)
     a.chain_list(b)
-    assert _code(b.inc_refcount) is DocaErrorCode.NOT_PERMITTED
-    assert _code(b.dec_refcount) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(b.inc_refcount) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(b.dec_refcount) is DocaErrorCode.NOT_PERMITTED
 
 
 def test_refcount_is_a_uint16(inventory: BufInventory, mmap: Mmap) -> None:
@@ -254,7 +246,7 @@ def test_refcount_is_a_uint16(inventory: BufInventory, mmap: Mmap) -> None:
     for _ in range(MAX_REFCOUNT - 1):
         buf.inc_refcount()
     assert buf.refcount == MAX_REFCOUNT
-    assert _code(buf.inc_refcount) is DocaErrorCode.TOO_BIG
+    assert error_code(buf.inc_refcount) is DocaErrorCode.TOO_BIG
 
 
 def test_released_buf_is_bad_state(inventory: BufInventory, mmap: Mmap) -> None:
@@ -262,7 +254,7 @@ def test_released_buf_is_bad_state(inventory: BufInventory, mmap: Mmap) -> None:
     (buf,) = _bufs(inventory, mmap, 1)
     buf.dec_refcount()
     for call in (buf.dec_refcount, buf.inc_refcount, buf.source_view, buf.reset_data_len):
-        assert _code(call) is DocaErrorCode.BAD_STATE
+        assert error_code(call) is DocaErrorCode.BAD_STATE
 
 
 def test_with_block_drops_one_reference(inventory: BufInventory, mmap: Mmap) -> None:

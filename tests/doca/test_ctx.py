@@ -2,7 +2,7 @@
 
 import select
 import selectors
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +22,7 @@ from rdmakit.doca import (
     WorkQ,
 )
 
-
-def _code(call: Callable[[], object]) -> DocaErrorCode:
-    with pytest.raises(DocaError) as exc:
-        call()
-    return exc.value.code
+from .util import error_code
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,7 +128,7 @@ def test_async_start_goes_through_starting(workq: WorkQ) -> None:
     ctx.workq_add(workq)
     ctx.start()
     assert ctx.state is CtxState.STARTING
-    assert _code(lambda: workq.submit(TickJob(ctx=ctx))) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: workq.submit(TickJob(ctx=ctx))) is DocaErrorCode.BAD_STATE
     ctx._connected()
     assert ctx.state is CtxState.RUNNING
     workq.submit(TickJob(ctx=ctx))
@@ -141,10 +137,10 @@ def test_async_start_goes_through_starting(workq: WorkQ) -> None:
 def test_transitions_not_in_the_table_are_bad_state() -> None:
     """DOCA Core 3.4: start twice, stop when idle, connect when running: BAD_STATE, state unchanged."""
     ctx = TickCtx()
-    assert _code(ctx.stop) is DocaErrorCode.BAD_STATE
+    assert error_code(ctx.stop) is DocaErrorCode.BAD_STATE
     ctx.start()
-    assert _code(ctx.start) is DocaErrorCode.BAD_STATE
-    assert _code(ctx._connected) is DocaErrorCode.BAD_STATE
+    assert error_code(ctx.start) is DocaErrorCode.BAD_STATE
+    assert error_code(ctx._connected) is DocaErrorCode.BAD_STATE
     assert ctx.state is CtxState.RUNNING
 
 
@@ -154,8 +150,8 @@ def test_configuration_only_when_idle(dev: Dev) -> None:
     ctx.add_dev(dev)
     ctx.set_option(1)
     ctx.start()
-    assert _code(lambda: ctx.set_option(2)) is DocaErrorCode.BAD_STATE
-    assert _code(lambda: ctx.rm_dev(dev)) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: ctx.set_option(2)) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: ctx.rm_dev(dev)) is DocaErrorCode.BAD_STATE
     ctx.stop()
     ctx.set_option(2)
     ctx.rm_dev(dev)
@@ -166,9 +162,9 @@ def test_device_added_twice_or_missing(dev: Dev) -> None:
     """DOCA Core 3.4 (doca_ctx_dev_add/rm): IN_USE and NOT_FOUND."""
     ctx = TickCtx()
     ctx.add_dev(dev)
-    assert _code(lambda: ctx.add_dev(dev)) is DocaErrorCode.IN_USE
+    assert error_code(lambda: ctx.add_dev(dev)) is DocaErrorCode.IN_USE
     ctx.rm_dev(dev)
-    assert _code(lambda: ctx.rm_dev(dev)) is DocaErrorCode.NOT_FOUND
+    assert error_code(lambda: ctx.rm_dev(dev)) is DocaErrorCode.NOT_FOUND
 
 
 def test_stop_drains_in_flight_jobs(workq: WorkQ, ctx: TickCtx) -> None:
@@ -176,7 +172,7 @@ def test_stop_drains_in_flight_jobs(workq: WorkQ, ctx: TickCtx) -> None:
     workq.submit(TickJob(ctx=ctx, ticks=2))
     ctx.stop()
     assert ctx.state is CtxState.STOPPING
-    assert _code(lambda: workq.submit(TickJob(ctx=ctx))) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: workq.submit(TickJob(ctx=ctx))) is DocaErrorCode.BAD_STATE
     assert workq.progress_retrieve() is None
     event = workq.progress_retrieve()
     assert event is not None
@@ -203,7 +199,7 @@ def test_close_flushes_in_flight_jobs(workq: WorkQ) -> None:
     assert event.status is DocaErrorCode.IO_FAILED
     assert event.error is not None
     assert event.error.code is DocaErrorCode.SHUTDOWN
-    assert _code(ctx.start) is DocaErrorCode.BAD_STATE
+    assert error_code(ctx.start) is DocaErrorCode.BAD_STATE
 
 
 # -- work queue ----------------------------------------------------------------------
@@ -234,7 +230,7 @@ def test_failed_job_is_an_event_not_an_exception(workq: WorkQ, ctx: TickCtx) -> 
 
 def test_submit_rejected_by_the_context_is_raised(workq: WorkQ, ctx: TickCtx) -> None:
     """A job the context refuses at submission raises, and takes no WorkQ slot."""
-    assert _code(lambda: workq.submit(TickJob(ctx=ctx, ticks=-1))) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: workq.submit(TickJob(ctx=ctx, ticks=-1))) is DocaErrorCode.INVALID_VALUE
     assert workq.inflight == 0
     assert ctx.num_inflight == 0
 
@@ -244,7 +240,7 @@ def test_depth_bounds_jobs_in_flight(workq: WorkQ, ctx: TickCtx) -> None:
     jobs = [TickJob(ctx=ctx, ticks=1) for _ in range(workq.depth)]
     for job in jobs:
         workq.submit(job)
-    assert _code(lambda: workq.submit(TickJob(ctx=ctx))) is DocaErrorCode.NO_MEMORY
+    assert error_code(lambda: workq.submit(TickJob(ctx=ctx))) is DocaErrorCode.NO_MEMORY
     assert workq.progress_retrieve() is not None  # retrieving an event frees its slot
     workq.submit(TickJob(ctx=ctx, ticks=1))
     assert len(_drain(workq)) == workq.depth
@@ -255,14 +251,14 @@ def test_completed_but_unretrieved_jobs_hold_their_slot(workq: WorkQ, ctx: TickC
     for _ in range(workq.depth):
         workq.submit(TickJob(ctx=ctx))  # completes at once
     assert ctx.num_inflight == 0
-    assert _code(lambda: workq.submit(TickJob(ctx=ctx))) is DocaErrorCode.NO_MEMORY
+    assert error_code(lambda: workq.submit(TickJob(ctx=ctx))) is DocaErrorCode.NO_MEMORY
 
 
 def test_job_object_in_flight_once(workq: WorkQ, ctx: TickCtx) -> None:
     """DOCA Core 3.4: a job in flight cannot be submitted again (IN_USE); after its event, it can."""
     job = TickJob(ctx=ctx, ticks=1)
     workq.submit(job)
-    assert _code(lambda: workq.submit(job)) is DocaErrorCode.IN_USE
+    assert error_code(lambda: workq.submit(job)) is DocaErrorCode.IN_USE
     assert len(_drain(workq)) == 1
     workq.submit(job)
 
@@ -271,21 +267,21 @@ def test_submit_needs_the_context_attached(workq: WorkQ) -> None:
     """DOCA Core 3.4 (doca_workq_submit): a context not attached to this WorkQ is NOT_FOUND."""
     ctx = TickCtx()
     ctx.start()
-    assert _code(lambda: workq.submit(TickJob(ctx=ctx))) is DocaErrorCode.NOT_FOUND
+    assert error_code(lambda: workq.submit(TickJob(ctx=ctx))) is DocaErrorCode.NOT_FOUND
 
 
 def test_one_workq_per_context(workq: WorkQ, ctx: TickCtx) -> None:
     """DOCA Core 3.4 (doca_ctx_workq_add): attaching again is IN_USE."""
     with WorkQ(1) as other:
-        assert _code(lambda: ctx.workq_add(other)) is DocaErrorCode.IN_USE
-        assert _code(lambda: ctx.workq_rm(other)) is DocaErrorCode.NOT_FOUND
-    assert _code(lambda: ctx.workq_add(workq)) is DocaErrorCode.IN_USE
+        assert error_code(lambda: ctx.workq_add(other)) is DocaErrorCode.IN_USE
+        assert error_code(lambda: ctx.workq_rm(other)) is DocaErrorCode.NOT_FOUND
+    assert error_code(lambda: ctx.workq_add(workq)) is DocaErrorCode.IN_USE
 
 
 def test_workq_rm_waits_for_jobs(workq: WorkQ, ctx: TickCtx) -> None:
     """DOCA Core 3.4 (doca_ctx_workq_rm): NOT_PERMITTED while jobs are pending."""
     workq.submit(TickJob(ctx=ctx, ticks=1))
-    assert _code(lambda: ctx.workq_rm(workq)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: ctx.workq_rm(workq)) is DocaErrorCode.NOT_PERMITTED
     _drain(workq)
     ctx.workq_rm(workq)
     assert ctx.workq is None
@@ -300,7 +296,7 @@ def test_workq_close_detaches_and_flushes(workq: WorkQ, ctx: TickCtx) -> None:
     assert ctx.workq is None
     assert ctx.num_inflight == 0
     assert ctx.running == []
-    assert _code(workq.progress_retrieve) is DocaErrorCode.BAD_STATE
+    assert error_code(workq.progress_retrieve) is DocaErrorCode.BAD_STATE
 
 
 # -- event-driven mode ----------------------------------------------------------------
@@ -309,12 +305,12 @@ def test_workq_close_detaches_and_flushes(workq: WorkQ, ctx: TickCtx) -> None:
 def test_polling_workq_has_no_event_handle(workq: WorkQ) -> None:
     """DOCA Core 3.4 (doca_workq_get_event_handle/arm/clear): BAD_STATE unless event-driven."""
     for call in (workq.fileno, workq.arm, workq.clear):
-        assert _code(call) is DocaErrorCode.BAD_STATE
+        assert error_code(call) is DocaErrorCode.BAD_STATE
 
 
 def test_event_mode_switches_only_without_contexts(workq: WorkQ, ctx: TickCtx) -> None:
     """DOCA Core 3.4 (doca_workq_set_event_driven_enable): BAD_STATE while a context is attached."""
-    assert _code(lambda: workq.set_event_driven(True)) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: workq.set_event_driven(True)) is DocaErrorCode.BAD_STATE
     ctx.workq_rm(workq)
     workq.set_event_driven(True)
     assert workq.event_driven

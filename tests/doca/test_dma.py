@@ -2,7 +2,7 @@
 
 import random
 import select
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from ipaddress import IPv6Address
 
 import pytest
@@ -36,12 +36,7 @@ from rdmakit.doca import (
 from rdmakit.engine import Access, MemoryRegion, QpCaps
 
 from .conftest import MmapFactory
-
-
-def _code(call: Callable[[], object]) -> DocaErrorCode:
-    with pytest.raises(DocaError) as exc:
-        call()
-    return exc.value.code
+from .util import error_code
 
 
 @pytest.fixture
@@ -176,7 +171,10 @@ def test_destination_too_small_is_rejected_at_submit(
     dst = buf_over(inv, make_mmap(8), 0, 8, 0, 4)  # tailroom 4
     workq = dma.workq
     assert workq is not None
-    assert _code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))) is DocaErrorCode.INVALID_VALUE
+    assert (
+        error_code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst)))
+        is DocaErrorCode.INVALID_VALUE
+    )
     assert dma.num_inflight == 0
     assert workq.inflight == 0
 
@@ -205,10 +203,12 @@ def test_source_and_destination_must_be_list_heads(
     assert dma.workq is not None
     workq = dma.workq
     assert (
-        _code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=second, dst=dst))) is DocaErrorCode.INVALID_VALUE
+        error_code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=second, dst=dst)))
+        is DocaErrorCode.INVALID_VALUE
     )
     assert (
-        _code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=dst, dst=second))) is DocaErrorCode.INVALID_VALUE
+        error_code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=dst, dst=second)))
+        is DocaErrorCode.INVALID_VALUE
     )
 
 
@@ -218,7 +218,7 @@ def test_a_destination_is_in_one_job_at_a_time(dma: Dma, make_mmap: MmapFactory,
     assert dma.workq is not None
     workq = dma.workq
     workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))
-    assert _code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))) is DocaErrorCode.IN_USE
+    assert error_code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))) is DocaErrorCode.IN_USE
     assert workq.progress_retrieve() is not None
     workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))  # free again once its event is out
     assert workq.progress_retrieve() is not None
@@ -228,7 +228,7 @@ def test_a_destination_is_in_one_job_at_a_time(dma: Dma, make_mmap: MmapFactory,
 def test_only_dma_jobs(dma: Dma) -> None:
     assert dma.workq is not None
     workq = dma.workq
-    assert _code(lambda: workq.submit(SyncEventGetJob(ctx=dma))) is DocaErrorCode.NOT_SUPPORTED
+    assert error_code(lambda: workq.submit(SyncEventGetJob(ctx=dma))) is DocaErrorCode.NOT_SUPPORTED
 
 
 # -- protection: memory is reached through the device ------------------------------------------
@@ -279,7 +279,10 @@ def test_rdma_imported_memory_is_not_supported_yet(
     dst = buf_over(inv, make_mmap(64), 0, 64, 0, 0)
     assert dma.workq is not None
     workq = dma.workq
-    assert _code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))) is DocaErrorCode.NOT_SUPPORTED
+    assert (
+        error_code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst)))
+        is DocaErrorCode.NOT_SUPPORTED
+    )
     src.dec_refcount()
     remote.destroy()
 
@@ -323,11 +326,13 @@ def test_limits_are_enforced_at_submit(inv: BufInventory) -> None:
         dst = buf_over(inv, mmaps[1], 0, 64, 0, 0)
         too_long = chain(*(buf_over(inv, mmaps[0], i, 1, 0, 1) for i in range(3)))
         assert (
-            _code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=too_long, dst=dst))) is DocaErrorCode.TOO_BIG
+            error_code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=too_long, dst=dst)))
+            is DocaErrorCode.TOO_BIG
         )
         too_big = buf_over(inv, mmaps[0], 10, 11, 0, 11)
         assert (
-            _code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=too_big, dst=dst))) is DocaErrorCode.TOO_BIG
+            error_code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=too_big, dst=dst)))
+            is DocaErrorCode.TOO_BIG
         )
         just_right = buf_over(inv, mmaps[0], 30, 10, 0, 10)
         workq.submit(DmaMemcpyJob(ctx=dma, src=just_right, dst=dst))
@@ -342,11 +347,11 @@ def test_device_rules() -> None:
     """One device per DMA context, and it must run memcpy jobs; start needs it."""
     no_dma = DeviceCaps(job_types=frozenset({JobType.RDMA_SEND}))
     with Dev.open(_capped_devinfo(no_dma)) as plain, Dev.open(local_devinfo("a")) as a:
-        assert _code(lambda: Dma(plain)) is DocaErrorCode.NOT_SUPPORTED
+        assert error_code(lambda: Dma(plain)) is DocaErrorCode.NOT_SUPPORTED
         with Dma() as dma:
-            assert _code(dma.start) is DocaErrorCode.BAD_STATE
+            assert error_code(dma.start) is DocaErrorCode.BAD_STATE
             dma.add_dev(a)
-            assert _code(lambda: dma.add_dev(plain)) is DocaErrorCode.IN_USE
+            assert error_code(lambda: dma.add_dev(plain)) is DocaErrorCode.IN_USE
             dma.start()
             assert dma.state is CtxState.RUNNING
             assert dma.dev is a
@@ -493,7 +498,7 @@ def test_any_lists_follow_the_model(
         room = sum(t for _, _, t in dst_layout[last:])
         if room < len(expected_src):
             assert (
-                _code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst)))
+                error_code(lambda: workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst)))
                 is DocaErrorCode.INVALID_VALUE
             )
             assert list_data(dst) == old

@@ -25,11 +25,7 @@ from rdmakit.doca import (
 )
 from rdmakit.transport import comm
 
-
-def _code(call: Callable[[], object]) -> DocaErrorCode:
-    with pytest.raises(DocaError) as exc:
-        call()
-    return exc.value.code
+from .util import error_code
 
 
 @pytest.fixture
@@ -83,8 +79,8 @@ def test_messages_arrive_whole_and_in_order_both_ways(channels: tuple[CommChanne
 
 def test_message_size_rules(channels: tuple[CommChannel, CommChannel]) -> None:
     client, _ = channels
-    assert _code(lambda: client.send(bytes(COMCH_MAX_MSG_SIZE + 1))) is DocaErrorCode.TOO_BIG
-    assert _code(lambda: client.send(b"")) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: client.send(bytes(COMCH_MAX_MSG_SIZE + 1))) is DocaErrorCode.TOO_BIG
+    assert error_code(lambda: client.send(b"")) is DocaErrorCode.INVALID_VALUE
 
 
 def test_max_msg_size_is_the_smaller_offer(service: str) -> None:
@@ -95,7 +91,7 @@ def test_max_msg_size_is_the_smaller_offer(service: str) -> None:
         assert len(accepted.recv(5)) == 9000
         client.close()
         accepted.close()
-    assert _code(lambda: CommChannelServer(service, max_msg_size=COMCH_MAX_MSG_LIMIT + 1)) is (
+    assert error_code(lambda: CommChannelServer(service, max_msg_size=COMCH_MAX_MSG_LIMIT + 1)) is (
         DocaErrorCode.INVALID_VALUE
     )
 
@@ -104,12 +100,12 @@ def test_waiting(channels: tuple[CommChannel, CommChannel], service: str) -> Non
     """Nothing to read: try_recv is None (DOCA_ERROR_AGAIN), recv times out; no server: connect times out."""
     client, server = channels
     assert server.try_recv() is None
-    assert _code(lambda: server.recv(0.05)) is DocaErrorCode.TIME_OUT
+    assert error_code(lambda: server.recv(0.05)) is DocaErrorCode.TIME_OUT
     client.send(b"now")
     assert server.recv(5) == b"now"
-    assert _code(lambda: CommChannel.connect(service + "-nobody", timeout=0.1)) is DocaErrorCode.TIME_OUT
+    assert error_code(lambda: CommChannel.connect(service + "-nobody", timeout=0.1)) is DocaErrorCode.TIME_OUT
     with CommChannelServer(service + "-idle") as idle:
-        assert _code(lambda: idle.accept(0.05)) is DocaErrorCode.TIME_OUT
+        assert error_code(lambda: idle.accept(0.05)) is DocaErrorCode.TIME_OUT
 
 
 def test_client_may_start_before_the_server(service: str) -> None:
@@ -162,21 +158,21 @@ def test_peer_closing_is_connection_reset_then_not_connected(
     assert exc.value.code is DocaErrorCode.CONNECTION_RESET
     assert exc.value.fault is Fault.PEER
     assert not server.connected
-    assert _code(lambda: server.send(b"anyone?")) is DocaErrorCode.NOT_CONNECTED
-    assert _code(lambda: client.send(b"x")) is DocaErrorCode.NOT_CONNECTED  # closed here
+    assert error_code(lambda: server.send(b"anyone?")) is DocaErrorCode.NOT_CONNECTED
+    assert error_code(lambda: client.send(b"x")) is DocaErrorCode.NOT_CONNECTED  # closed here
     client.close()  # idempotent
 
 
 def test_try_recv_notices_the_peer_is_gone(channels: tuple[CommChannel, CommChannel]) -> None:
     client, server = channels
     server.close()
-    assert _code(client.try_recv) is DocaErrorCode.CONNECTION_RESET
+    assert error_code(client.try_recv) is DocaErrorCode.CONNECTION_RESET
 
 
 def test_send_to_a_closed_peer_is_connection_reset(channels: tuple[CommChannel, CommChannel]) -> None:
     client, server = channels
     server.close()
-    assert _code(lambda: client.send(b"hello?")) is DocaErrorCode.CONNECTION_RESET
+    assert error_code(lambda: client.send(b"hello?")) is DocaErrorCode.CONNECTION_RESET
 
 
 _PEER = textwrap.dedent(
@@ -197,7 +193,7 @@ def test_a_killed_peer_process_is_connection_reset(service: str) -> None:
             with server.accept(30) as chan:
                 assert chan.recv(30) == b"ready"
                 child.send_signal(signal.SIGKILL)
-                assert _code(lambda: chan.recv(30)) is DocaErrorCode.CONNECTION_RESET
+                assert error_code(lambda: chan.recv(30)) is DocaErrorCode.CONNECTION_RESET
         finally:
             child.kill()
             child.wait()
@@ -210,18 +206,18 @@ def test_a_killed_peer_process_is_connection_reset(service: str) -> None:
     "name", ["", "has space", "slash/y", "x" * 81, "tcp:nohostport", "tcp:h:99999", "unix:"]
 )
 def test_malformed_service_names(name: str) -> None:
-    assert _code(lambda: CommChannelServer(name)) is DocaErrorCode.INVALID_VALUE
-    assert _code(lambda: CommChannel.connect(name, timeout=0.1)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: CommChannelServer(name)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: CommChannel.connect(name, timeout=0.1)) is DocaErrorCode.INVALID_VALUE
 
 
 def test_a_service_name_has_one_server(service: str, tmp_path: Path) -> None:
     with CommChannelServer(service):
-        assert _code(lambda: CommChannelServer(service)) is DocaErrorCode.IN_USE
+        assert error_code(lambda: CommChannelServer(service)) is DocaErrorCode.IN_USE
     with CommChannelServer(service):  # the name is free again once closed
         pass
     path = f"unix:{tmp_path / 'sock'}"
     with CommChannelServer(path):
-        assert _code(lambda: CommChannelServer(path)) is DocaErrorCode.IN_USE
+        assert error_code(lambda: CommChannelServer(path)) is DocaErrorCode.IN_USE
     assert not (tmp_path / "sock").exists()  # removed on close
 
 
@@ -251,9 +247,9 @@ def test_tcp_between_machines() -> None:
             assert [len(accepted.recv(5)) for _ in range(3)] == [1, 3000, COMCH_MAX_MSG_SIZE]
             accepted.send(b"back")
             assert client.recv(5) == b"back"
-            assert _code(lambda: client.send(b"fd", fds=(0,))) is DocaErrorCode.NOT_SUPPORTED
+            assert error_code(lambda: client.send(b"fd", fds=(0,))) is DocaErrorCode.NOT_SUPPORTED
             accepted.close()
-            assert _code(lambda: client.recv(5)) is DocaErrorCode.CONNECTION_RESET
+            assert error_code(lambda: client.recv(5)) is DocaErrorCode.CONNECTION_RESET
 
 
 def test_local_ip_names_the_address_a_tcp_channel_uses(service: str) -> None:
@@ -273,7 +269,7 @@ def test_a_client_that_is_not_a_comm_channel_is_refused(service: str) -> None:
         address = comm.parse_service(service)
         raw = comm.connect(address, max_msg_size=100, timeout=5)
         raw.send(b"GET / HTTP/1.0\r\n")
-        assert _code(lambda: server.accept(5)) is DocaErrorCode.UNSUPPORTED_VERSION
+        assert error_code(lambda: server.accept(5)) is DocaErrorCode.UNSUPPORTED_VERSION
         raw.close()
 
 
@@ -297,7 +293,7 @@ def test_closed_server_and_repr(service: str) -> None:
     assert "listening" in repr(server)
     server.close()
     server.close()
-    assert _code(lambda: server.accept(0.1)) is DocaErrorCode.NOT_CONNECTED
+    assert error_code(lambda: server.accept(0.1)) is DocaErrorCode.NOT_CONNECTED
     assert "closed" in repr(server)
 
 
@@ -368,7 +364,7 @@ def test_a_client_of_another_user_is_dropped(service: str) -> None:
     with CommChannelServer(service) as server:
         pid, report = as_nobody(intrude)
         try:
-            assert _code(lambda: server.accept(0.5)) is DocaErrorCode.TIME_OUT
+            assert error_code(lambda: server.accept(0.5)) is DocaErrorCode.TIME_OUT
             assert os.read(report, 8) == b"dropped"
             assert os.waitpid(pid, 0)[1] == 0
         finally:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -28,14 +28,10 @@ from rdmakit.doca import (
     local_devinfo,
 )
 
+from .util import error_code
+
 PCI_RO = AccessFlag.LOCAL_READ_WRITE | AccessFlag.PCI_READ_ONLY
 PCI_RW = AccessFlag.LOCAL_READ_WRITE | AccessFlag.PCI_READ_WRITE
-
-
-def _code(call: Callable[[], object]) -> DocaErrorCode:
-    with pytest.raises(DocaError) as exc:
-        call()
-    return exc.value.code
 
 
 def _exported(dev: Dev, memory: memoryview, access: AccessFlag) -> Mmap:
@@ -92,12 +88,12 @@ def test_shared_memory_is_a_shared_mapping(shared: SharedMemory) -> None:
 
 def test_shared_memory_close_waits_for_its_mmap(dev: Dev, shared: SharedMemory) -> None:
     mmap = _exported(dev, shared.buf, PCI_RO)
-    assert _code(shared.close) is DocaErrorCode.IN_USE
+    assert error_code(shared.close) is DocaErrorCode.IN_USE
     assert not shared.closed
     mmap.destroy()
     shared.close()
     assert shared.closed
-    assert _code(lambda: shared.fd) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: shared.fd) is DocaErrorCode.BAD_STATE
     shared.close()  # idempotent
 
 
@@ -114,11 +110,11 @@ def test_shared_memory_from_a_file(tmp_path: os.PathLike[str], dev: Dev) -> None
         # read-only memory cannot be exported writable
         writable = Mmap()
         writable.set_permissions(AccessFlag.PCI_READ_WRITE)
-        assert _code(lambda: writable.set_memrange(memory.buf)) is DocaErrorCode.INVALID_VALUE
+        assert error_code(lambda: writable.set_memrange(memory.buf)) is DocaErrorCode.INVALID_VALUE
     with open(path, "wb"):
         pass
-    assert _code(lambda: SharedMemory.from_file(path)) is DocaErrorCode.INVALID_VALUE  # empty
-    assert _code(lambda: SharedMemory(0)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: SharedMemory.from_file(path)) is DocaErrorCode.INVALID_VALUE  # empty
+    assert error_code(lambda: SharedMemory(0)) is DocaErrorCode.INVALID_VALUE
 
 
 # -- export_dpu --------------------------------------------------------------------------------
@@ -129,20 +125,20 @@ def test_export_dpu_needs_pci_permission_a_started_mmap_and_shared_memory(
 ) -> None:
     """doca_mmap_export_pci: NOT_PERMITTED without a PCI flag or before start; our NOT_SUPPORTED off shm."""
     plain = _exported(dev, shared.buf, AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ)
-    assert _code(lambda: plain.export_dpu(dev)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: plain.export_dpu(dev)) is DocaErrorCode.NOT_PERMITTED
     plain.destroy()
     idle = Mmap()
     idle.set_permissions(PCI_RO)
     idle.set_memrange(shared.buf)
     idle.add_dev(dev)
-    assert _code(lambda: idle.export_dpu(dev)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: idle.export_dpu(dev)) is DocaErrorCode.NOT_PERMITTED
     idle.destroy()
     private = _exported(dev, memoryview(bytearray(64)), PCI_RO)
-    assert _code(lambda: private.export_dpu(dev)) is DocaErrorCode.NOT_SUPPORTED
+    assert error_code(lambda: private.export_dpu(dev)) is DocaErrorCode.NOT_SUPPORTED
     private.destroy()
     with Dev.open(local_devinfo("unrelated")) as other:
         mmap = _exported(dev, shared.buf, PCI_RO)
-        assert _code(lambda: mmap.export_dpu(other)) is DocaErrorCode.NOT_FOUND
+        assert error_code(lambda: mmap.export_dpu(other)) is DocaErrorCode.NOT_FOUND
         mmap.destroy()
 
 
@@ -202,8 +198,10 @@ def test_malformed_descriptors_are_the_peers_fault(field: str, value: object) ->
 def test_missing_field_and_garbage() -> None:
     obj = _good()
     del obj["st_ino"]
-    assert _code(lambda: DpuDescriptor.from_bytes(json.dumps(obj).encode())) is DocaErrorCode.INVALID_VALUE
-    assert _code(lambda: DpuDescriptor.from_bytes(b"\xff")) is DocaErrorCode.INVALID_VALUE
+    assert (
+        error_code(lambda: DpuDescriptor.from_bytes(json.dumps(obj).encode())) is DocaErrorCode.INVALID_VALUE
+    )
+    assert error_code(lambda: DpuDescriptor.from_bytes(b"\xff")) is DocaErrorCode.INVALID_VALUE
     assert not DpuDescriptor.matches(b"not json")
     assert DpuDescriptor.matches(json.dumps(_good()).encode())
 
@@ -218,7 +216,7 @@ def test_import_reaches_the_exporters_pages_through_dma(dev: Dev, dpu_dev: Dev, 
     remote = Mmap.create_from_export(host.export_dpu(dev), dpu_dev)
     assert remote.from_export
     assert (remote.addr, remote.length) == (host.addr, host.length)
-    assert _code(lambda: remote.view(remote.addr, 1)) is DocaErrorCode.NOT_PERMITTED  # no CPU access
+    assert error_code(lambda: remote.view(remote.addr, 1)) is DocaErrorCode.NOT_PERMITTED  # no CPU access
     local_mem = bytearray(b"from dpu")
     local = _exported(dpu_dev, memoryview(local_mem), AccessFlag.LOCAL_READ_WRITE)
     staging = bytearray(11)
@@ -249,14 +247,14 @@ def test_imported_mmap_is_not_configurable_or_reexportable(
 ) -> None:
     host = _exported(dev, shared.buf, PCI_RO)
     remote = Mmap.create_from_export(host.export_dpu(dev), dpu_dev)
-    assert _code(lambda: remote.export_dpu(dpu_dev)) is DocaErrorCode.NOT_PERMITTED
-    assert _code(lambda: remote.set_permissions(PCI_RW)) is DocaErrorCode.NOT_PERMITTED
-    assert _code(remote.stop) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: remote.export_dpu(dpu_dev)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: remote.set_permissions(PCI_RW)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(remote.stop) is DocaErrorCode.NOT_PERMITTED
     assert "exported by pid" in repr(remote)
     inventory = BufInventory(1)
     inventory.start()
     buf = inventory.get_by_args(remote, remote.addr, 16, remote.addr, 16)
-    assert _code(remote.destroy) is DocaErrorCode.NOT_PERMITTED  # a buf points into it
+    assert error_code(remote.destroy) is DocaErrorCode.NOT_PERMITTED  # a buf points into it
     buf.dec_refcount()
     remote.destroy()
     host.destroy()
@@ -274,7 +272,7 @@ def test_import_refuses_stale_foreign_or_unreachable_exports(
     host = _exported(dev, shared.buf, PCI_RO)
     raw = host.export_dpu(dev)
     other_machine = _tampered(raw, boot_id="another-machine")
-    assert _code(lambda: Mmap.create_from_export(other_machine, dpu_dev)) is DocaErrorCode.NOT_SUPPORTED
+    assert error_code(lambda: Mmap.create_from_export(other_machine, dpu_dev)) is DocaErrorCode.NOT_SUPPORTED
     with SharedMemory(4096) as unrelated:
         stale = _tampered(raw, fd=unrelated.fd)  # a descriptor number now naming other memory
         with pytest.raises(DocaError) as exc:
@@ -282,15 +280,15 @@ def test_import_refuses_stale_foreign_or_unreachable_exports(
         assert exc.value.code is DocaErrorCode.INVALID_VALUE
         assert exc.value.fault is Fault.PEER
     beyond = _tampered(raw, offset=8192)
-    assert _code(lambda: Mmap.create_from_export(beyond, dpu_dev)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: Mmap.create_from_export(beyond, dpu_dev)) is DocaErrorCode.INVALID_VALUE
     gone = _tampered(raw, pid=_dead_pid())
-    assert _code(lambda: Mmap.create_from_export(gone, dpu_dev)) is DocaErrorCode.NOT_FOUND
+    assert error_code(lambda: Mmap.create_from_export(gone, dpu_dev)) is DocaErrorCode.NOT_FOUND
     with open(os.devnull, "rb") as wrong:
         assert (
-            _code(lambda: Mmap.create_from_export(raw, dpu_dev, fd=wrong.fileno()))
+            error_code(lambda: Mmap.create_from_export(raw, dpu_dev, fd=wrong.fileno()))
             is DocaErrorCode.INVALID_VALUE
         )
-    assert _code(lambda: Mmap.create_from_export(b"{}", dpu_dev, fd=0)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: Mmap.create_from_export(b"{}", dpu_dev, fd=0)) is DocaErrorCode.INVALID_VALUE
     host.destroy()
 
 

@@ -30,15 +30,11 @@ from rdmakit.doca import (
     WorkQ,
 )
 
+from .util import error_code
+
 REMOTE_RW = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE
 #: Progress calls a test allows a job before calling it hung (no wall-clock limit).
 MAX_ROUNDS = 200_000
-
-
-def _code(call: Callable[[], object]) -> DocaErrorCode:
-    with pytest.raises(DocaError) as exc:
-        call()
-    return exc.value.code
 
 
 @dataclass
@@ -308,10 +304,10 @@ def test_room_and_overlap_rules_hold_for_remote_buffers(link: Link) -> None:
     remote = link.host_mmap(bytearray(16))
     src = link.buf(link.dpu_mmap(bytearray(16)), 0, 16, 0, 16)
     small = link.buf(remote, 0, 8)
-    assert _code(lambda: link.submit(src, small)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: link.submit(src, small)) is DocaErrorCode.INVALID_VALUE
     a = link.buf(remote, 0, 16, 0, 8)
     b = link.buf(remote, 4, 12)
-    assert _code(lambda: link.submit(a, b)) is DocaErrorCode.INVALID_VALUE  # overlap, both remote
+    assert error_code(lambda: link.submit(a, b)) is DocaErrorCode.INVALID_VALUE  # overlap, both remote
 
 
 def test_remote_to_remote_is_not_supported(link: Link) -> None:
@@ -327,7 +323,7 @@ def test_destination_in_flight_is_in_use(link: Link) -> None:
     src = link.buf(link.dpu_mmap(bytearray(8)), 0, 8, 0, 8)
     dst = link.buf(link.host_mmap(bytearray(16)), 0, 16)
     link.submit(src, dst)
-    assert _code(lambda: link.submit(src, dst)) is DocaErrorCode.IN_USE
+    assert error_code(lambda: link.submit(src, dst)) is DocaErrorCode.IN_USE
     assert link.events(1)[0].ok
 
 
@@ -361,19 +357,23 @@ def test_a_connection_not_yet_connected_is_bad_state(link: Link, new_ip: Callabl
         dma.start()
         src = link.buf(link.dpu_mmap(bytearray(8)), 0, 8, 0, 8)
         dst = link.buf(link.host_mmap(bytearray(8)), 0, 8)
-        assert _code(lambda: wq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))) is DocaErrorCode.BAD_STATE
+        assert (
+            error_code(lambda: wq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))) is DocaErrorCode.BAD_STATE
+        )
         rdma.start()  # STARTING, INIT: still not connected
-        assert _code(lambda: wq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))) is DocaErrorCode.BAD_STATE
+        assert (
+            error_code(lambda: wq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))) is DocaErrorCode.BAD_STATE
+        )
 
 
 def test_set_rdma_is_idle_only_and_checks_the_device(link: Link, new_ip: Callable[[], str]) -> None:
     assert link.dma.rdma is link.rdma
-    assert _code(lambda: link.dma.set_rdma(None)) is DocaErrorCode.BAD_STATE
-    assert _code(lambda: link.dma.set_rdma(object())) is DocaErrorCode.BAD_STATE  # type: ignore[arg-type]
+    assert error_code(lambda: link.dma.set_rdma(None)) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: link.dma.set_rdma(object())) is DocaErrorCode.BAD_STATE  # type: ignore[arg-type]
     with Dma(link.dpu) as dma:
-        assert _code(lambda: dma.set_rdma(object())) is DocaErrorCode.INVALID_VALUE  # type: ignore[arg-type]
+        assert error_code(lambda: dma.set_rdma(object())) is DocaErrorCode.INVALID_VALUE  # type: ignore[arg-type]
         dma.set_rdma(link.host_rdma)  # on another device
-        assert _code(dma.start) is DocaErrorCode.INVALID_VALUE
+        assert error_code(dma.start) is DocaErrorCode.INVALID_VALUE
         assert dma.state is CtxState.IDLE
         dma.set_rdma(None)
         dma.start()

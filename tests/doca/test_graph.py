@@ -17,25 +17,7 @@ from rdmakit.doca import (
     WorkQ,
 )
 
-
-def _code(call: Callable[[], object]) -> DocaErrorCode:
-    with pytest.raises(DocaError) as exc:
-        call()
-    return exc.value.code
-
-
-@pytest.fixture
-def workq() -> Iterator[WorkQ]:
-    with WorkQ(8) as wq:
-        yield wq
-
-
-@pytest.fixture
-def event(workq: WorkQ) -> Iterator[SyncEvent]:
-    with SyncEvent() as ev:
-        ev.workq_add(workq)
-        ev.start()
-        yield ev
+from .util import error_code
 
 
 @pytest.fixture
@@ -117,8 +99,8 @@ def test_instance_can_run_again(workq: WorkQ, graph: Graph, event: SyncEvent) ->
     pending = other.instantiate()
     pending.set_job(node, wait)
     pending.submit()
-    assert _code(pending.submit) is DocaErrorCode.IN_USE
-    assert _code(lambda: pending.set_job(node, wait)) is DocaErrorCode.IN_USE
+    assert error_code(pending.submit) is DocaErrorCode.IN_USE
+    assert error_code(lambda: pending.set_job(node, wait)) is DocaErrorCode.IN_USE
     other.close()
 
 
@@ -127,9 +109,9 @@ def test_cycles_are_not_permitted(graph: Graph) -> None:
     a, b, c = (graph.add_user_node(lambda _: None) for _ in range(3))
     graph.add_dependency(a, b)
     graph.add_dependency(b, c)
-    assert _code(lambda: graph.add_dependency(c, a)) is DocaErrorCode.NOT_PERMITTED
-    assert _code(lambda: graph.add_dependency(a, a)) is DocaErrorCode.NOT_PERMITTED
-    assert _code(lambda: graph.add_dependency(a, b)) is DocaErrorCode.ALREADY_EXIST
+    assert error_code(lambda: graph.add_dependency(c, a)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: graph.add_dependency(a, a)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: graph.add_dependency(a, b)) is DocaErrorCode.ALREADY_EXIST
     assert c.successors == ()
 
 
@@ -138,40 +120,40 @@ def test_foreign_nodes_are_invalid(graph: Graph) -> None:
     other = Graph()
     foreign = other.add_user_node(lambda _: None)
     mine = graph.add_user_node(lambda _: None)
-    assert _code(lambda: graph.add_dependency(mine, foreign)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: graph.add_dependency(mine, foreign)) is DocaErrorCode.INVALID_VALUE
 
 
 def test_no_changes_after_start(graph: Graph) -> None:
     """doca_graph_add_dependency: a started graph is BAD_STATE to modify."""
     a = graph.add_user_node(lambda _: None)
     graph.start()
-    assert _code(lambda: graph.add_user_node(lambda _: None)) is DocaErrorCode.BAD_STATE
-    assert _code(lambda: graph.add_dependency(a, a)) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: graph.add_user_node(lambda _: None)) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: graph.add_dependency(a, a)) is DocaErrorCode.BAD_STATE
 
 
 def test_start_checks(workq: WorkQ, event: SyncEvent) -> None:
     """doca_graph_start: an empty graph, a node context not RUNNING or elsewhere, no WorkQ: refused."""
     empty = Graph()
     empty.workq_add(workq)
-    assert _code(empty.start) is DocaErrorCode.BAD_STATE
+    assert error_code(empty.start) is DocaErrorCode.BAD_STATE
 
     unattached = Graph()
     unattached.add_user_node(lambda _: None)
-    assert _code(unattached.start) is DocaErrorCode.NOT_CONNECTED
+    assert error_code(unattached.start) is DocaErrorCode.NOT_CONNECTED
 
     idle = SyncEvent()
     idle.workq_add(workq)
     waiting_on_idle = Graph()
     waiting_on_idle.workq_add(workq)
     waiting_on_idle.add_job_node(idle)
-    assert _code(waiting_on_idle.start) is DocaErrorCode.BAD_STATE
+    assert error_code(waiting_on_idle.start) is DocaErrorCode.BAD_STATE
     assert waiting_on_idle.state is CtxState.IDLE
 
     with WorkQ(1) as elsewhere:
         split = Graph()
         split.workq_add(elsewhere)
         split.add_job_node(event)
-        assert _code(split.start) is DocaErrorCode.INVALID_VALUE
+        assert error_code(split.start) is DocaErrorCode.INVALID_VALUE
         split.close()
 
 
@@ -182,13 +164,13 @@ def test_job_nodes_need_a_matching_job(workq: WorkQ, graph: Graph, event: SyncEv
     graph.start()
     instance = graph.instantiate()
     with SyncEvent() as stranger:
-        assert _code(lambda: instance.set_job(node, SyncEventAddJob(ctx=stranger, value=1))) is (
+        assert error_code(lambda: instance.set_job(node, SyncEventAddJob(ctx=stranger, value=1))) is (
             DocaErrorCode.INVALID_VALUE
         )
-    assert _code(lambda: instance.set_job(user, SyncEventAddJob(ctx=event, value=1))) is (
+    assert error_code(lambda: instance.set_job(user, SyncEventAddJob(ctx=event, value=1))) is (
         DocaErrorCode.INVALID_VALUE
     )
-    assert _code(instance.submit) is DocaErrorCode.INVALID_VALUE  # no job set
+    assert error_code(instance.submit) is DocaErrorCode.INVALID_VALUE  # no job set
     assert workq.inflight == 0
 
 

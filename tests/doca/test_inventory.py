@@ -3,20 +3,13 @@
 import gc
 import itertools
 import tracemalloc
-from collections.abc import Callable
 
 import pytest
 
 from rdmakit.doca import BufArray, BufInventory, BufPool, DocaError, DocaErrorCode, Fault, Mmap
 
 from .conftest import MmapFactory
-
-
-def _code(call: Callable[[], object]) -> DocaErrorCode:
-    with pytest.raises(DocaError) as exc:
-        call()
-    return exc.value.code
-
+from .util import error_code
 
 # -- BufInventory -----------------------------------------------------------------------------
 
@@ -25,11 +18,11 @@ def test_inventory_must_be_started(make_mmap: MmapFactory) -> None:
     """DOCA Core 3.3 (doca_buf_inventory_start): an un-started inventory hands out nothing."""
     mmap = make_mmap()
     inventory = BufInventory(2)
-    assert _code(lambda: inventory.get_by_addr(mmap, mmap.addr, 1)) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: inventory.get_by_addr(mmap, mmap.addr, 1)) is DocaErrorCode.BAD_STATE
     inventory.start()
     inventory.get_by_addr(mmap, mmap.addr, 1).dec_refcount()
     inventory.stop()
-    assert _code(lambda: inventory.get_by_addr(mmap, mmap.addr, 1)) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: inventory.get_by_addr(mmap, mmap.addr, 1)) is DocaErrorCode.BAD_STATE
 
 
 def test_mmap_must_be_started() -> None:
@@ -38,7 +31,7 @@ def test_mmap_must_be_started() -> None:
     mmap.set_memrange(bytearray(8))
     inventory = BufInventory(1)
     inventory.start()
-    assert _code(lambda: inventory.get_by_addr(mmap, mmap.addr, 1)) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: inventory.get_by_addr(mmap, mmap.addr, 1)) is DocaErrorCode.BAD_STATE
     assert inventory.num_free == 1
 
 
@@ -48,7 +41,7 @@ def test_range_outside_the_mmap_is_invalid(make_mmap: MmapFactory, offset: int, 
     mmap = make_mmap(4096)
     inventory = BufInventory(1)
     inventory.start()
-    assert _code(lambda: inventory.get_by_addr(mmap, mmap.addr + offset, length)) is (
+    assert error_code(lambda: inventory.get_by_addr(mmap, mmap.addr + offset, length)) is (
         DocaErrorCode.INVALID_VALUE
     )
     assert inventory.num_free == 1
@@ -60,8 +53,8 @@ def test_data_outside_the_buffer_is_invalid(make_mmap: MmapFactory) -> None:
     inventory = BufInventory(1)
     inventory.start()
     a = mmap.addr
-    assert _code(lambda: inventory.get_by_args(mmap, a + 8, 8, a + 4, 1)) is DocaErrorCode.INVALID_VALUE
-    assert _code(lambda: inventory.get_by_args(mmap, a + 8, 8, a + 12, 5)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: inventory.get_by_args(mmap, a + 8, 8, a + 4, 1)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: inventory.get_by_args(mmap, a + 8, 8, a + 12, 5)) is DocaErrorCode.INVALID_VALUE
 
 
 def test_exhausted_inventory_is_no_memory(make_mmap: MmapFactory) -> None:
@@ -99,11 +92,11 @@ def test_destroy_with_buffers_out_is_in_use(make_mmap: MmapFactory) -> None:
     inventory = BufInventory(2)
     inventory.start()
     buf = inventory.get_by_addr(mmap, mmap.addr, 4)
-    assert _code(inventory.destroy) is DocaErrorCode.IN_USE
+    assert error_code(inventory.destroy) is DocaErrorCode.IN_USE
     buf.dec_refcount()
     inventory.destroy()
     inventory.destroy()
-    assert _code(inventory.start) is DocaErrorCode.BAD_STATE
+    assert error_code(inventory.start) is DocaErrorCode.BAD_STATE
 
 
 def test_dup_copies_the_list(make_mmap: MmapFactory) -> None:
@@ -121,7 +114,7 @@ def test_dup_copies_the_list(make_mmap: MmapFactory) -> None:
     ]
     assert copy.list_len == 2
     assert mmap.num_bufs == 4
-    assert _code(lambda: inventory.dup(b)) is DocaErrorCode.NOT_PERMITTED  # not a head
+    assert error_code(lambda: inventory.dup(b)) is DocaErrorCode.NOT_PERMITTED  # not a head
 
 
 def test_dup_without_room_takes_nothing(make_mmap: MmapFactory) -> None:
@@ -131,7 +124,7 @@ def test_dup_without_room_takes_nothing(make_mmap: MmapFactory) -> None:
     inventory.start()
     a, b = (inventory.get_by_addr(mmap, mmap.addr + i, 1) for i in range(2))
     a.chain_list(b)
-    assert _code(lambda: inventory.dup(a)) is DocaErrorCode.NO_MEMORY
+    assert error_code(lambda: inventory.dup(a)) is DocaErrorCode.NO_MEMORY
     assert inventory.num_free == 1
     assert mmap.num_bufs == 2
 
@@ -144,8 +137,8 @@ def test_pool_needs_start_and_a_started_mmap(make_mmap: MmapFactory) -> None:
     mmap = Mmap()
     mmap.set_memrange(bytearray(64))
     pool = BufPool(4, 16, mmap)
-    assert _code(pool.alloc) is DocaErrorCode.BAD_STATE
-    assert _code(pool.start) is DocaErrorCode.BAD_STATE
+    assert error_code(pool.alloc) is DocaErrorCode.BAD_STATE
+    assert error_code(pool.start) is DocaErrorCode.BAD_STATE
     mmap.start()
     pool.start()
     assert pool.num_free == 4
@@ -153,7 +146,7 @@ def test_pool_needs_start_and_a_started_mmap(make_mmap: MmapFactory) -> None:
 
 def test_pool_too_big_for_the_mmap_is_initialization(make_mmap: MmapFactory) -> None:
     """DOCA Core 3.3 (doca_buf_pool_start): a memory range smaller than needed is INITIALIZATION."""
-    assert _code(BufPool(5, 16, make_mmap(64)).start) is DocaErrorCode.INITIALIZATION
+    assert error_code(BufPool(5, 16, make_mmap(64)).start) is DocaErrorCode.INITIALIZATION
 
 
 def test_pool_elements_tile_the_mmap(make_mmap: MmapFactory) -> None:
@@ -164,7 +157,7 @@ def test_pool_elements_tile_the_mmap(make_mmap: MmapFactory) -> None:
     bufs = [pool.alloc() for _ in range(6)]
     assert sorted(b.addr for b in bufs) == [mmap.addr + 16 * i for i in range(6)]
     assert all(b.length == 16 and b.data == b.addr and b.data_len == 0 and b.refcount == 1 for b in bufs)
-    assert _code(pool.alloc) is DocaErrorCode.EMPTY
+    assert error_code(pool.alloc) is DocaErrorCode.EMPTY
     for b in bufs:
         b.dec_refcount()
     assert pool.num_free == 6
@@ -174,10 +167,10 @@ def test_pool_alignment(make_mmap: MmapFactory) -> None:
     """DOCA Core 3.3 (doca_buf_pool_set_element_alignment): every element starts on the alignment."""
     mmap = make_mmap(4096 + 64)
     pool = BufPool(8, 100, mmap)
-    assert _code(lambda: pool.set_element_alignment(48)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: pool.set_element_alignment(48)) is DocaErrorCode.INVALID_VALUE
     pool.set_element_alignment(64)
     pool.start()
-    assert _code(lambda: pool.set_element_alignment(8)) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: pool.set_element_alignment(8)) is DocaErrorCode.BAD_STATE
     addrs = sorted(pool.alloc().addr for _ in range(8))
     assert all(a % 64 == 0 for a in addrs)
     assert all(b - a == 128 for a, b in itertools.pairwise(addrs))
@@ -201,11 +194,11 @@ def test_pool_stop_and_mmap_stop_order(make_mmap: MmapFactory) -> None:
     pool = BufPool(4, 16, mmap)
     pool.start()
     buf = pool.alloc()
-    assert _code(pool.stop) is DocaErrorCode.IN_USE
-    assert _code(pool.destroy) is DocaErrorCode.IN_USE
+    assert error_code(pool.stop) is DocaErrorCode.IN_USE
+    assert error_code(pool.destroy) is DocaErrorCode.IN_USE
     buf.dec_refcount()
     assert mmap.num_bufs == 4  # a started pool's elements all point into the mmap
-    assert _code(mmap.stop) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(mmap.stop) is DocaErrorCode.NOT_PERMITTED
     pool.destroy()
     assert mmap.num_bufs == 0
     mmap.stop()
@@ -296,12 +289,12 @@ def test_array_elements_by_index(make_mmap: MmapFactory) -> None:
     mmap = make_mmap(256)
     array = BufArray(4)
     array.set_params(mmap, 32, start_offset=64)
-    assert _code(lambda: array[0]) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: array[0]) is DocaErrorCode.BAD_STATE
     array.start()
     assert len(array) == 4
     assert [array[i].addr for i in range(4)] == [mmap.addr + 64 + 32 * i for i in range(4)]
     assert mmap.num_bufs == 4
-    assert _code(lambda: array.set_params(mmap, 16)) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: array.set_params(mmap, 16)) is DocaErrorCode.BAD_STATE
 
 
 def test_array_elements_are_permanent(make_mmap: MmapFactory) -> None:
@@ -321,9 +314,9 @@ def test_array_must_fit(make_mmap: MmapFactory) -> None:
     """DOCA Core 3.3 (doca_buf_arr_start): elements outside the mmap are INVALID_VALUE."""
     mmap = make_mmap(64)
     array = BufArray(3)
-    assert _code(array.start) is DocaErrorCode.INVALID_VALUE  # no params
+    assert error_code(array.start) is DocaErrorCode.INVALID_VALUE  # no params
     array.set_params(mmap, 32)
-    assert _code(array.start) is DocaErrorCode.INVALID_VALUE
+    assert error_code(array.start) is DocaErrorCode.INVALID_VALUE
 
 
 def test_array_stop_releases_the_mmap(make_mmap: MmapFactory) -> None:
@@ -333,7 +326,7 @@ def test_array_stop_releases_the_mmap(make_mmap: MmapFactory) -> None:
     array.set_params(mmap, 32)
     array.start()
     array[0].chain_list(array[1])
-    assert _code(array.stop) is DocaErrorCode.IN_USE
+    assert error_code(array.stop) is DocaErrorCode.IN_USE
     array[0].unchain(array[1])
     array.destroy()
     assert mmap.num_bufs == 0

@@ -3,7 +3,6 @@
 import ctypes
 import json
 import mmap as stdlib_mmap
-from collections.abc import Callable
 from ipaddress import IPv6Address
 from pathlib import Path
 from typing import Any
@@ -28,14 +27,9 @@ from rdmakit.doca import (
 )
 
 from .conftest import MmapFactory
+from .util import error_code
 
 RDMA_RW = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE
-
-
-def _code(call: Callable[[], object]) -> DocaErrorCode:
-    with pytest.raises(DocaError) as exc:
-        call()
-    return exc.value.code
 
 
 # -- permissions ---------------------------------------------------------------------
@@ -58,13 +52,13 @@ def test_access_flags_match_doca_types_h() -> None:
 
 def test_undefined_access_bits_are_invalid() -> None:
     """DOCA Core 3.3 (doca_mmap_set_permissions): an undefined flag is INVALID_VALUE."""
-    assert _code(lambda: Mmap().set_permissions(1 << 7)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: Mmap().set_permissions(1 << 7)) is DocaErrorCode.INVALID_VALUE
 
 
 def test_pci_read_only_and_read_write_are_exclusive() -> None:
     """DOCA Core 3.3 (doca_mmap_set_permissions): an invalid combination is INVALID_VALUE."""
     flags = AccessFlag.PCI_READ_ONLY | AccessFlag.PCI_READ_WRITE
-    assert _code(lambda: Mmap().set_permissions(flags)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: Mmap().set_permissions(flags)) is DocaErrorCode.INVALID_VALUE
 
 
 # -- memory range ------------------------------------------------------------------------
@@ -101,7 +95,7 @@ def test_read_only_numpy_array_needs_read_only_permissions() -> None:
     array = np.arange(16, dtype=np.uint8)
     array.setflags(write=False)
     refused = Mmap()
-    assert _code(lambda: refused.set_memrange(array)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: refused.set_memrange(array)) is DocaErrorCode.INVALID_VALUE
     accepted = Mmap()
     accepted.set_permissions(AccessFlag.LOCAL_READ_ONLY | AccessFlag.RDMA_READ)
     accepted.set_memrange(array)
@@ -113,7 +107,7 @@ def test_bytes_refuse_write_permission_after_the_fact() -> None:
     mmap = Mmap()
     mmap.set_permissions(AccessFlag.RDMA_READ)
     mmap.set_memrange(b"constant")
-    assert _code(lambda: mmap.set_permissions(AccessFlag.RDMA_WRITE)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: mmap.set_permissions(AccessFlag.RDMA_WRITE)) is DocaErrorCode.INVALID_VALUE
     assert mmap.permissions is AccessFlag.RDMA_READ
 
 
@@ -144,19 +138,19 @@ def test_file_mmap_is_mapped_and_pinned(tmp_path: Path, dev: Dev) -> None:
 )
 def test_unusable_memory_is_invalid(memory: Any) -> None:
     """DOCA Core 3.3 (doca_mmap_set_memrange): empty, strided or non-buffer memory is INVALID_VALUE."""
-    assert _code(lambda: Mmap().set_memrange(memory)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: Mmap().set_memrange(memory)) is DocaErrorCode.INVALID_VALUE
 
 
 def test_memrange_is_set_once() -> None:
     """DOCA Core 3.3 (doca_mmap_set_memrange): a second memrange is NOT_PERMITTED."""
     mmap = Mmap()
     mmap.set_memrange(bytearray(8))
-    assert _code(lambda: mmap.set_memrange(bytearray(8))) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: mmap.set_memrange(bytearray(8))) is DocaErrorCode.NOT_PERMITTED
 
 
 def test_memrange_unset_is_bad_state() -> None:
     """DOCA Core 3.3 (doca_mmap_get_memrange): no range yet is BAD_STATE."""
-    assert _code(lambda: Mmap().memrange) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: Mmap().memrange) is DocaErrorCode.BAD_STATE
 
 
 # -- lifecycle ---------------------------------------------------------------------------
@@ -166,7 +160,7 @@ def test_start_needs_a_memrange(dev: Dev) -> None:
     """DOCA Core 3.3 (doca_mmap_start): starting without a range is INVALID_VALUE."""
     mmap = Mmap()
     mmap.add_dev(dev)
-    assert _code(mmap.start) is DocaErrorCode.INVALID_VALUE
+    assert error_code(mmap.start) is DocaErrorCode.INVALID_VALUE
     assert not mmap.started
 
 
@@ -193,11 +187,11 @@ def test_start_registers_with_every_device(rng: Any) -> None:
 def test_cannot_be_modified_after_start(make_mmap: MmapFactory, dev: Dev) -> None:
     """DOCA Core 3.3: a started mmap cannot be modified (set_* BAD_STATE, add/rm_dev NOT_PERMITTED)."""
     mmap = make_mmap()
-    assert _code(lambda: mmap.set_memrange(bytearray(8))) is DocaErrorCode.BAD_STATE
-    assert _code(lambda: mmap.set_permissions(RDMA_RW)) is DocaErrorCode.BAD_STATE
-    assert _code(lambda: mmap.add_dev(dev)) is DocaErrorCode.NOT_PERMITTED
-    assert _code(lambda: mmap.rm_dev(dev)) is DocaErrorCode.NOT_PERMITTED
-    assert _code(mmap.start) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: mmap.set_memrange(bytearray(8))) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: mmap.set_permissions(RDMA_RW)) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: mmap.add_dev(dev)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: mmap.rm_dev(dev)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(mmap.start) is DocaErrorCode.BAD_STATE
 
 
 def test_stop_allows_configuration_again(make_mmap: MmapFactory, dev: Dev) -> None:
@@ -215,9 +209,9 @@ def test_device_added_twice_or_missing(dev: Dev) -> None:
     """DOCA Core 3.3 (doca_mmap_add_dev/rm_dev): ALREADY_EXIST and NOT_FOUND."""
     mmap = Mmap()
     mmap.add_dev(dev)
-    assert _code(lambda: mmap.add_dev(dev)) is DocaErrorCode.ALREADY_EXIST
+    assert error_code(lambda: mmap.add_dev(dev)) is DocaErrorCode.ALREADY_EXIST
     mmap.rm_dev(dev)
-    assert _code(lambda: mmap.rm_dev(dev)) is DocaErrorCode.NOT_FOUND
+    assert error_code(lambda: mmap.rm_dev(dev)) is DocaErrorCode.NOT_FOUND
 
 
 def test_stop_and_destroy_refused_while_bufs_point_in(make_mmap: MmapFactory) -> None:
@@ -227,8 +221,8 @@ def test_stop_and_destroy_refused_while_bufs_point_in(make_mmap: MmapFactory) ->
     inventory.start()
     buf = inventory.get_by_addr(mmap, mmap.addr, 16)
     assert mmap.num_bufs == 1
-    assert _code(mmap.stop) is DocaErrorCode.NOT_PERMITTED
-    assert _code(mmap.destroy) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(mmap.stop) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(mmap.destroy) is DocaErrorCode.NOT_PERMITTED
     assert mmap.started
     buf.dec_refcount()
     assert mmap.num_bufs == 0
@@ -249,8 +243,8 @@ def test_destroy_is_idempotent_and_unpins(dev: Dev) -> None:
         pass
     mmap.destroy()
     memory.extend(b"x")  # released
-    assert _code(lambda: mmap.view(mmap.addr, 1)) is DocaErrorCode.BAD_STATE
-    assert _code(mmap.start) is DocaErrorCode.BAD_STATE
+    assert error_code(lambda: mmap.view(mmap.addr, 1)) is DocaErrorCode.BAD_STATE
+    assert error_code(mmap.start) is DocaErrorCode.BAD_STATE
     assert mmap.devs == ()
 
 
@@ -260,7 +254,7 @@ def test_destroy_is_idempotent_and_unpins(dev: Dev) -> None:
 def test_export_needs_rdma_permission(make_mmap: MmapFactory, dev: Dev) -> None:
     """DOCA Core 3.3 (doca_mmap_export_rdma): no RDMA permission is NOT_PERMITTED."""
     mmap = make_mmap(access=AccessFlag.LOCAL_READ_WRITE)
-    assert _code(lambda: mmap.export_rdma(dev)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: mmap.export_rdma(dev)) is DocaErrorCode.NOT_PERMITTED
     assert not mmap.exported
 
 
@@ -270,14 +264,14 @@ def test_export_needs_start(dev: Dev) -> None:
     mmap.set_permissions(RDMA_RW)
     mmap.set_memrange(bytearray(8))
     mmap.add_dev(dev)
-    assert _code(lambda: mmap.export_rdma(dev)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: mmap.export_rdma(dev)) is DocaErrorCode.NOT_PERMITTED
 
 
 def test_export_on_a_device_not_added_is_not_found(make_mmap: MmapFactory, rng: Any) -> None:
     """DOCA Core 3.3 (doca_mmap_export_rdma): a device not in the mmap is NOT_FOUND."""
     mmap = make_mmap(access=RDMA_RW)
     with Dev.open(local_devinfo("other0", rng=rng)) as other:
-        assert _code(lambda: mmap.export_rdma(other)) is DocaErrorCode.NOT_FOUND
+        assert error_code(lambda: mmap.export_rdma(other)) is DocaErrorCode.NOT_FOUND
 
 
 def test_export_describes_range_key_rights_and_device(
@@ -301,7 +295,7 @@ def test_export_describes_range_key_rights_and_device(
     }
     backend.resolve(obj["rkey"], obj["addr"] + 8, 4, remote=True, write=True)[:] = b"peer"
     assert memory[8:12] == b"peer"
-    assert _code(lambda: backend.resolve(obj["rkey"], obj["addr"], 4, remote=True, write=False)) is (
+    assert error_code(lambda: backend.resolve(obj["rkey"], obj["addr"], 4, remote=True, write=False)) is (
         DocaErrorCode.NOT_PERMITTED
     )
 
@@ -312,7 +306,7 @@ def test_stop_withdraws_the_export(make_mmap: MmapFactory, dev: Dev, backend: Lo
     rkey = json.loads(mmap.export_rdma(dev))["rkey"]
     mmap.stop()
     assert not mmap.exported
-    assert _code(lambda: backend.resolve(rkey, mmap.addr, 1, remote=True, write=False)) is (
+    assert error_code(lambda: backend.resolve(rkey, mmap.addr, 1, remote=True, write=False)) is (
         DocaErrorCode.NOT_PERMITTED
     )
 
@@ -327,12 +321,12 @@ def test_create_from_export_is_a_remote_mmap(make_mmap: MmapFactory, dev: Dev) -
     assert remote.permissions == RDMA_RW
     assert remote.descriptor is not None
     assert remote.descriptor.rkey == local.registration(dev).rkey
-    assert _code(lambda: remote.view(remote.addr, 1)) is DocaErrorCode.NOT_PERMITTED
-    assert _code(lambda: remote.set_memrange(bytearray(1))) is DocaErrorCode.NOT_PERMITTED
-    assert _code(lambda: remote.set_permissions(0)) is DocaErrorCode.NOT_PERMITTED
-    assert _code(lambda: remote.add_dev(dev)) is DocaErrorCode.NOT_PERMITTED
-    assert _code(lambda: remote.export_rdma(dev)) is DocaErrorCode.NOT_PERMITTED
-    assert _code(remote.stop) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: remote.view(remote.addr, 1)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: remote.set_memrange(bytearray(1))) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: remote.set_permissions(0)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: remote.add_dev(dev)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: remote.export_rdma(dev)) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(remote.stop) is DocaErrorCode.NOT_PERMITTED
     remote.destroy()
 
 
@@ -438,7 +432,7 @@ def test_bad_descriptor_is_invalid_value_naming_the_field(dev: Dev, raw: bytes, 
 def test_descriptor_must_be_bytes(dev: Dev) -> None:
     """A str or dict is not a descriptor."""
     for value in (DESCRIPTORS[0][1].decode(), _valid()):
-        assert _code(lambda v=value: Mmap.create_from_export(v, dev)) is DocaErrorCode.INVALID_VALUE
+        assert error_code(lambda v=value: Mmap.create_from_export(v, dev)) is DocaErrorCode.INVALID_VALUE
 
 
 JSON = st.recursive(

@@ -44,6 +44,7 @@ from rdmakit.doca import (
 
 from . import test_rdma_harness as harness
 from .test_rdma_harness import ALL_RDMA, Pair, PairFactory, result
+from .util import error_code
 
 # The harness's fixtures, bound here so pytest finds them (a plain import would be shadowed).
 make_pair = harness.make_pair
@@ -52,12 +53,6 @@ pair_cfg = harness.pair_cfg
 RW = AccessFlag.LOCAL_READ_WRITE
 Via = Literal["bytes", "files"]
 VIAS = [pytest.param("bytes", id="bytes"), pytest.param("files", id="files")]
-
-
-def _code(call: Callable[[], object]) -> DocaErrorCode:
-    with pytest.raises(DocaError) as exc:
-        call()
-    return exc.value.code
 
 
 def _ctx_state(r: Rdma) -> CtxState:
@@ -92,19 +87,19 @@ def test_configuration_is_idle_only(make_pair: PairFactory) -> None:
         lambda: r.set_gid_index(0),
         lambda: r.set_transport_type(RdmaTransportType.RC),
     ):
-        assert _code(call) is DocaErrorCode.BAD_STATE
+        assert error_code(call) is DocaErrorCode.BAD_STATE
 
 
 def test_invalid_configuration_is_refused(make_pair: PairFactory) -> None:
     """doca_rdma.h: non-RDMA permission flags and bad sizes are INVALID_VALUE; DC is NOT_SUPPORTED."""
     r = make_pair().a.rdma
-    assert _code(lambda: r.set_permissions(AccessFlag.PCI_READ_WRITE)) is DocaErrorCode.INVALID_VALUE
-    assert _code(lambda: r.set_permissions(-1)) is DocaErrorCode.INVALID_VALUE
-    assert _code(lambda: r.set_send_queue_size(0)) is DocaErrorCode.INVALID_VALUE
-    assert _code(lambda: r.set_recv_buf_chain_len(0)) is DocaErrorCode.INVALID_VALUE
-    assert _code(lambda: r.set_gid_index(1)) is DocaErrorCode.INVALID_VALUE  # a soft device has one GID
-    assert _code(lambda: r.set_transport_type(RdmaTransportType.DC)) is DocaErrorCode.NOT_SUPPORTED
-    assert _code(lambda: r.set_transport_type(7)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: r.set_permissions(AccessFlag.PCI_READ_WRITE)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: r.set_permissions(-1)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: r.set_send_queue_size(0)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: r.set_recv_buf_chain_len(0)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: r.set_gid_index(1)) is DocaErrorCode.INVALID_VALUE  # a soft device has one GID
+    assert error_code(lambda: r.set_transport_type(RdmaTransportType.DC)) is DocaErrorCode.NOT_SUPPORTED
+    assert error_code(lambda: r.set_transport_type(7)) is DocaErrorCode.INVALID_VALUE
     assert r.transport_type is RdmaTransportType.RC
     assert r.permissions == RW
 
@@ -113,7 +108,7 @@ def test_queue_larger_than_the_device_fails_at_start(make_pair: PairFactory) -> 
     """doca_rdma_set_send_queue_size: a size the device does not support is NOT_SUPPORTED (at start)."""
     r = make_pair().a.rdma
     r.set_send_queue_size(1 << 20)
-    assert _code(r.start) is DocaErrorCode.NOT_SUPPORTED
+    assert error_code(r.start) is DocaErrorCode.NOT_SUPPORTED
     assert r.state is CtxState.IDLE
     r.set_send_queue_size(16)
     r.start()
@@ -123,16 +118,16 @@ def test_queue_larger_than_the_device_fails_at_start(make_pair: PairFactory) -> 
 def test_device_without_rdma_is_not_supported() -> None:
     """doca_rdma_job_get_supported: a DMA-only device runs no RDMA jobs, and an RDMA context refuses it."""
     info = local_devinfo()
-    assert _code(lambda: Rdma.job_get_supported(info, JobType.RDMA_SEND)) is DocaErrorCode.NOT_SUPPORTED
+    assert error_code(lambda: Rdma.job_get_supported(info, JobType.RDMA_SEND)) is DocaErrorCode.NOT_SUPPORTED
     with Dev.open(info) as dev, Rdma() as r:
-        assert _code(lambda: r.add_dev(dev)) is DocaErrorCode.NOT_SUPPORTED
-        assert _code(r.start) is DocaErrorCode.INVALID_VALUE  # no device
+        assert error_code(lambda: r.add_dev(dev)) is DocaErrorCode.NOT_SUPPORTED
+        assert error_code(r.start) is DocaErrorCode.INVALID_VALUE  # no device
 
 
 def test_one_device_per_context(make_pair: PairFactory) -> None:
     """An RDMA context drives one device (doca_rdma: one connection on one port)."""
     p = make_pair()
-    assert _code(lambda: p.a.rdma.add_dev(p.b.dev)) is DocaErrorCode.NOT_SUPPORTED
+    assert error_code(lambda: p.a.rdma.add_dev(p.b.dev)) is DocaErrorCode.NOT_SUPPORTED
 
 
 # -- lifecycle ---------------------------------------------------------------------------------
@@ -141,18 +136,18 @@ def test_one_device_per_context(make_pair: PairFactory) -> None:
 def test_start_is_starting_until_connect(make_pair: PairFactory) -> None:
     """Guide §4 (DOCA 2.5+ samples): start leaves the context STARTING, rdma state INIT; connect: RUNNING."""
     p = make_pair()
-    assert _code(p.a.rdma.export) is DocaErrorCode.BAD_STATE  # only after start
-    assert _code(lambda: p.a.rdma.connect(b"{}")) is DocaErrorCode.BAD_STATE
+    assert error_code(p.a.rdma.export) is DocaErrorCode.BAD_STATE  # only after start
+    assert error_code(lambda: p.a.rdma.connect(b"{}")) is DocaErrorCode.BAD_STATE
     p.start()
     for s in p.sides:
         assert (s.rdma.state, s.rdma.rdma_state) == (CtxState.STARTING, RdmaState.INIT)
     ma, _ = p.a.mmap(b"x")
     send = RdmaSendJob(ctx=p.a.rdma, src_buf=p.a.data(ma, 0, 1))
-    assert _code(lambda: p.submit(send)) is DocaErrorCode.BAD_STATE  # not connected yet
+    assert error_code(lambda: p.submit(send)) is DocaErrorCode.BAD_STATE  # not connected yet
     p.connect()
     for s in p.sides:
         assert (s.rdma.state, s.rdma.rdma_state) == (CtxState.RUNNING, RdmaState.CONNECTED)
-    assert _code(lambda: p.a.rdma.connect(p.b.rdma.export())) is DocaErrorCode.BAD_STATE  # twice
+    assert error_code(lambda: p.a.rdma.connect(p.b.rdma.export())) is DocaErrorCode.BAD_STATE  # twice
 
 
 def test_state_callback_drives_the_connection(make_pair: PairFactory) -> None:
@@ -325,7 +320,7 @@ def test_immediate_is_the_big_endian_wire_value(make_pair: PairFactory) -> None:
     assert result(ev_recv).immediate_bytes == b"\x12\x34\x56\x78"
     assert result(ev_recv).length == 0  # an empty message needs no receive buffer
     assert (
-        _code(lambda: p.submit(RdmaSendImmJob(ctx=p.a.rdma, immediate=1 << 32)))
+        error_code(lambda: p.submit(RdmaSendImmJob(ctx=p.a.rdma, immediate=1 << 32)))
         is DocaErrorCode.INVALID_VALUE
     )
 
@@ -383,7 +378,7 @@ def test_atomic_buffer_rules_are_checked_at_submit(make_pair: PairFactory) -> No
         ),
     ]
     for job in cases:
-        assert _code(functools.partial(p.submit, job)) is DocaErrorCode.INVALID_VALUE
+        assert error_code(functools.partial(p.submit, job)) is DocaErrorCode.INVALID_VALUE
     assert r.rdma_state is RdmaState.CONNECTED
     assert r.num_inflight == 0
 
@@ -423,7 +418,7 @@ def test_writes_append_to_the_remote_destination(make_pair: PairFactory) -> None
     assert bytes(mem_b[:7]) == b"abcdefg"
     assert dst.data_len == 7
     too_big = RdmaWriteJob(ctx=p.a.rdma, src_buf=p.a.data(ma, 0, 8), dst_buf=dst)
-    assert _code(lambda: p.submit(too_big)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: p.submit(too_big)) is DocaErrorCode.INVALID_VALUE
     assert p.a.rdma.rdma_state is RdmaState.CONNECTED
 
 
@@ -447,7 +442,7 @@ def test_chains_gather_and_scatter(make_pair: PairFactory) -> None:
     d3 = p.b.room(mb, 0, 1)
     d3.chain_list(p.b.room(mb, 1, 1))
     d3.chain_list(p.b.room(mb, 2, 1))
-    assert _code(lambda: p.submit(RdmaRecvJob(ctx=p.b.rdma, dst_buf=d3))) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: p.submit(RdmaRecvJob(ctx=p.b.rdma, dst_buf=d3))) is DocaErrorCode.INVALID_VALUE
 
 
 def test_read_scatters_along_a_destination_chain(make_pair: PairFactory) -> None:
@@ -492,7 +487,7 @@ def test_buffers_on_the_wrong_side_are_refused(make_pair: PairFactory) -> None:
     inv = BufInventory(1)
     inv.start()
     job = RdmaSendJob(ctx=r, src_buf=inv.get_by_data(other, other.addr, 8))
-    assert _code(lambda: p.submit(job)) is DocaErrorCode.NOT_FOUND
+    assert error_code(lambda: p.submit(job)) is DocaErrorCode.NOT_FOUND
     assert r.rdma_state is RdmaState.CONNECTED
     assert r.num_inflight == 0
 

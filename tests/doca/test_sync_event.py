@@ -1,7 +1,6 @@
 """DOCA Core 3.5: the sync event (doca_sync_event.h), within one process."""
 
 import threading
-from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -21,25 +20,7 @@ from rdmakit.doca import (
     WorkQ,
 )
 
-
-def _code(call: Callable[[], object]) -> DocaErrorCode:
-    with pytest.raises(DocaError) as exc:
-        call()
-    return exc.value.code
-
-
-@pytest.fixture
-def workq() -> Iterator[WorkQ]:
-    with WorkQ(8) as wq:
-        yield wq
-
-
-@pytest.fixture
-def event(workq: WorkQ) -> Iterator[SyncEvent]:
-    with SyncEvent() as ev:
-        ev.workq_add(workq)
-        ev.start()
-        yield ev
+from .util import error_code
 
 
 def _run(workq: WorkQ, job: Job) -> Event:
@@ -54,7 +35,7 @@ def test_must_be_started() -> None:
     """DOCA Core 3.5: a sync event is used only once started (BAD_STATE)."""
     event = SyncEvent()
     for call in (event.get, lambda: event.update_set(1), lambda: event.wait_gt(0, timeout=0)):
-        assert _code(call) is DocaErrorCode.BAD_STATE
+        assert error_code(call) is DocaErrorCode.BAD_STATE
 
 
 def test_set_get_add(event: SyncEvent) -> None:
@@ -68,8 +49,8 @@ def test_set_get_add(event: SyncEvent) -> None:
 @pytest.mark.parametrize("value", [-1, 1 << 64, 1.5, True])
 def test_values_are_u64(event: SyncEvent, value: object) -> None:
     """DOCA Core 3.5: values are uint64_t; anything else is INVALID_VALUE."""
-    assert _code(lambda: event.update_set(value)) is DocaErrorCode.INVALID_VALUE  # type: ignore[arg-type]
-    assert _code(lambda: event.update_add(value)) is DocaErrorCode.INVALID_VALUE  # type: ignore[arg-type]
+    assert error_code(lambda: event.update_set(value)) is DocaErrorCode.INVALID_VALUE  # type: ignore[arg-type]
+    assert error_code(lambda: event.update_add(value)) is DocaErrorCode.INVALID_VALUE  # type: ignore[arg-type]
     assert event.get() == 0
 
 
@@ -78,7 +59,7 @@ def test_wait_gt_and_eq_return_at_once_when_true(event: SyncEvent) -> None:
     event.update_set(0x1F0)
     assert event.wait_gt(0x100) == 0x1F0
     assert event.wait_eq(0xF0, mask=0xFF) == 0x1F0
-    assert _code(lambda: event.wait_gt(0xF0, mask=0x0F, timeout=0)) is DocaErrorCode.TIME_OUT
+    assert error_code(lambda: event.wait_gt(0xF0, mask=0x0F, timeout=0)) is DocaErrorCode.TIME_OUT
 
 
 def test_wait_blocks_until_another_thread_publishes(event: SyncEvent) -> None:
@@ -146,13 +127,16 @@ def test_wait_job_completes_on_a_later_update(workq: WorkQ, event: SyncEvent) ->
 
 def test_invalid_wait_job_is_rejected_at_submit(workq: WorkQ, event: SyncEvent) -> None:
     """DOCA Core 3.5: a job with a value outside uint64_t raises INVALID_VALUE at submission."""
-    assert _code(lambda: workq.submit(SyncEventWaitGtJob(ctx=event, value=-1))) is DocaErrorCode.INVALID_VALUE
+    assert (
+        error_code(lambda: workq.submit(SyncEventWaitGtJob(ctx=event, value=-1)))
+        is DocaErrorCode.INVALID_VALUE
+    )
     assert workq.inflight == 0
 
 
 def test_foreign_job_is_not_supported(workq: WorkQ, event: SyncEvent) -> None:
     """A job type the sync event doesn't run is NOT_SUPPORTED."""
-    assert _code(lambda: workq.submit(Job(ctx=event))) is DocaErrorCode.NOT_SUPPORTED
+    assert error_code(lambda: workq.submit(Job(ctx=event))) is DocaErrorCode.NOT_SUPPORTED
 
 
 def test_stop_fails_pending_waits(workq: WorkQ, event: SyncEvent) -> None:
