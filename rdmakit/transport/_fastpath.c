@@ -715,7 +715,12 @@ static PyObject *fp_init_codec(PyObject *Py_UNUSED(self), PyObject *args) {
             return NULL;
         if (!PyArg_ParseTuple(value, "Oii:init_codec", &m, &lay, &off))
             return NULL;
-        if (op < 0 || op > 255 || lay < L_BARE || lay > L_ATOMIC_ACK || off < BTH_LEN || off > 48) {
+        /* BTH + extension headers of each layout: the decoder reads exactly these bytes. */
+        static const int size[] = {
+            [L_BARE] = 12, [L_AETH] = 16, [L_AETH_ONLY] = 16, [L_RETH] = 28, [L_RETH_ONLY] = 28,
+            [L_IMM] = 16, [L_RETH_IMM] = 32, [L_IETH] = 16, [L_ATOMIC] = 40, [L_ATOMIC_ACK] = 24,
+        };
+        if (op < 0 || op > 255 || lay < L_BARE || lay > L_ATOMIC_ACK || off != size[lay]) {
             PyErr_SetString(PyExc_ValueError, "init_codec: bad table entry");
             return NULL;
         }

@@ -227,3 +227,38 @@ def test_the_layout_numbers_are_those_of_the_c_enum() -> None:
     for op, (member, _layout, hlen) in packet_mod.CODEC_LAYOUTS.items():
         assert int(member) == op
         assert struct.calcsize(">BBHII") <= hlen <= 40
+
+
+@settings(max_examples=2000, deadline=None)
+@given(body=st.binary(min_size=0, max_size=96), op=st.sampled_from([*range(0x18), 0x1F, 0x64, 0xFF]))
+def test_check_decode_of_any_bytes_is_decode_or_hands_them_back(body: bytes, op: int) -> None:
+    """Arbitrary bytes with a good ICRC: the same Packet as ``decode``, or 1 where it raises."""
+    data = bytes((op,)) + body
+    try:
+        want: Packet | None = decode(data)
+    except WireError:
+        want = None
+    if len(data) < 12:
+        seg = memoryview(bytearray(data + bytes(4)))
+        assert native.check_decode(seg, 0, FLOW.states, FLOW) == 1
+        return
+    got = native.check_decode(_segment(data), 0, FLOW.states, FLOW)
+    if want is None:
+        assert got == 1
+    else:
+        assert type(got) is Packet
+        assert got == want
+
+
+def test_init_codec_refuses_a_table_that_does_not_match_its_layouts() -> None:
+    from rdmakit.wire import AETH, CODEC_LAYOUTS, RETH, AtomicETH
+
+    member, layout, hlen = CODEC_LAYOUTS[int(Opcode.RDMA_WRITE_ONLY)]
+    for bad in ({4: (member, layout, hlen + 4)}, {4: (member, 10, hlen)}, {256: (member, layout, hlen)}):
+        with pytest.raises(ValueError, match="bad table entry"):
+            native.init_codec(Packet, RETH, AETH, AtomicETH, bad)
+    with pytest.raises(TypeError):
+        native.init_codec(Packet, RETH, AETH, int, CODEC_LAYOUTS)
+    native.init_codec(Packet, RETH, AETH, AtomicETH, CODEC_LAYOUTS)  # what the import did
+    seg = _segment(encode(Packet(Opcode.RDMA_WRITE_ONLY, 1, 2, reth=RETH(3, 4, 1), payload=b"z")))
+    assert native.check_decode(seg, 0, FLOW.states, FLOW) == decode(seg[:-4])
