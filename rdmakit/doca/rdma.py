@@ -312,7 +312,8 @@ class _Posted:
     """A work request in flight: its job and what to do with the buffers when it succeeds."""
 
     job: Job
-    what: str  # names the job in error messages
+    what: str  # names the job in error messages: a format string for ``what_args``
+    what_args: tuple[object, ...] = ()
     length: int = 0
     parts: list[tuple[Buf, int]] = dataclasses.field(default_factory=list)  # local appends
     remote_append: Buf | None = None  # a write's remote destination
@@ -784,7 +785,7 @@ class Rdma(Ctx[Job]):
         if job.dst_buf is None:
             return _Posted(job, "RDMA receive (no buffer)"), RecvWR(wr_id=wr_id)
         sges, parts, room = self._scatter(job.dst_buf, "RdmaRecvJob.dst_buf", None, self._recv_buf_chain_len)
-        posted = _Posted(job, f"RDMA receive (room for {room} bytes)", parts=parts)
+        posted = _Posted(job, "RDMA receive (room for {} bytes)", (room,), parts=parts)
         return posted, RecvWR(wr_id=wr_id, sg_list=tuple(sges))
 
     def _plan_send(self, job: Job, wr_id: int) -> tuple[_Posted, SendWR]:
@@ -797,7 +798,7 @@ class Rdma(Ctx[Job]):
                 if isinstance(job, RdmaSendImmJob):
                     imm = _check_uint("immediate", job.immediate, _U32)
                     opcode = WrOpcode.SEND_WITH_IMM
-                posted = _Posted(job, f"RDMA send of {total} bytes", length=total)
+                posted = _Posted(job, "RDMA send of {} bytes", (total,), length=total)
                 return posted, SendWR(wr_id=wr_id, opcode=opcode, sg_list=tuple(sges), imm_data=imm)
             case RdmaWriteJob() | RdmaWriteImmJob():
                 desc = self._remote(job.dst_buf, f"{name}.dst_buf")
@@ -816,7 +817,8 @@ class Rdma(Ctx[Job]):
                     opcode = WrOpcode.RDMA_WRITE_WITH_IMM
                 posted = _Posted(
                     job,
-                    f"RDMA write of {total} bytes to {addr:#x} (rkey {desc.rkey:#x})",
+                    "RDMA write of {} bytes to {:#x} (rkey {:#x})",
+                    (total, addr, desc.rkey),
                     length=total,
                     remote_append=dst,
                     remote=desc,
@@ -842,7 +844,8 @@ class Rdma(Ctx[Job]):
                 sges, parts, _ = self._scatter(job.dst_buf, f"{name}.dst_buf", length, limit)
                 posted = _Posted(
                     job,
-                    f"RDMA read of {length} bytes from {src.data:#x} (rkey {desc.rkey:#x})",
+                    "RDMA read of {} bytes from {:#x} (rkey {:#x})",
+                    (length, src.data, desc.rkey),
                     length=length,
                     parts=parts,
                     remote=desc,
@@ -890,7 +893,8 @@ class Rdma(Ctx[Job]):
                     what = "fetch-and-add"
                 posted = _Posted(
                     job,
-                    f"RDMA atomic {what} at {dst.data:#x} (rkey {desc.rkey:#x})",
+                    "RDMA atomic {} at {:#x} (rkey {:#x})",
+                    (what, dst.data, desc.rkey),
                     length=8,
                     parts=[(result, 8)],
                     remote=desc,
@@ -1005,7 +1009,7 @@ class Rdma(Ctx[Job]):
             hint = "a local buffer is not registered with the access the job needs"
         elif status in (WcStatus.RETRY_EXC_ERR, WcStatus.RNR_RETRY_EXC_ERR):
             hint = "the peer stopped answering (retries exhausted)"
-        message = f"{posted.what} failed" + (f": {hint}" if hint else "")
+        message = f"{posted.what.format(*posted.what_args)} failed" + (f": {hint}" if hint else "")
         return error_from_wc_status(status, message)
 
     def __repr__(self) -> str:
