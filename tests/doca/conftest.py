@@ -59,7 +59,7 @@ def make_mmap(dev: Dev) -> Iterator[MmapFactory]:
 
 @pytest.fixture
 def workq() -> Iterator[WorkQ]:
-    """A polling WorkQ of depth 8 (test_ctx has its own)."""
+    """A polling WorkQ of depth 8."""
     with WorkQ(8) as wq:
         yield wq
 

@@ -73,12 +73,6 @@ class TickCtx(Ctx[TickJob]):
 
 
 @pytest.fixture
-def workq() -> Iterator[WorkQ]:
-    with WorkQ(4) as wq:
-        yield wq
-
-
-@pytest.fixture
 def ctx(workq: WorkQ) -> Iterator[TickCtx]:
     with TickCtx() as c:
         c.workq_add(workq)
