@@ -16,6 +16,7 @@ from rdmakit.transport import fastpath
 from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
 from rdmakit.transport.driver import Driver
 from rdmakit.transport.udp import UdpLink
+from rdmakit.wire import Opcode, Packet, encode, icrc_ipv4, pack_icrc
 
 from .test_two_process import Requester
 
@@ -105,6 +106,25 @@ def test_garbage_datagrams_are_counted_and_dropped(pair: tuple[SoftDevice, SoftD
     # Every junk datagram is refused before the engine: too short, or its ICRC fails.
     assert c.malformed + c.bad_icrc == len(junk)
     assert c.malformed >= 3
+
+
+def test_a_peer_with_its_own_ip_ids_is_verified_by_solving_for_the_id(
+    pair: tuple[SoftDevice, SoftDevice, Driver],
+) -> None:
+    """A kernel rxe peer's IPv4 ID is not 0 (nor a GSO index): the ICRC is solved for it, counted."""
+    a, b, drv = pair
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((a.ip, 0))
+        sport = s.getsockname()[1]
+        for qpn, ident in ((0x777777, 1234), (0x777778, 0xBEEF)):
+            body = encode(Packet(Opcode.SEND_ONLY, qpn, 5, ackreq=True, payload=b"rxe!"))
+            ic = icrc_ipv4(socket.inet_aton(a.ip), socket.inet_aton(b.ip), sport, b.port, body, ident=ident)
+            s.sendto(body + pack_icrc(ic), (b.ip, b.port))
+    wc, src, dst = _write(a, b, drv, 10_000)  # and the device goes on as before
+    assert wc.status is WcStatus.SUCCESS
+    assert dst == src
+    c = b.counters
+    assert (c.icrc_solved, c.bad_icrc, c.unknown_qp) == (2, 0, 2)  # verified, then refused for its QPN
 
 
 class _SendFourNatively:
