@@ -1,8 +1,9 @@
 /*
- * rdmakit.transport._fastpath: the bulk data plane of the UDP soft device.
+ * rdmakit.transport._fastpath: the native data plane of the UDP soft device.
  *
- * Optional: every function here has a pure-Python twin that is the reference
- * (rdmakit/transport/fastpath.py), and the tests run both and compare. What is
+ * Optional (loaded by rdmakit/transport/fastpath.py): what every function here
+ * does, the pure-Python path of rdmakit/transport/device.py and rdmakit.wire
+ * does too, and is the reference; the tests run both and compare. What is
  * here is only what costs per packet: moving a message in MTU-sized MIDDLE
  * packets, and the codec, ICRC and system call of the single packets of a
  * small operation's round trip:
@@ -1123,7 +1124,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_fastpath", "The bulk data plane of the UDP soft device, in C.", -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_fastpath", "The native data plane of the UDP soft device.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
