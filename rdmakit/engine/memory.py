@@ -139,7 +139,7 @@ class ProtectionDomain:
         three give NAK remote access error).
         """
         mr = self._by_rkey.get(rkey)
-        if mr is None or not mr.bits & access or not (mr.addr <= va and va + length <= mr.addr + mr.length):
+        if mr is None or not mr.bits & access or not mr.contains(va, length):
             return None
         off = va - mr.addr
         return mr.view[off : off + length]

@@ -970,7 +970,21 @@ static PyObject *new_tuple(PyObject *type, Py_ssize_t n) {
     return t->tp_alloc(t, n);
 }
 
-static PyObject *u64(uint64_t v) { return PyLong_FromUnsignedLongLong(v); }
+/* A header tuple of `type` holding the n ints v; NULL with an exception set. */
+static PyObject *int_tuple(PyObject *type, Py_ssize_t n, const uint64_t *v) {
+    PyObject *t = new_tuple(type, n);
+    if (t == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyLong_FromUnsignedLongLong(v[i]);
+        if (o == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, o);
+    }
+    return t;
+}
 
 static PyObject *fp_check_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *seg, *states, *flow;
@@ -1018,54 +1032,34 @@ static PyObject *fp_check_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     switch (lay) {
     case L_AETH:
     case L_AETH_ONLY:
-    case L_ATOMIC_ACK:
-        aeth = new_tuple(t_aeth, 2);
-        if (aeth != NULL) {
-            uint32_t w = get_be32(x);
-            PyTuple_SET_ITEM(aeth, 0, PyLong_FromUnsignedLong(w >> 24));
-            PyTuple_SET_ITEM(aeth, 1, PyLong_FromUnsignedLong(w & PSN_MASK));
-        }
-        ok = aeth != NULL;
+    case L_ATOMIC_ACK: {
+        uint32_t w = get_be32(x);
+        const uint64_t v[2] = {w >> 24, w & PSN_MASK};
+        ok = (aeth = int_tuple(t_aeth, 2, v)) != NULL;
         if (ok && lay == L_ATOMIC_ACK)
-            ok = (aack = u64(get_be64(x + 4))) != NULL;
+            ok = (aack = PyLong_FromUnsignedLongLong(get_be64(x + 4))) != NULL;
         break;
+    }
     case L_RETH:
     case L_RETH_ONLY:
-    case L_RETH_IMM:
-        reth = new_tuple(t_reth, 3);
-        if (reth != NULL) {
-            PyTuple_SET_ITEM(reth, 0, u64(get_be64(x)));
-            PyTuple_SET_ITEM(reth, 1, PyLong_FromUnsignedLong(get_be32(x + 8)));
-            PyTuple_SET_ITEM(reth, 2, PyLong_FromUnsignedLong(get_be32(x + 12)));
-        }
-        ok = reth != NULL;
+    case L_RETH_IMM: {
+        const uint64_t v[3] = {get_be64(x), get_be32(x + 8), get_be32(x + 12)};
+        ok = (reth = int_tuple(t_reth, 3, v)) != NULL;
         if (ok && lay == L_RETH_IMM)
             ok = (imm = PyLong_FromUnsignedLong(get_be32(x + 16))) != NULL;
         break;
+    }
     case L_IMM:
     case L_IETH:
         ok = (imm = PyLong_FromUnsignedLong(get_be32(x))) != NULL;
         break;
-    case L_ATOMIC:
-        atomic = new_tuple(t_atomic_eth, 4);
-        if (atomic != NULL) {
-            PyTuple_SET_ITEM(atomic, 0, u64(get_be64(x)));
-            PyTuple_SET_ITEM(atomic, 1, PyLong_FromUnsignedLong(get_be32(x + 8)));
-            PyTuple_SET_ITEM(atomic, 2, u64(get_be64(x + 12)));
-            PyTuple_SET_ITEM(atomic, 3, u64(get_be64(x + 20)));
-        }
-        ok = atomic != NULL;
-        break;
-    default:
+    case L_ATOMIC: {
+        const uint64_t v[4] = {get_be64(x), get_be32(x + 8), get_be64(x + 12), get_be64(x + 20)};
+        ok = (atomic = int_tuple(t_atomic_eth, 4, v)) != NULL;
         break;
     }
-    /* An item that failed to build leaves NULL in a header tuple: give up (MemoryError is set). */
-    PyObject *hdrs[3] = {reth, aeth, atomic};
-    for (int i = 0; ok && i < 3; i++) {
-        if (hdrs[i] != NULL)
-            for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(hdrs[i]); j++)
-                if (PyTuple_GET_ITEM(hdrs[i], j) == NULL)
-                    ok = 0;
+    default:
+        break;
     }
     PyObject *pkt = NULL, *payload = NULL;
     if (ok)

@@ -417,19 +417,22 @@ class SoftDevice:
             k += 1
             if verify:
                 if fast is not None:
-                    # One native call checks the ICRC and decodes; 0 (another IP ID?) and 1
-                    # (not decodable there) leave it to the Python path below.
+                    # One native call checks the ICRC and decodes: 1 is a good ICRC on
+                    # bytes for the Python decoder, 0 an ICRC that IP ID idx does not explain.
                     got = fast.check_decode(seg, idx, states, flow)
                     if type(got) is Packet:
                         c.icrc_ok += 1
                         self._deliver(got, src_ip, now)
                         continue
-                # ICRC (Annex A17.3.3) of GSO segment idx: IPv4 ID idx, BTH byte 4 masked.
-                st = states.get(n | idx << 16)
-                if st is None:
-                    st = flow.state(n, idx)
-                ic = crc32(seg[BTH_LEN:end], crc32(pack_bth(op, b1, pkey, w1 | _MASK_BYTE4, w2), st))
-                if ic == unpack_ic(seg, end)[0]:
+                    good = got == 1
+                else:
+                    # ICRC (Annex A17.3.3) of GSO segment idx: IPv4 ID idx, BTH byte 4 masked.
+                    st = states.get(n | idx << 16)
+                    if st is None:
+                        st = flow.state(n, idx)
+                    ic = crc32(seg[BTH_LEN:end], crc32(pack_bth(op, b1, pkey, w1 | _MASK_BYTE4, w2), st))
+                    good = ic == unpack_ic(seg, end)[0]
+                if good:
                     c.icrc_ok += 1
                 elif not self._icrc_other_ident(flow, seg, idx, src_ip, sport):
                     c.bad_icrc += 1

@@ -271,14 +271,11 @@ def _layout(info: OpInfo) -> int:
 
 #: opcode -> layout, for the encoder (keys are Opcode members; ints hash the same).
 _ENC_LAYOUT: dict[int, int] = {op: _layout(info) for op, info in OPCODE_INFO.items()}
-#: opcode byte -> (Opcode member, layout, BTH + extension header length), for the decoder.
-_DEC_INFO: dict[int, tuple[Opcode, int, int]] = {
+#: opcode byte -> (Opcode member, layout, BTH + extension header length), for the decoder
+#: and for native codecs (``rdmakit.transport._fastpath``: layouts numbered as ``_L_*``).
+CODEC_LAYOUTS: dict[int, tuple[Opcode, int, int]] = {
     int(op): (info.opcode, _layout(info), BTH_LEN + info.ext_len) for op, info in OPCODE_INFO.items()
 }
-#: The same table for native codecs (``rdmakit.transport._fastpath``): opcode byte ->
-#: (Opcode, layout, BTH + extension header length); layouts numbered as the ``_L_*``
-#: constants above.
-CODEC_LAYOUTS: dict[int, tuple[Opcode, int, int]] = dict(_DEC_INFO)
 
 #: PadCnt (byte 1 bits 5:4) for a payload length mod 4.
 _PADCNT_BITS = (0x00, 0x30, 0x20, 0x10)
@@ -436,7 +433,7 @@ def decode(data: bytes | bytearray | memoryview) -> Packet:
     if n < BTH_LEN:
         raise WireError(f"packet of {n} bytes is shorter than a BTH")
     op, b1, pkey, w1, w2 = _BTH.unpack_from(mv, 0)
-    dec = _DEC_INFO.get(op)
+    dec = CODEC_LAYOUTS.get(op)
     if dec is None:
         raise WireError(f"unknown or non-RC opcode 0x{op:02x}")
     opcode, layout, off = dec

@@ -33,6 +33,8 @@ from rdmakit.wire import (
 )
 from tests.wire.strategies import packets
 
+from .test_native import _sink
+
 pytestmark = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
 
 native: Any = fastpath.native
@@ -45,9 +47,7 @@ class _Pair:
         self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.tx.bind((new_ip(), 0))
         self.tx.setblocking(False)
-        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.rx.bind((new_ip(), 0))
-        self.rx.settimeout(5.0)
+        self.rx = _sink(new_ip())
         (sip, self.sport), (dip, self.dport) = self.tx.getsockname(), self.rx.getsockname()
         self.src, self.dst = socket.inet_aton(sip), socket.inet_aton(dip)
         self.addr = (dip, self.dport)
