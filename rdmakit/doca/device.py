@@ -109,12 +109,12 @@ DevInfoProvider = Callable[[], Iterable[DevInfo]]
 def local_devinfo(name: str = "local0", *, rng: random.Random | None = None) -> DevInfo:
     """A `DevInfo` for a `LocalBackendDevice`.
 
-    Each open gets a fresh backend whose keys come from `rng`, or from a new
-    OS-seeded ``random.Random`` when `rng` is None.
+    Each open gets a fresh backend whose keys come from `rng`, or from the
+    OS CSPRNG (``random.SystemRandom``) when `rng` is None.
     """
 
     def opener() -> BackendDevice:
-        return LocalBackendDevice(name, rng=rng if rng is not None else random.Random())
+        return LocalBackendDevice(name, rng=rng if rng is not None else random.SystemRandom())
 
     probe = LocalBackendDevice(name, rng=random.Random(0))
     return DevInfo(

@@ -7,11 +7,17 @@ address of 127.0.0.0/8 opens too, so two soft devices can share one machine
 
 One `Driver` per process pumps every soft device, and a device opened twice
 in one process is one socket: `Dev` handles share it by reference count.
+
+R_Keys, L_Keys, QPNs and initial PSNs are capabilities a peer must not guess
+(RoCE carries them in clear and authenticates nothing, IBTA Vol. 1 §10.6.3,
+Annex A17): a soft device opened here draws them from the OS CSPRNG
+(``random.SystemRandom``, as Python's ``secrets`` does), never from the
+Mersenne Twister, whose state 624 consecutive outputs give away. The sans-IO
+engine takes whatever source it is handed, so tests still replay from a seed.
 """
 
 import ipaddress
 import itertools
-import os
 import random
 import threading
 from collections.abc import Mapping, Sequence
@@ -87,7 +93,7 @@ def _acquire(transport: TransportName, ip: str, port: int) -> SoftDevice:
             _shared[key] = (dev, refs + 1)
             return dev
     try:
-        dev = SoftDevice(ip, transport=transport, port=port, rng=random.Random(os.urandom(16)))
+        dev = SoftDevice(ip, transport=transport, port=port, rng=random.SystemRandom())
     except OSError as e:
         raise error_from_os(e, f"cannot open a {transport} soft device on {ip}:{port}") from e
     with _lock:

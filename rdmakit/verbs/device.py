@@ -213,8 +213,10 @@ class VerbsDevice:
 
     `name` None opens the first usable device (`rdmakit.verbs.list_devices`
     order). `port` and `gid_index` default to the first active port and its
-    RoCE v2 IPv4-mapped GID (`rdmakit.verbs.sysfs.select_gid`). PSNs of
-    its QPs come from `rng` (default: seeded from ``os.urandom``).
+    RoCE v2 IPv4-mapped GID (`rdmakit.verbs.sysfs.select_gid`). The kernel
+    assigns R_Keys and QPNs; the initial PSNs of its QPs come from `rng`,
+    by default the OS CSPRNG (``random.SystemRandom``): a peer that could
+    predict them could inject packets into the connection.
     """
 
     kind = "verbs"
@@ -243,7 +245,7 @@ class VerbsDevice:
             self._ctx.close()
             self._ctx = None
             raise
-        self.rng = rng if rng is not None else random.Random(os.urandom(16))
+        self.rng = rng if rng is not None else random.SystemRandom()
         self._mrs: list[VerbsMR] = []
         self._qps: list[VerbsQP] = []
         log.debug("opened %s port %d gid[%d] %s", self.name, self.port, self.gid_index, self.gid)
