@@ -21,8 +21,9 @@ field          value
                on TCP, rdmakit only) or ``"verbs"`` (an rdma-core QP, RoCEv2 on the wire)
 ``gid``        the exporting port's GID as IPv6 text; canonically the full form
                (``"0000:0000:0000:0000:0000:ffff:7f00:0002"``, IPv4-mapped for an IPv4
-               address, IBTA Vol. 1 Annex A17.8)
-``ip``         the IPv4 or IPv6 address the exporting side receives on
+               address, IBTA Vol. 1 Annex A17.8); it must be ``ip``'s GID
+``ip``         the IPv4 or IPv6 address the exporting side receives on: one unicast
+               host (not unspecified, broadcast or multicast; IPv4 written as IPv4)
 ``port``       its UDP or TCP port, 1-65535 (4791 for RoCEv2)
 ``qpn``        its queue pair number, 2 to 2**24-1 (0 and 1 are special, IBTA §3.5.3)
 ``psn``        the PSN of the first request the exporting side will send, 0 to 2**24-1:
@@ -57,6 +58,7 @@ from ipaddress import IPv4Address, IPv6Address, ip_address
 from pathlib import Path
 from typing import Literal, Self
 
+from rdmakit.doca._addresses import address_problem, gid_mismatch
 from rdmakit.doca._fields import DescriptorReader
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_os
 from rdmakit.doca.mmap import DESCRIPTOR_FORMAT as MMAP_FORMAT
@@ -200,6 +202,13 @@ def _validate(d: ConnectionDescriptor) -> None:
         raise _bad("gid", f"expected an IPv6Address, got {type(d.gid).__name__}")
     if not isinstance(d.ip, IPv4Address | IPv6Address):
         raise _bad("ip", f"expected an IP address, got {type(d.ip).__name__}")
+    # One unicast peer, and the GID its packets carry (rdmakit.doca._addresses).
+    problem = address_problem(d.ip)
+    if problem is not None:
+        raise _bad("ip", f"{d.ip} {problem}")
+    mismatch = gid_mismatch(d.gid, d.ip)
+    if mismatch is not None:
+        raise _bad("gid", mismatch)
     for name, lo, hi in (("port", 1, 0xFFFF), ("qpn", 2, _U24 - 1), ("psn", 0, _U24 - 1)):
         value = getattr(d, name)
         if type(value) is not int or not lo <= value <= hi:

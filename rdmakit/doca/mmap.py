@@ -33,6 +33,7 @@ from enum import IntFlag
 from ipaddress import IPv6Address
 from typing import TYPE_CHECKING, Self
 
+from rdmakit.doca._addresses import address_problem
 from rdmakit.doca._fields import DescriptorReader
 from rdmakit.doca.backend import MemoryRegistration
 from rdmakit.doca.device import Dev
@@ -186,6 +187,9 @@ class MmapDescriptor:
             gid = IPv6Address(gid_text)
         except ValueError as exc:
             raise _bad("gid", f"{gid_text!r} is not a GID") from exc
+        problem = address_problem(gid, gid=True)
+        if problem is not None:
+            raise _bad("gid", f"{gid_text[:64]} {problem}")
         mtu = _get_int(obj, "mtu", 0, (1 << 20) + 1)
         if mtu not in _MTUS and not (mtu > 4096 and mtu & (mtu - 1) == 0):  # > 4096: a soft TCP device
             raise _bad("mtu", f"{mtu} is not an IB MTU (nor a power of two up to 2**20, for TCP)")
