@@ -23,6 +23,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from ipaddress import IPv6Address
 
+from rdmakit.doca._addresses import address_problem, gid_mismatch
 from rdmakit.doca.backend import DeviceCaps, JobType
 from rdmakit.doca.device import DevInfo, register_provider, register_resolver
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_engine, error_from_os
@@ -172,6 +173,12 @@ class SoftBackendQP:
                 psn=int(remote["psn"]),  # type: ignore[call-overload]
                 mtu=int(remote["mtu"]),  # type: ignore[call-overload]
             )
+            ip = ipaddress.ip_address(peer.ip)
+            # ConnectionDescriptor checks this too; a caller of the backend may not have.
+            problem = address_problem(ip)
+            why = f"ip {ip} {problem}" if problem else gid_mismatch(IPv6Address(peer.gid), ip)
+            if why is not None:
+                raise DocaError(DocaErrorCode.INVALID_VALUE, f"bad connection info: {why}", Fault.PEER)
             connect_qp(self._dev, self._qp, self._psn, peer, self.options)
         except EngineError as e:
             raise error_from_engine(e) from e

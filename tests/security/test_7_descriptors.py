@@ -28,10 +28,12 @@ from rdmakit.doca import (
     MmapDescriptor,
     RdmaState,
     RdmaWriteJob,
+    SoftBackendQP,
     _addresses,
     read_connection_descriptor,
     read_mmap_descriptor,
 )
+from rdmakit.engine import QpState
 from tests.doca.test_rdma_harness import ALL_RDMA, Pair, TransportName, result
 
 
@@ -219,6 +221,23 @@ def test_connect_refuses_a_tampered_address_and_stays_unconnected(pair: Pair) ->
     for field, change in tampered:
         _refused(partial(pair.a.rdma.connect, json.dumps(good | change).encode()), field)
         assert pair.a.rdma.rdma_state is not RdmaState.CONNECTED
+
+
+def test_the_soft_backend_checks_addresses_itself(pair: Pair) -> None:
+    """A caller that hands the backend a dict without a ConnectionDescriptor gets the same refusal."""
+    pair.start()
+    qp = pair.a.rdma._qp
+    assert isinstance(qp, SoftBackendQP)
+    good = json.loads(pair.b.rdma.export())
+    del good["format"]
+    v6 = ip_address(good["ip"]).version == 6
+    everyone, elsewhere = ("ff02::1", "fd00::99") if v6 else ("255.255.255.255", "127.0.0.99")
+    for change in ({"ip": everyone, "gid": _gid(everyone)}, {"gid": _gid(elsewhere)}):
+        with pytest.raises(DocaError) as exc:
+            qp.connect(good | change)
+        assert exc.value.code is DocaErrorCode.INVALID_VALUE
+        assert exc.value.fault is Fault.PEER
+        assert qp.state is not QpState.RTS
 
 
 def test_legitimate_descriptors_connect_and_move_data(pair: Pair) -> None:
