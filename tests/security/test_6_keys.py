@@ -57,7 +57,7 @@ def test_the_attack_predicts_a_mersenne_twister_from_rkeys_alone() -> None:
 
 
 def test_a_soft_device_rkey_cannot_be_predicted(new_ip: Callable[[], str]) -> None:
-    """A peer that saw 950 exported R_Keys of a soft device still cannot name the next one."""
+    """A peer that saw some 950 exported R_Keys of a soft device still cannot name the next one."""
     dev = Dev.open(new_ip())
     try:
         memory = [bytearray(64) for _ in range(OBSERVED + 1)]
