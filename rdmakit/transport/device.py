@@ -144,7 +144,7 @@ class SoftDevice:
     ) -> None:
         self.ip = str(ipaddress.ip_address(ip))
         self.transport: TransportName = transport
-        # R_Keys, QPNs and PSNs are guessable capabilities: the OS CSPRNG unless a seeded source is injected.
+        # R_Keys, QPNs and PSNs must not be guessable: the OS CSPRNG unless a seeded source is injected.
         self.rng = rng if rng is not None else random.SystemRandom()
         self._local = _addr_bytes(self.ip)
         self._v6 = len(self._local) == 16
