@@ -197,6 +197,15 @@ class VerbsMR:
     def closed(self) -> bool:
         return self._mr is None
 
+    def view(self, addr: int, length: int, *, write: bool) -> memoryview | None:
+        """The registered bytes ``[addr, addr+length)``; None if outside, closed, or a write to read-only."""
+        view = self._view
+        if view is None or length < 0 or addr < self.addr or addr + length > self.addr + self.length:
+            return None
+        if write and not self.access & Access.LOCAL_WRITE:
+            return None
+        return view[addr - self.addr : addr - self.addr + length]
+
     def close(self) -> None:
         """``ibv_dereg_mr``; idempotent."""
         mr, self._mr, self._view = self._mr, None, None
@@ -230,6 +239,7 @@ class VerbsDevice:
     ) -> None:
         sysdev = self._find(name, sysfs_root)
         port_info, entry = select_gid(sysdev, port, gid_index)
+        self._gid_table = {g.index: g for g in port_info.gids}
         self._ctx: Context | None = _open_context(sysdev.name)
         try:
             self.info = _info(self._ctx, sysdev, port_info.num, entry)
@@ -284,6 +294,15 @@ class VerbsDevice:
     def gids(self) -> Sequence[IPv6Address]:
         """The port's populated GID table, index order (`gid` is the one QPs use)."""
         return self.info.gids
+
+    def gid_entry(self, index: int) -> GidEntry | None:
+        """The port's GID table entry at `index` (type, network device), None if the slot is empty."""
+        return self._gid_table.get(index)
+
+    def gid_at(self, index: int) -> IPv6Address | None:
+        """The RoCE v2 GID at table index `index`: one an RC QP over UDP can use, else None."""
+        entry = self._gid_table.get(index)
+        return entry.gid if entry is not None and entry.roce_v2 else None
 
     @property
     def mtu(self) -> int:
@@ -345,11 +364,33 @@ class VerbsDevice:
             self._mrs.remove(registration)
             registration.close()
 
+    def local_view(self, lkey: int, addr: int, length: int, *, write: bool) -> memoryview | None:
+        """The bytes ``[addr, addr+length)`` of the MR with `lkey`, as the device reaches them.
+
+        None on a local protection error (IBTA §10.6.3.2): no such lkey, a
+        range outside the MR, or `write` to an MR without LOCAL_WRITE.
+        """
+        for mr in self._mrs:
+            if mr.lkey == lkey:
+                return mr.view(addr, length, write=write)
+        return None
+
     # -- queue pairs ------------------------------------------------------------------
-    def create_qp(self, caps: QpCaps) -> "VerbsQP":
-        """An RC QP in RESET, with its own CQ and completion channel."""
+    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> "VerbsQP":
+        """An RC QP in RESET, with its own CQ and completion channel.
+
+        Its address vector and `VerbsQP.export` use the RoCE v2 GID at
+        `gid_index` (None: the device's `gid_index`); NOT_FOUND if there is none.
+        """
         self._check_open()
-        qp = VerbsQP(self, caps)
+        if gid_index is None:
+            gid_index = self.gid_index
+        gid = self.gid_at(gid_index)
+        if gid is None:
+            raise VerbsError(
+                "NOT_FOUND", f"{self.name} port {self.port} has no RoCE v2 GID at index {gid_index}"
+            )
+        qp = VerbsQP(self, caps, gid_index=gid_index, gid=gid)
         self._qps.append(qp)
         return qp
 
@@ -396,9 +437,13 @@ class VerbsQP:
     that arrives later always makes `fileno` readable.
     """
 
-    def __init__(self, dev: VerbsDevice, caps: QpCaps) -> None:
+    def __init__(
+        self, dev: VerbsDevice, caps: QpCaps, *, gid_index: int | None = None, gid: IPv6Address | None = None
+    ) -> None:
         ctx, pd = dev._check_open()
         self._dev = dev
+        self._sgid_index = dev.gid_index if gid_index is None else gid_index
+        self._gid = dev.gid if gid is None else gid
         depth = min(caps.max_send_wr + caps.max_recv_wr, dev.caps.max_cqe)
         self._channel, self._fd = _open_channel(ctx)
         try:
@@ -427,6 +472,16 @@ class VerbsQP:
         return int(self._qp.qp_num)
 
     @property
+    def gid_index(self) -> int:
+        """The source GID index of this QP's address vector (``ibv_global_route.sgid_index``)."""
+        return self._sgid_index
+
+    @property
+    def gid(self) -> IPv6Address:
+        """The GID at `gid_index`, exported to the peer."""
+        return self._gid
+
+    @property
     def psn(self) -> int:
         """The PSN of this side's first request (exported as ``psn``)."""
         return self._psn
@@ -441,7 +496,7 @@ class VerbsQP:
 
     def export(self) -> dict[str, object]:
         """Connection info for the peer: transport ``"verbs"``, gid, ip, port, qpn, psn, mtu."""
-        return export_descriptor(gid=self._dev.gid, qpn=self.qpn, psn=self._psn, mtu=self._dev.mtu)
+        return export_descriptor(gid=self._gid, qpn=self.qpn, psn=self._psn, mtu=self._dev.mtu)
 
     # -- transitions --------------------------------------------------------------------
     def _modify(self, to: QpState, fill: Callable[[Any], None]) -> None:
@@ -471,7 +526,7 @@ class VerbsQP:
             own_psn=self._psn,
             own_mtu=self._dev.mtu,
             port_num=self._dev.port,
-            sgid_index=self._dev.gid_index,
+            sgid_index=self._sgid_index,
             options=self.options,
             max_rd_atomic=caps.max_qp_init_rd_atom,
             max_dest_rd_atomic=caps.max_qp_rd_atom,
@@ -508,6 +563,15 @@ class VerbsQP:
         self._modify(QpState.RTR, rtr)
         self._modify(QpState.RTS, rts)
         log.debug("%s QP %#x -> RTS with peer QP %#x at %s", self._dev.name, self.qpn, p.dest_qpn, p.dgid)
+
+    def to_error(self) -> None:
+        """To ERR (``ibv_modify_qp`` IBV_QPS_ERR, IBTA §10.3.1); a no-op in RESET or ERR.
+
+        The device then completes every outstanding work request with
+        WR_FLUSH_ERR (§11.6.2), as it does those posted later.
+        """
+        if self.state not in (QpState.RESET, QpState.ERR):
+            self._modify(QpState.ERR, lambda a: None)
 
     def reset(self) -> None:
         """Back to RESET with a fresh PSN; posted work requests are dropped without completions."""
