@@ -263,7 +263,7 @@ class WorkQ:
             raise
 
     def progress_retrieve(self) -> Event | None:
-        """Progress the contexts and return one completed `Event`, or None (AGAIN)."""
+        """Run the WorkQ's engine (its devices and contexts); one completed `Event`, or None (AGAIN)."""
         self._check_open()
         ready = self._ready
         if not ready:

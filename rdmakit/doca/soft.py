@@ -135,9 +135,11 @@ class SoftBackendQP:
             "qpn": ep.qpn, "psn": ep.psn, "mtu": ep.mtu,
         }  # fmt: skip
 
-    def init(self, access: Access) -> None:
-        """RESET → INIT with the responder's `access`, so receives can be posted before the peer is known."""
-        self.options = replace(self.options, access=int(access))
+    def init(self, access: Access | None = None) -> None:
+        """RESET → INIT with the responder's `access` (None: ``options.access``), so receives can be
+        posted before the peer is known."""
+        if access is not None:
+            self.options = replace(self.options, access=int(access))
         if self._qp.state is QpState.RESET:
             init_qp(self._qp, self.options.access)
 
