@@ -4,14 +4,25 @@ The verbs backend runs the same suite in the lab (tests/lab/test_verbs_backend.p
 """
 
 import ast
+import random
 from collections.abc import Callable
+from ipaddress import IPv6Address
 from pathlib import Path
 from typing import Literal
 
 import pytest
 
 import rdmakit.doca
-from rdmakit.doca import BackendDevice, SoftBackendDevice
+from rdmakit.doca import (
+    AccessFlag,
+    BackendDevice,
+    Dev,
+    DevInfo,
+    LocalBackendDevice,
+    Mmap,
+    MmapDescriptor,
+    SoftBackendDevice,
+)
 from rdmakit.testing.backend import check_backend_pair
 
 
@@ -68,3 +79,36 @@ def test_no_backend_object_is_probed() -> None:
     sources = "\n".join(p.read_text() for p in DOCA.glob("*.py"))
     for gone in ("is_dataclass", "_Resolver", "isinstance(backend", "WeakSet", "id(self) %"):
         assert gone not in sources, gone
+
+
+# -- the GID a device exports -----------------------------------------------------------------------
+
+
+class _RocePort(LocalBackendDevice):
+    """A device whose GID table starts with a link-local entry, as a RoCE port's does (index 0)."""
+
+    @property
+    def gid_index(self) -> int:
+        return 1
+
+    @property
+    def gid(self) -> IPv6Address:
+        return self.gids[1]
+
+
+def test_mmap_descriptor_names_the_gid_queue_pairs_use() -> None:
+    """export_rdma carries BackendDevice.gid, not gids[0] (link-local on a RoCE port)."""
+    gids = (IPv6Address("fe80::5054:ff:fe77:2"), IPv6Address("::ffff:10.77.0.2"))
+    info = DevInfo(
+        name="roce0", kind="local", opener=lambda: _RocePort("roce0", rng=random.Random(5), gids=gids)
+    )
+    with Dev.open(info) as dev:
+        mmap = Mmap()
+        mmap.set_permissions(AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ)
+        mmap.set_memrange(bytearray(64))
+        mmap.add_dev(dev)
+        mmap.start()
+        desc = MmapDescriptor.from_bytes(mmap.export_rdma(dev))
+        mmap.stop()
+        mmap.destroy()
+    assert desc.gid == IPv6Address("::ffff:10.77.0.2")
