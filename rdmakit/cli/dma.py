@@ -1035,11 +1035,11 @@ def _copy_dpu(args: argparse.Namespace) -> int:
 
 
 def _copy_dpu_flow(args: argparse.Namespace, chan: CommChannel, descriptor: bytes, info: bytes) -> str:
-    addr, length = _read_buffer_info(info, args.buffer_path)
-    data, fds = chan.recv_fds(args.timeout)
+    data, fds = chan.recv_fds(args.timeout)  # first: the host sample is sending it
     with _Unwind() as stack:
         stack.callback(_close_all, fds)
         _sample_message(data, "memory")
+        addr, length = _read_buffer_info(info, args.buffer_path)
         if len(fds) != 1:
             raise CliError(f"protocol error: the host sample sent {len(fds)} file descriptors, not 1")
         dev = stack.enter_context(_open_dev(_pci(args.pci_addr, "-p/--pci-addr")))

@@ -18,6 +18,14 @@ from .test_dma_copy import MIB, Done, finish, killed_mid_copy, one_line_error, r
 PORT = 47391  # with an address of its own per test, the port never collides
 
 
+@pytest.fixture(autouse=True)
+def shared_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Both sides (this user, this machine) share a default key made for the test on first use."""
+    monkeypatch.delenv("RDMAKIT_COMCH_SECRET", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return tmp_path / "config" / "rdmakit" / "comch.key"
+
+
 @pytest.fixture
 def addrs(new_ip: Callable[[], str]) -> tuple[str, str, str]:
     """The comm channel service, the host's RDMA device, the DPU's."""
