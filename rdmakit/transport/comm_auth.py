@@ -232,6 +232,10 @@ def load_secret(secret: bytes | None = None, secret_file: str | os.PathLike[str]
     if env:
         return _parse_hex(env.encode(errors="replace"), SECRET_ENV)
     path = default_key_path()
-    if not path.exists():
-        _create_default_key(path)
+    try:
+        return _read_secret_file(path)
+    except SecretError as exc:
+        if exc.kind != "missing" or os.path.lexists(path):
+            raise
+    _create_default_key(path)
     return _read_secret_file(path)
