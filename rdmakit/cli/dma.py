@@ -559,12 +559,12 @@ def _dma_copy(args: argparse.Namespace) -> int:
         raise CliError("--chunk-size must be positive")
     if args.role == "host" and rep is not None:
         log.debug("-r/--rep-pci is for the DPU side; ignored on the host")
-    if _transport(args) == "shm" and str(args.service).startswith("tcp:"):
-        raise CliError(
-            "--transport shm shares memory on one machine, as a file descriptor over a Unix socket; "
-            "a tcp: service cannot carry one (use --transport rdma, or a NAME or unix:PATH service)"
-        )
     try:
+        if _transport(args) == "shm" and str(args.service).startswith("tcp:"):
+            raise CliError(
+                "--transport shm shares memory on one machine, as a file descriptor over a Unix socket; "
+                "a tcp: service cannot carry one (use --transport rdma, or a NAME or unix:PATH service)"
+            )
         size = _local_file(args.file)
     except CliError as exc:
         _farewell(args, str(exc))
