@@ -81,7 +81,6 @@ from rdmakit.transport.comm_auth import (
 )
 
 __all__ = [
-    "COMCH_HANDSHAKE_TIMEOUT",
     "COMCH_MAX_MSG_LIMIT",
     "COMCH_MAX_MSG_SIZE",
     "CommChannel",
