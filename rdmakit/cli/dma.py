@@ -30,9 +30,19 @@ its DMA jobs run as RDMA READs and WRITEs on that connection (`Dma.set_rdma`);
 the host's side answers them while it waits for the DPU's messages.
 
 Either side sends status {ok: false, error} when it fails, and a side that
-goes away is noticed on the channel (CONNECTION_RESET). A destination file is
-written unnamed (``O_TMPFILE``) and linked into place only once its checksum
-matches, so a failed or killed copy leaves no partial file behind.
+goes away is noticed on the channel (CONNECTION_RESET). A side whose own
+arguments are bad says so before it publishes or connects, and then tells a
+peer that is already waiting (for a few seconds) so that it does not wait
+out its timeout. A destination file is written unnamed (``O_TMPFILE``) and
+linked into place only once its checksum matches, so a failed or killed
+copy leaves no partial file behind.
+
+Nothing a peer says is trusted beyond what the channel proves: a ``tcp:``
+channel authenticates both sides with a shared secret (``--secret-file``,
+``RDMAKIT_COMCH_SECRET`` or the user's default key), a Unix-socket channel
+talks only to the same user (or root). Shared memory crosses only as a file
+descriptor over a Unix socket, with the access that descriptor carries;
+``--transport shm`` over ``tcp:`` is refused.
 """
 
 import argparse
@@ -64,6 +74,7 @@ from rdmakit.doca import (
     DmaMemcpyJob,
     DocaError,
     DocaErrorCode,
+    DpuDescriptor,
     Mmap,
     Rdma,
     SharedMemory,
@@ -71,6 +82,7 @@ from rdmakit.doca import (
     devinfo_list,
     local_devinfo,
 )
+from rdmakit.transport.comm_auth import SECRET_ENV, default_key_path
 from rdmakit.transport.driver import wait_readable
 
 log = logging.getLogger("rdmakit.dma")
@@ -109,6 +121,24 @@ def _open_dev(pci: str | None) -> Dev:
             return Dev.open(info)
     log.info("no DMA device at %s: using an emulated one", pci)
     return Dev.open(dataclasses.replace(local_devinfo(f"emu-{pci}"), pci_addr=pci))
+
+
+class _Unwind(ExitStack):
+    """An ExitStack whose clean-up errors never hide what made it unwind (an error or Ctrl-C).
+
+    Unwinding after an interrupt, a view of the memory may still be held by a
+    frame of the traceback, and closing the memory then fails (IN_USE): that
+    is logged, and the interrupt goes on.
+    """
+
+    def __exit__(self, *exc_info: Any) -> None:  # never swallows: what made it unwind goes on
+        cause = exc_info[1]
+        try:
+            super().__exit__(*exc_info)
+        except Exception as exc:
+            if cause is None or exc is cause:
+                raise
+            log.debug("clean-up after %r failed: %s", cause, exc)
 
 
 @contextmanager
@@ -233,18 +263,43 @@ def _close_all(fds: list[int]) -> None:
 
 
 def _local_file(path: str) -> int | None:
-    """The size of `path` if it exists (a readable regular file), else None."""
+    """The size of `path` if it exists (a readable regular file), else None (then it can be created).
+
+    Checked before anything is published or connected: a source that cannot
+    be read, or a destination that cannot be created, fails here.
+    """
     try:
-        st = os.stat(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
+        parent = os.path.dirname(path) or "."
+        if not os.path.isdir(parent):
+            raise CliError(f"cannot write {path}: {os.strerror(errno.ENOENT)}") from None
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise CliError(f"cannot write {path}: {os.strerror(errno.EACCES)}") from None
         return None
+    except IsADirectoryError:
+        raise CliError(f"{path} is a directory") from None
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if stat.S_ISDIR(st.st_mode):
+        raise CliError(f"{path} is a directory")
     if not stat.S_ISREG(st.st_mode):
         raise CliError(f"{path} is not a regular file")
-    if not os.access(path, os.R_OK):
-        raise CliError(f"cannot read {path}: {os.strerror(errno.EACCES)}")
     return st.st_size
+
+
+def _file_id(path: str) -> str:
+    """Which file `path` is on this machine (boot id, device, inode): both sides naming one file show."""
+    try:
+        st = os.stat(path)
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+    return f"{boot}:{st.st_dev}:{st.st_ino}"
 
 
 def _started_mmap(dev: Dev, memory: memoryview, access: AccessFlag) -> Mmap:
@@ -269,6 +324,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "file_size": (int,),
         "transport": (str,),
         "connection": (str, type(None)),
+        "file_id": (str,),
     },
     "export": {
         "addr": (int,),
@@ -367,6 +423,8 @@ class _Link:
                     raise CliError(
                         f"protocol error: expected {want!r} from the {self.peer}, got {msg['type']!r}"
                     )
+                if fds and want != "export":
+                    raise CliError(f"protocol error: the {self.peer} sent file descriptors with {want!r}")
             except BaseException:
                 for fd in fds:
                     os.close(fd)
@@ -501,13 +559,47 @@ def _dma_copy(args: argparse.Namespace) -> int:
         raise CliError("--chunk-size must be positive")
     if args.role == "host" and rep is not None:
         log.debug("-r/--rep-pci is for the DPU side; ignored on the host")
-    with _cli_errors(), ExitStack() as stack:
+    try:
+        if _transport(args) == "shm" and str(args.service).startswith("tcp:"):
+            raise CliError(
+                "--transport shm shares memory on one machine, as a file descriptor over a Unix socket; "
+                "a tcp: service cannot carry one (use --transport rdma, or a NAME or unix:PATH service)"
+            )
+        size = _local_file(args.file)
+    except CliError as exc:
+        _farewell(args, str(exc))
+        raise
+    with _cli_errors(), _Unwind() as stack:
         dev = stack.enter_context(_open_dev(pci))
         if args.role == "host":
-            return _host(args, dev, stack)
+            return _host(args, dev, stack, size)
         if rep is not None:
             log.info("DPU side: device %s, representor %s (emulated)", dev.name, rep)
-        return _dpu(args, dev, stack)
+        return _dpu(args, dev, stack, size)
+
+
+_FAREWELL = 3.0  # seconds a side that cannot take part waits to tell a peer that is already there
+
+
+def _farewell(args: argparse.Namespace, error: str) -> None:
+    """This side failed before the conversation: tell a peer that is waiting already, briefly."""
+    grace = min(float(args.timeout), _FAREWELL)
+    try:
+        if args.role == "host":
+            with CommChannel.connect(args.service, timeout=grace, secret_file=args.secret_file) as chan:
+                _Link(chan, "DPU", grace).fail(error)
+                with suppress(DocaError):
+                    chan.recv(grace)  # until the DPU has read it and hung up
+        else:
+            with (
+                CommChannelServer(args.service, secret_file=args.secret_file) as server,
+                server.accept(grace) as chan,
+            ):
+                _Link(chan, "host", grace).fail(error)
+                with suppress(DocaError):  # read the host's request: closing with it unread would
+                    chan.recv(grace)  # reset the connection before the host reads the answer
+    except DocaError as exc:
+        log.debug("no peer heard that this side failed: %s", exc)
 
 
 def _transport(args: argparse.Namespace) -> str:
@@ -556,12 +648,13 @@ class _RdmaSide:
         self.rdma.connect(descriptor.encode())
 
 
-def _host(args: argparse.Namespace, dev: Dev, stack: ExitStack) -> int:
+def _host(args: argparse.Namespace, dev: Dev, stack: ExitStack, size: int | None) -> int:
     path: str = args.file
-    size = _local_file(path)
     source = stack.enter_context(SharedMemory.from_file(path)) if size else None
     log.info("connecting to the DPU on %r", args.service)
-    chan = stack.enter_context(CommChannel.connect(args.service, timeout=args.timeout))
+    chan = stack.enter_context(
+        CommChannel.connect(args.service, timeout=args.timeout, secret_file=args.secret_file)
+    )
     link = _Link(chan, "DPU", args.timeout)
     try:
         return _host_flow(args, dev, stack, link, size, source)
@@ -587,8 +680,9 @@ def _host_flow(
         log.info("%s is not on the host: it will be copied from the DPU", path)
     transport = _transport(args)
     link.send(
-        "direction", file_in_host=size is not None, file_size=size or 0, transport=transport, connection=None
-    )
+        "direction", file_in_host=size is not None, file_size=size or 0, transport=transport,
+        connection=None, file_id=_file_id(path) if size is not None else "",
+    )  # fmt: skip
     reply, _ = link.recv("direction")
     _check_transport(transport, reply["transport"], "DPU")
     if reply["file_in_host"] != (size is not None):
@@ -654,10 +748,8 @@ def _host_flow(
     return 0
 
 
-def _dpu(args: argparse.Namespace, dev: Dev, stack: ExitStack) -> int:
-    path: str = args.file
-    size = _local_file(path)
-    server = CommChannelServer(args.service)
+def _dpu(args: argparse.Namespace, dev: Dev, stack: ExitStack, size: int | None) -> int:
+    server = CommChannelServer(args.service, secret_file=args.secret_file)
     try:
         log.info("waiting for the host on %r", args.service)
         chan = stack.enter_context(server.accept(args.timeout))
@@ -679,6 +771,11 @@ def _dpu_flow(args: argparse.Namespace, dev: Dev, stack: ExitStack, link: _Link,
     transport = _transport(args)
     _check_transport(transport, request["transport"], "host")
     host_has = request["file_in_host"]
+    if host_has and size is not None and request["file_id"] and request["file_id"] == _file_id(path):
+        raise CliError(
+            f"the host's file and the DPU's {path} are the same file (both sides in one directory?): "
+            "give the side that receives a name of its own with -f"
+        )
     if host_has and size is not None:
         raise CliError(f"{path} exists on both the host and the DPU: which way to copy?")
     if not host_has and size is None:
@@ -704,16 +801,23 @@ def _dpu_flow(args: argparse.Namespace, dev: Dev, stack: ExitStack, link: _Link,
     connection = None if side is None else side.rdma.export().decode()
     link.send(
         "direction", file_in_host=host_has, file_size=0 if host_has else size, transport=transport,
-        connection=connection,
+        connection=connection, file_id="",
     )  # fmt: skip
     export, fds = link.recv("export")
     stack.callback(_close_all, fds)
     if export["length"] != size or (size and export["descriptor"] is None):
         raise CliError("protocol error: the host exported the wrong size")
+    if len(fds) != (1 if size and side is None else 0):
+        raise CliError(
+            f"protocol error: the host sent {len(fds)} file descriptors with its {transport} export"
+        )
     if side is not None:
         side.connect(export["connection"], "host")
     if local is not None:
-        remote = Mmap.create_from_export(export["descriptor"].encode(), dev, fd=fds[0] if fds else None)
+        descriptor = export["descriptor"].encode()
+        if side is not None and DpuDescriptor.matches(descriptor):
+            raise CliError("protocol error: the host sent a shared-memory export over the rdma transport")
+        remote = Mmap.create_from_export(descriptor, dev, fd=fds[0] if fds else None)
         stack.callback(remote.destroy)
         if (remote.addr, remote.length) != (export["addr"], size):
             raise CliError("protocol error: the export descriptor and the buffer info disagree")
@@ -818,10 +922,22 @@ def _local_copy(args: argparse.Namespace) -> int:
     return 0
 
 
+_HOST_GONE = 5.0  # seconds the DPU sample waits for the host sample that wrote the files to answer
+
+
+def _sample_service(args: argparse.Namespace) -> None:
+    if str(args.service).startswith("tcp:"):
+        raise CliError(
+            "the DMA Copy samples share memory on one machine, as a file descriptor over a Unix socket: "
+            "--service must be a NAME or unix:PATH"
+        )
+
+
 def _copy_host(args: argparse.Namespace) -> int:
+    _sample_service(args)
     data = args.text.encode() + b"\0"
     written: list[Path] = []
-    with _cli_errors(), ExitStack() as stack:
+    with _cli_errors(), _Unwind() as stack:
         dev = stack.enter_context(_open_dev(_pci(args.pci_addr, "-p/--pci-addr")))
         server = stack.enter_context(CommChannelServer(args.service))
         memory = stack.enter_context(SharedMemory(len(data)))
@@ -848,14 +964,24 @@ def _copy_host(args: argparse.Namespace) -> int:
         log.info("wrote %s and %s; waiting for the DPU sample", args.descriptor_path, args.buffer_path)
         print(f"Exported {mmap.length} bytes at {mmap.addr:#x}; waiting for the DPU", flush=True)
         chan = stack.enter_context(server.accept(args.timeout))
-        result = json.loads(chan.recv(args.timeout))
-        if not isinstance(result, dict) or result.get("type") != "done":
-            raise CliError("protocol error: unexpected message from the DPU sample")
+        # The pages go to the DPU sample as a descriptor, over a socket whose peer the kernel vouched for.
+        chan.send(json.dumps({"type": "memory"}).encode(), fds=(memory.fd,), timeout=args.timeout)
+        result = _sample_message(chan.recv(args.timeout), "done")
         if not result.get("ok"):
             raise CliError(f"the DPU sample failed: {result.get('error')}")
         log.info("the DPU sample finished")
         print("DPU copy done; exiting")
     return 0
+
+
+def _sample_message(data: bytes, kind: str) -> dict[str, Any]:
+    try:
+        msg = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        msg = None
+    if not isinstance(msg, dict) or msg.get("type") != kind:
+        raise CliError(f"protocol error: expected {kind!r} from the other sample")
+    return msg
 
 
 def _read_buffer_info(data: bytes, path: str) -> tuple[int, int]:
@@ -873,32 +999,55 @@ def _read_buffer_info(data: bytes, path: str) -> tuple[int, int]:
 
 
 def _copy_dpu(args: argparse.Namespace) -> int:
+    _sample_service(args)
     descriptor = wait_for_file(args.descriptor_path, args.timeout, "the export descriptor")
     info = wait_for_file(args.buffer_path, args.timeout, "the buffer information")
-    # From here on a host sample exists: it hears how the copy ended, whatever happens.
-    outcome: dict[str, object] = {"type": "done", "ok": False, "error": ""}
-    try:
-        with _cli_errors():
-            text = _copy_dpu_flow(args, descriptor, info)
-        outcome["ok"] = True
-        print(f"Memory content: {text}")
-        return 0
-    except (CliError, DocaError) as exc:
-        outcome["error"] = str(exc)[:1000]
-        raise
-    finally:
-        _notify_host(args, outcome)
+    # The host sample listens before it writes the files: if it does not answer now, it is gone.
+    with _cli_errors():
+        try:
+            chan = CommChannel.connect(args.service, timeout=min(args.timeout, _HOST_GONE))
+        except DocaError as exc:
+            if exc.code is not DocaErrorCode.TIME_OUT:
+                raise
+            raise DocaError(
+                DocaErrorCode.NOT_FOUND,
+                f"the exported memory is gone: the host sample that wrote {args.descriptor_path} does not "
+                f"answer on comm channel {args.service!r}",
+            ) from exc
+    with chan:
+        # From here on the host sample hears how the copy ended, whatever happens.
+        outcome: dict[str, object] = {"type": "done", "ok": False, "error": ""}
+        try:
+            with _cli_errors():
+                text = _copy_dpu_flow(args, chan, descriptor, info)
+            outcome["ok"] = True
+            print(f"Memory content: {text}")
+            return 0
+        except (CliError, DocaError) as exc:
+            outcome["error"] = str(exc)[:1000]
+            raise
+        finally:
+            try:
+                chan.send(json.dumps(outcome).encode(), timeout=min(args.timeout, _HOST_GONE))
+            except DocaError as exc:
+                level = logging.WARNING if outcome["ok"] else logging.INFO
+                log.log(level, "could not tell the host sample: %s", exc)
 
 
-def _copy_dpu_flow(args: argparse.Namespace, descriptor: bytes, info: bytes) -> str:
-    addr, length = _read_buffer_info(info, args.buffer_path)
-    with ExitStack() as stack:
+def _copy_dpu_flow(args: argparse.Namespace, chan: CommChannel, descriptor: bytes, info: bytes) -> str:
+    data, fds = chan.recv_fds(args.timeout)  # first: the host sample is sending it
+    with _Unwind() as stack:
+        stack.callback(_close_all, fds)
+        _sample_message(data, "memory")
+        addr, length = _read_buffer_info(info, args.buffer_path)
+        if len(fds) != 1:
+            raise CliError(f"protocol error: the host sample sent {len(fds)} file descriptors, not 1")
         dev = stack.enter_context(_open_dev(_pci(args.pci_addr, "-p/--pci-addr")))
         dma = stack.enter_context(Dma(dev))
         _check_lists(dma, args.num_src_buf, args.num_dst_buf)
         if length > dma.max_buf_size:
             raise CliError(f"remote buffer of {length} bytes; {dev.name} copies at most {dma.max_buf_size}")
-        remote = Mmap.create_from_export(descriptor, dev)
+        remote = Mmap.create_from_export(descriptor, dev, fd=fds[0])
         stack.callback(remote.destroy)
         if not remote.contains(addr, length):
             raise CliError(f"{args.buffer_path}: {addr:#x}+{length} is outside the exported range")
@@ -918,19 +1067,6 @@ def _copy_dpu_flow(args: argparse.Namespace, descriptor: bytes, info: bytes) -> 
         _run_one(dma, workq, src, dst)
         log.info("remote DMA copy was done successfully")
         return bytes(local_mem).rstrip(b"\0").decode(errors="replace")
-
-
-def _notify_host(args: argparse.Namespace, outcome: dict[str, object]) -> None:
-    """Tell the host sample the copy is over, so it exits (no Enter needed).
-
-    The host listens before it writes the files: if it is not there within a
-    second, it is gone. That is worth a warning only when the copy worked.
-    """
-    try:
-        with CommChannel.connect(args.service, timeout=min(args.timeout, 1.0)) as chan:
-            chan.send(json.dumps(outcome).encode())
-    except DocaError as exc:
-        log.log(logging.WARNING if outcome["ok"] else logging.INFO, "could not tell the host sample: %s", exc)
 
 
 # ---------------------------------------------------------------------------
@@ -960,6 +1096,11 @@ def _add_service(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument(
         "--timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
         help=f"how long to wait for the other side (default {DEFAULT_TIMEOUT:g})",
+    )  # fmt: skip
+    p.add_argument(
+        "--secret-file", metavar="FILE",
+        help="tcp: services: the file holding the secret both sides share, in hex, mode 0600 (default: "
+        f"${SECRET_ENV}, else {default_key_path()}, made on first use)",
     )  # fmt: skip
 
 
@@ -993,9 +1134,10 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "dma-copy",
         help="DOCA DMA Copy: copy a file between host and DPU over DMA",
-        description="Copy a file between a host and a DPU with DOCA DMA. Run it on both sides with the "
-        "same -f: the side where the file exists sends it. Without a BlueField both sides run here and "
-        "meet on the comm channel's service name.",
+        description="Copy a file between a host and a DPU with DOCA DMA. Run it on both sides: the "
+        "side where its -f exists sends it, the other creates its own -f. Without a BlueField both sides "
+        "run on this machine and meet on the comm channel's service name; there give them different "
+        "files (e.g. -f data.bin on the host, -f copy.bin on the DPU).",
     )  # fmt: skip
     p.add_argument("-f", "--file", help="file to copy (on the side that has it) or to create (mandatory)")
     p.add_argument("-p", "--pci-addr", metavar="PCI", help="DOCA Comm Channel device PCI address")

@@ -11,8 +11,23 @@ has the naming rules), and over a Unix socket a message may carry file
 descriptors (``SCM_RIGHTS``), which is how an exported memory region's pages
 reach the other process.
 
-Connecting, the client sends a hello naming the protocol version and its
-`max_msg_size`; the server answers with the size both will use (the smaller).
+Connecting, the client sends a hello naming the protocol version, its
+`max_msg_size` and a fresh nonce; the server answers with its own and the
+size both will use (the smaller). On a Unix socket the kernel has told each
+side who the other is (only the same user or root is talked to). On
+``tcp:`` both sides then prove that they know a shared secret
+(``rdmakit.transport.comm_auth``: HMAC-SHA256 challenge-response, the
+server first, so a client never talks to an impostor), and every later
+message carries a MAC with a sequence number. The secret is the `secret`
+given, else the `secret_file`, else ``RDMAKIT_COMCH_SECRET`` (hex), else the
+user's default key file (``~/.config/rdmakit/comch.key``, made on first use:
+two programs of one user on one machine just work; between machines, copy
+it).
+
+A server keeps accepting until its timeout: a connection that does not
+complete the handshake within `handshake_timeout` seconds (5), or fails it,
+is closed (and logged) while other connections' handshakes go on; until a
+client has proved itself it may send only a hello-sized message.
 
 Errors (`DocaError`):
 
@@ -20,16 +35,27 @@ Errors (`DocaError`):
   and `send`; the channel then refuses everything with NOT_CONNECTED;
 - the channel was closed here: NOT_CONNECTED [caller];
 - nothing arrived within the timeout: TIME_OUT; `try_recv` returns None
-  instead (``DOCA_ERROR_AGAIN``, as `WorkQ.progress_retrieve`);
+  instead (``DOCA_ERROR_AGAIN``, as `WorkQ.progress_retrieve`); a server's
+  TIME_OUT names the connections it refused meanwhile;
 - a message over `max_msg_size`: TOO_BIG [caller] on send; received, it
   breaks the protocol: the channel is closed and the error is the peer's;
-- the service name is taken: IN_USE; malformed: INVALID_VALUE;
-- the other side speaks another protocol or version: UNSUPPORTED_VERSION.
+- the service name is taken: IN_USE, naming the user who holds it;
+  malformed: INVALID_VALUE; this user's service directory is another
+  user's or open to others: NOT_PERMITTED, naming it and its owner;
+- the other side speaks another protocol or version: UNSUPPORTED_VERSION;
+- ``tcp:`` peer that cannot prove it knows the secret, or a message whose
+  MAC is wrong: AUTHENTICATION [peer]; no usable secret: NOT_FOUND (no
+  file), NOT_PERMITTED (a file others may read, or another user's),
+  INVALID_VALUE (not hex, too short).
 """
 
 import contextlib
 import errno
+import hmac
+import logging
 import os
+import secrets
+import select
 import struct
 import time
 from collections.abc import Sequence
@@ -44,6 +70,15 @@ from rdmakit.transport.comm import (
     connect,
     parse_service,
 )
+from rdmakit.transport.comm_auth import (
+    NONCE_SIZE,
+    PROOF_SIZE,
+    MessageMac,
+    SecretError,
+    load_secret,
+    proof,
+    session_keys,
+)
 
 __all__ = [
     "COMCH_MAX_MSG_LIMIT",
@@ -52,14 +87,26 @@ __all__ = [
     "CommChannelServer",
 ]
 
+log = logging.getLogger("rdmakit.comch")
+
 #: The default largest message (DOCA Comm Channel's default is about 4 KiB too).
 COMCH_MAX_MSG_SIZE = 4080
 #: The largest `max_msg_size` a channel accepts.
 COMCH_MAX_MSG_LIMIT = MAX_MSG_LIMIT
+#: Seconds a server gives a new connection to complete the handshake.
+COMCH_HANDSHAKE_TIMEOUT = 5.0
 
-_HELLO = struct.Struct(">12sHI")  # magic, version, max_msg_size
+_HELLO = struct.Struct(f">12sHI{NONCE_SIZE}s")  # magic, version, max_msg_size, nonce
 _MAGIC = b"RDMAKITCOMCH"
-_VERSION = 1
+_VERSION = 2
+_PREAUTH_MAX = _HELLO.size + PROOF_SIZE  # the most a peer may send before it has proved itself
+_MAX_PENDING = 16  # connections in the handshake at once; a new one pushes out the oldest
+
+_SECRET_CODES = {
+    "missing": DocaErrorCode.NOT_FOUND,
+    "unsafe": DocaErrorCode.NOT_PERMITTED,
+    "malformed": DocaErrorCode.INVALID_VALUE,
+}
 
 
 def _service(spec: str) -> ServiceAddress:
@@ -69,11 +116,23 @@ def _service(spec: str) -> ServiceAddress:
         raise DocaError(DocaErrorCode.INVALID_VALUE, str(exc)) from None
 
 
+def _secret(
+    address: ServiceAddress, secret: bytes | None, secret_file: str | os.PathLike[str] | None
+) -> bytes | None:
+    """The shared secret of a ``tcp:`` channel (None for a Unix socket, where the kernel vouches)."""
+    if address.kind != "tcp":
+        return None
+    try:
+        return load_secret(secret, secret_file)
+    except SecretError as exc:
+        raise DocaError(_SECRET_CODES[exc.kind], str(exc), Fault.CALLER) from None
+
+
 def _check_max(max_msg_size: int) -> None:
-    if not _HELLO.size <= max_msg_size <= COMCH_MAX_MSG_LIMIT:
+    if not _PREAUTH_MAX <= max_msg_size <= COMCH_MAX_MSG_LIMIT:
         raise DocaError(
             DocaErrorCode.INVALID_VALUE,
-            f"max_msg_size {max_msg_size} is outside {_HELLO.size}..{COMCH_MAX_MSG_LIMIT}",
+            f"max_msg_size {max_msg_size} is outside {_PREAUTH_MAX}..{COMCH_MAX_MSG_LIMIT}",
         )
 
 
@@ -85,17 +144,26 @@ def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _parse_hello(data: bytes, who: str) -> int:
-    if len(data) != _HELLO.size:
+def _parse_hello(data: bytes, who: str) -> tuple[int, bytes]:
+    """(max_msg_size, rest after the hello) of a peer's hello message."""
+    if len(data) < _HELLO.size:
         raise DocaError(DocaErrorCode.UNSUPPORTED_VERSION, f"{who} does not speak the rdmakit comm channel")
-    magic, version, size = _HELLO.unpack(data)
+    magic, version, size, _ = _HELLO.unpack_from(data)
     if magic != _MAGIC:
         raise DocaError(DocaErrorCode.UNSUPPORTED_VERSION, f"{who} does not speak the rdmakit comm channel")
     if version != _VERSION:
         raise DocaError(DocaErrorCode.UNSUPPORTED_VERSION, f"{who} speaks comm channel version {version}")
-    if not _HELLO.size <= size <= COMCH_MAX_MSG_LIMIT:
+    if not _PREAUTH_MAX <= size <= COMCH_MAX_MSG_LIMIT:
         raise DocaError(DocaErrorCode.INVALID_VALUE, f"{who} offered max_msg_size {size}", Fault.PEER)
-    return int(size)
+    return int(size), data[_HELLO.size :]
+
+
+def _transcript(hello_c: bytes, hello_s: bytes, sock: MessageSocket, *, client: bool) -> bytes:
+    """Both hellos and the connection's addresses, as both ends see them (client's first)."""
+    local, peer = sock.endpoints
+    client_end, server_end = (local, peer) if client else (peer, local)
+    ends = f"{client_end[0]} {client_end[1]} {server_end[0]} {server_end[1]}".encode()
+    return hello_c + hello_s + ends
 
 
 class CommChannel:
@@ -112,18 +180,26 @@ class CommChannel:
 
     @classmethod
     def connect(
-        cls, service: str, *, timeout: float | None = None, max_msg_size: int = COMCH_MAX_MSG_SIZE
+        cls,
+        service: str,
+        *,
+        timeout: float | None = None,
+        max_msg_size: int = COMCH_MAX_MSG_SIZE,
+        secret: bytes | None = None,
+        secret_file: str | os.PathLike[str] | None = None,
     ) -> Self:
         """Connect to the server of `service`, waiting up to `timeout` seconds (None: forever) for it.
 
         The server may start later than the client: until it listens, the
-        connection is retried. TIME_OUT when the time runs out.
+        connection is retried. TIME_OUT when the time runs out. Over ``tcp:``
+        the server must prove that it knows the secret (AUTHENTICATION).
         """
         _check_max(max_msg_size)
         address = _service(service)
+        key = _secret(address, secret, secret_file)
         deadline = _deadline(timeout)
         try:
-            sock = connect(address, max_msg_size=max_msg_size, timeout=timeout)
+            sock = connect(address, max_msg_size=_PREAUTH_MAX, timeout=timeout)
         except TimeoutError as exc:
             raise DocaError(
                 DocaErrorCode.TIME_OUT, f"no comm channel server for {service!r} after {timeout:g} s"
@@ -132,10 +208,29 @@ class CommChannel:
             raise error_from_os(exc, f"connecting to comm channel {service!r}") from exc
         channel = cls(sock, service, role="server")
         try:
-            channel._send(_HELLO.pack(_MAGIC, _VERSION, max_msg_size), (), _left(deadline))
+            hello_c = _HELLO.pack(_MAGIC, _VERSION, max_msg_size, secrets.token_bytes(NONCE_SIZE))
+            channel._send(hello_c, (), _left(deadline))
             data, fds = channel._recv(_left(deadline), "before its hello")
             _close_fds(fds)
-            sock.max_msg_size = min(max_msg_size, _parse_hello(data, f"server of {service!r}"))
+            size, rest = _parse_hello(data, f"server of {service!r}")
+            hello_s = data[: _HELLO.size]
+            if key is not None:
+                transcript = _transcript(hello_c, hello_s, sock, client=True)
+                if not hmac.compare_digest(rest, proof(key, "server", transcript)):
+                    raise DocaError(
+                        DocaErrorCode.AUTHENTICATION,
+                        f"the server of {service!r} did not prove that it knows the comm channel secret: "
+                        "it is not the service meant, or it has another secret",
+                        Fault.PEER,
+                    )
+                channel._send(proof(key, "client", transcript), (), _left(deadline))
+                c2s, s2c = session_keys(key, transcript)
+                sock.start_mac(MessageMac(send_key=c2s, recv_key=s2c))
+            elif rest:
+                raise DocaError(
+                    DocaErrorCode.UNSUPPORTED_VERSION, f"server of {service!r} sent a malformed hello"
+                )
+            sock.max_msg_size = min(max_msg_size, size)
         except BaseException:
             channel.close()
             raise
@@ -270,6 +365,13 @@ class CommChannel:
                 raise DocaError(
                     DocaErrorCode.TOO_BIG, f"comm channel {self._service!r}: {exc.strerror}", Fault.PEER
                 ) from exc
+            if exc.errno == errno.EBADMSG:
+                self._reset = True
+                raise DocaError(
+                    DocaErrorCode.AUTHENTICATION,
+                    f"comm channel {self._service!r}: {exc.strerror}",
+                    Fault.PEER,
+                ) from exc
             raise error_from_os(exc, f"receiving on comm channel {self._service!r}") from exc
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -291,19 +393,94 @@ class CommChannel:
         return f"<CommChannel {self._service!r} {state}>"
 
 
+class _Handshake:
+    """The server's side of one connection's handshake, advanced by `step` as messages arrive."""
+
+    def __init__(self, sock: MessageSocket, server: "CommChannelServer", deadline: float) -> None:
+        self.channel = CommChannel(sock, server.service, role="client")
+        self.sock = sock
+        self.deadline = deadline
+        self._server = server
+        self._expect: bytes | None = None  # the client's proof, once the hellos are exchanged
+        self._macs: MessageMac | None = None
+        self._size = 0
+        sock.max_msg_size = _PREAUTH_MAX
+        self.peer = sock.peer
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def step(self) -> bool:
+        """Take what the client sent; True once it is in. DocaError when it failed the handshake."""
+        got = self.channel._recv_or_none(0.0, "during the handshake")
+        if got is None:
+            return False
+        data, fds = got
+        _close_fds(fds)
+        if self._expect is None:
+            return self._hello(data)
+        if not hmac.compare_digest(data, self._expect):
+            raise DocaError(
+                DocaErrorCode.AUTHENTICATION,
+                f"the client did not prove that it knows the comm channel secret of {self._server.service!r}",
+                Fault.PEER,
+            )
+        assert self._macs is not None
+        self.sock.start_mac(self._macs)
+        return self._admit()
+
+    def _hello(self, hello_c: bytes) -> bool:
+        size, rest = _parse_hello(hello_c, f"client of {self._server.service!r}")
+        if rest:
+            raise DocaError(DocaErrorCode.UNSUPPORTED_VERSION, "the client sent a malformed hello")
+        self._size = min(self._server.max_msg_size, size)
+        hello_s = _HELLO.pack(_MAGIC, _VERSION, self._size, secrets.token_bytes(NONCE_SIZE))
+        key = self._server._secret
+        left = max(0.0, self.deadline - time.monotonic())
+        if key is None:
+            self.channel._send(hello_s, (), left)
+            return self._admit()
+        transcript = _transcript(hello_c, hello_s, self.sock, client=False)
+        self._expect = proof(key, "client", transcript)
+        c2s, s2c = session_keys(key, transcript)
+        self._macs = MessageMac(send_key=s2c, recv_key=c2s)
+        self.channel._send(hello_s + proof(key, "server", transcript), (), left)
+        return False
+
+    def _admit(self) -> bool:
+        self.sock.max_msg_size = self._size
+        return True
+
+
 class CommChannelServer:
     """The listening side of a comm channel (``doca_comch_server``); on a BlueField, the DPU."""
 
-    def __init__(self, service: str, *, max_msg_size: int = COMCH_MAX_MSG_SIZE) -> None:
+    def __init__(
+        self,
+        service: str,
+        *,
+        max_msg_size: int = COMCH_MAX_MSG_SIZE,
+        secret: bytes | None = None,
+        secret_file: str | os.PathLike[str] | None = None,
+        handshake_timeout: float = COMCH_HANDSHAKE_TIMEOUT,
+    ) -> None:
         _check_max(max_msg_size)
+        if not handshake_timeout > 0:
+            raise DocaError(
+                DocaErrorCode.INVALID_VALUE, f"handshake_timeout {handshake_timeout} is not positive"
+            )
         self._service = service
         self._max = max_msg_size
+        self._handshake_timeout = handshake_timeout
+        address = _service(service)
+        self._secret = _secret(address, secret, secret_file)
         try:
-            self._listener: Listener | None = Listener(_service(service), max_msg_size=max_msg_size)
+            self._listener: Listener | None = Listener(address, max_msg_size=max_msg_size)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
+                detail = exc.strerror if address.kind != "tcp" else "the address is in use"
                 raise DocaError(
-                    DocaErrorCode.IN_USE, f"comm channel service {service!r} already has a server"
+                    DocaErrorCode.IN_USE, f"comm channel service {service!r} already has a server: {detail}"
                 ) from exc
             raise error_from_os(exc, f"listening on comm channel {service!r}") from exc
 
@@ -333,29 +510,62 @@ class CommChannelServer:
         return self._live().fileno()
 
     def accept(self, timeout: float | None = None) -> CommChannel:
-        """The next client's connection, after the hello; TIME_OUT after `timeout` seconds (None: forever)."""
+        """The next client that completes the handshake; TIME_OUT after `timeout` seconds (None: forever).
+
+        Connections that fail the handshake, or do not finish it within
+        `handshake_timeout`, are closed and logged; the others go on meanwhile.
+        """
         listener = self._live()
         deadline = _deadline(timeout)
+        pending: list[_Handshake] = []
+        refused: list[str] = []
+
+        def refuse(hs: _Handshake, why: str) -> None:
+            pending.remove(hs)
+            hs.channel.close()
+            refused.append(why)
+            log.warning("comm channel %r: refused the connection from %s: %s", self._service, hs.peer, why)
+
         try:
-            sock = listener.accept(timeout)
-        except OSError as exc:
-            raise error_from_os(exc, f"accepting on comm channel {self._service!r}") from exc
-        if sock is None:
-            raise DocaError(
-                DocaErrorCode.TIME_OUT,
-                f"no client connected to comm channel {self._service!r} in {timeout:g} s",
-            )
-        channel = CommChannel(sock, self._service, role="client")
-        try:
-            data, fds = channel._recv(_left(deadline), "before its hello")
-            _close_fds(fds)
-            size = min(self._max, _parse_hello(data, f"client of {self._service!r}"))
-            channel._send(_HELLO.pack(_MAGIC, _VERSION, size), (), _left(deadline))
-            sock.max_msg_size = size
-        except BaseException:
-            channel.close()
-            raise
-        return channel
+            while True:
+                while True:
+                    try:
+                        sock = listener.accept(0)
+                    except OSError as exc:
+                        raise error_from_os(exc, f"accepting on comm channel {self._service!r}") from exc
+                    if sock is None:
+                        break
+                    if len(pending) >= _MAX_PENDING:
+                        refuse(pending[0], "too many connections in the handshake")
+                    pending.append(_Handshake(sock, self, time.monotonic() + self._handshake_timeout))
+                for hs in list(pending):
+                    try:
+                        if hs.step():
+                            pending.remove(hs)
+                            return hs.channel
+                    except DocaError as exc:
+                        refuse(hs, exc.message)
+                now = time.monotonic()
+                for hs in list(pending):
+                    if hs.deadline <= now:
+                        refuse(hs, f"no handshake within {self._handshake_timeout:g} s")
+                left = _left(deadline)
+                if left == 0:
+                    summary = ""
+                    if refused:
+                        summary = f" (refused {len(refused)} connection(s); the last: {refused[-1]})"
+                    raise DocaError(
+                        DocaErrorCode.TIME_OUT,
+                        f"no client connected to comm channel {self._service!r} in {timeout:g} s{summary}",
+                    )
+                wait = min([left if left is not None else 3600.0, *(hs.deadline - now for hs in pending)])
+                poller = select.poll()
+                for fd in (listener.fileno(), *(hs.fileno() for hs in pending)):
+                    poller.register(fd, select.POLLIN)
+                poller.poll(max(0, int(wait * 1000 + 0.999)))
+        finally:
+            for hs in pending:
+                hs.channel.close()
 
     def close(self) -> None:
         """Stop listening; accepted channels stay open. Idempotent."""

@@ -496,8 +496,8 @@ class Mmap:
         no local memory; `dev` is the local device that will reach the peer.
         From `export_dpu`: the host's range, reachable through `dev` by jobs
         (registered on it, writable only with PCI_READ_WRITE), still without
-        a local `view`; `fd` is the memory's descriptor when it came over a
-        comm channel (else the exporter's ``/proc/PID/fd`` is opened).
+        a local `view`; `fd` is the memory's descriptor, which came with the
+        descriptor over a Unix-socket comm channel (required).
         """
         from rdmakit.doca import shm  # shm builds on this module
 
@@ -558,7 +558,7 @@ class Mmap:
         elif isinstance(self._remote, MmapDescriptor):
             state = f"remote rkey={self._remote.rkey:#x}"
         elif self._remote is not None:
-            state = f"exported by pid {self._remote.pid}"
+            state = f"exported by {self._remote.device}"
         else:
             state = "started" if self._started else "idle"
         return f"<Mmap {self._addr:#x}+{self._length} {self._permissions!r} {state}>"

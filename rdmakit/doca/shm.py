@@ -12,24 +12,28 @@ data path.
   exporter's memory. Give its `buf` (or a slice of it, or a numpy array over
   it) to `Mmap.set_memrange`.
 - `DpuDescriptor`: what `Mmap.export_dpu` returns, canonical JSON with
-  ``"format": "rdmakit.mmap-dpu/1"``: the range's address, length and
-  rights, and where the importer finds the pages: the exporter's
-  ``/proc/PID/fd/N``, the file's identity (device, inode) so that a stale or
-  recycled descriptor number is refused, the range's offset in the file, and
-  the machine's boot id, so that an import on another machine is refused
-  (there the same range is reached by RDMA: `Mmap.export_rdma`).
+  ``"format": "rdmakit.mmap-dpu/2"``: the range's address, length and
+  rights, the file's identity (device, inode), the range's offset in the
+  file, and the machine's boot id, so that an import on another machine is
+  refused (there the same range is reached by RDMA: `Mmap.export_rdma`).
 - `import_region`: the importer's mapping (`SharedRegion`), used by
-  `Mmap.create_from_export`. Instead of opening ``/proc/PID/fd/N`` it can use
-  a descriptor received over the comm channel (``SCM_RIGHTS``), which also
-  works across PID namespaces.
+  `Mmap.create_from_export`, from the memory's file descriptor, which
+  travels beside the descriptor over a Unix-socket comm channel
+  (``SCM_RIGHTS``), whose peer's user the kernel has vouched for.
 
-Rights are enforced twice: an export with PCI_READ_ONLY is mapped read-only
-by the importer (the MMU refuses writes) and registered without write access
-on the importer's device. A process with the exporter's user id could still
-open the file writable itself: the same user can ptrace the exporter anyway.
+The pages come only from a descriptor handed over, never from a path or a
+process id that a message names (``/proc/PID/fd/N``): opening such a path
+would use the importer's privileges, with the rights the message claims,
+on whatever file the named process has open. The rights are the ones the
+descriptor itself carries: an export claiming PCI_READ_WRITE with a
+descriptor open read-only is refused (``fcntl(F_GETFL)``; the file is never
+reopened). An export with PCI_READ_ONLY is mapped read-only by the importer
+(the MMU refuses writes) and registered without write access on the
+importer's device.
 """
 
 import contextlib
+import fcntl
 import json
 import mmap as stdlib_mmap
 import os
@@ -49,7 +53,8 @@ __all__ = [
     "SharedMemory",
 ]
 
-DPU_DESCRIPTOR_FORMAT = "rdmakit.mmap-dpu/1"
+DPU_DESCRIPTOR_FORMAT = "rdmakit.mmap-dpu/2"
+_FORMAT_FAMILY = "rdmakit.mmap-dpu/"
 _MAX_DESCRIPTOR = 4096
 _FIELDS = (
     "format",
@@ -57,8 +62,6 @@ _FIELDS = (
     "length",
     "access",
     "device",
-    "pid",
-    "fd",
     "st_dev",
     "st_ino",
     "offset",
@@ -268,9 +271,7 @@ class DpuDescriptor:
     length: int
     access: AccessFlag  # includes PCI_READ_ONLY or PCI_READ_WRITE
     device: str  # the exporter's device
-    pid: int
-    fd: int  # the exporter's descriptor of the memory: /proc/PID/fd/FD
-    st_dev: int  # identity of that file
+    st_dev: int  # identity of the memory's file
     st_ino: int
     offset: int  # of `addr` in the file
     boot_id: str  # the exporter's machine (Linux boot id)
@@ -282,8 +283,6 @@ class DpuDescriptor:
             "length": self.length,
             "access": [flag.name for flag in AccessFlag if flag in self.access],
             "device": self.device,
-            "pid": self.pid,
-            "fd": self.fd,
             "st_dev": self.st_dev,
             "st_ino": self.st_ino,
             "offset": self.offset,
@@ -300,7 +299,11 @@ class DpuDescriptor:
             obj = json.loads(bytes(data))
         except (ValueError, RecursionError):
             return False
-        return isinstance(obj, dict) and obj.get("format") == DPU_DESCRIPTOR_FORMAT
+        return (
+            isinstance(obj, dict)
+            and isinstance(obj.get("format"), str)
+            and obj["format"].startswith(_FORMAT_FAMILY)
+        )
 
     @classmethod
     def from_bytes(cls, data: object) -> Self:
@@ -317,8 +320,6 @@ class DpuDescriptor:
             length=_int(obj, "length", 1, _U64 - addr + 1),
             access=access,
             device=_str(obj, "device"),
-            pid=_int(obj, "pid", 1, 1 << 31),
-            fd=_int(obj, "fd", 0, 1 << 31),
             st_dev=_int(obj, "st_dev", 0, _U64),
             st_ino=_int(obj, "st_ino", 0, _U64),
             offset=_int(obj, "offset", 0, 1 << 63),
@@ -343,8 +344,8 @@ def export_range(addr: int, length: int, access: AccessFlag, device: str) -> byt
         raise DocaError(DocaErrorCode.INVALID_VALUE, "PCI_READ_WRITE over read-only shared memory")
     st_dev, st_ino = shared._ident
     desc = DpuDescriptor(
-        addr=addr, length=length, access=access, device=device, pid=os.getpid(), fd=shared.fd,
-        st_dev=st_dev, st_ino=st_ino, offset=offset, boot_id=_BOOT_ID,
+        addr=addr, length=length, access=access, device=device, st_dev=st_dev, st_ino=st_ino,
+        offset=offset, boot_id=_BOOT_ID,
     )  # fmt: skip
     return desc.to_bytes()
 
@@ -396,46 +397,52 @@ class SharedRegion:
         self._close_fd()
 
 
-def import_region(data: bytes, *, fd: int | None = None) -> SharedRegion:
+def import_region(data: bytes, *, fd: int | None) -> SharedRegion:
     """Map the range a DPU descriptor names (``doca_mmap_create_from_export`` on the DPU).
 
-    The pages come from `fd` when given (received over the comm channel;
-    duplicated, the caller keeps its own), else from the exporter's
-    ``/proc/PID/fd/N``. Either way the file must be the one exported.
+    The pages come from `fd` (duplicated: the caller keeps its own), the
+    memory's descriptor received with `data` over a Unix-socket comm channel;
+    it must be the exported file, open for writing if the export allows
+    writes.
     """
     desc = DpuDescriptor.from_bytes(data)
     if desc.boot_id != _BOOT_ID:
         raise DocaError(
             DocaErrorCode.NOT_SUPPORTED,
-            "the mmap was exported on another machine: there it is reached by RDMA (export_rdma), "
-            "which the DMA context does not do yet",
+            "the mmap was exported on another machine: there it is reached by RDMA (export_rdma)",
+            Fault.PEER,
         )
-    writable = AccessFlag.PCI_READ_WRITE in desc.access
     if fd is None:
-        path = f"/proc/{desc.pid}/fd/{desc.fd}"
-        try:
-            own = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
-        except FileNotFoundError as exc:
-            raise DocaError(
-                DocaErrorCode.NOT_FOUND,
-                f"exported memory {path} is gone: the exporter exited or lives in another PID namespace "
-                "(then pass its fd over a comm channel)",
-                Fault.PEER,
-            ) from exc
-        except OSError as exc:
-            raise error_from_os(exc, f"opening exported memory {path}") from exc
-    else:
-        try:
-            own = os.dup(fd)
-        except OSError as exc:
-            raise error_from_os(exc, f"dup({fd})") from exc
-        os.set_inheritable(own, False)
+        raise DocaError(
+            DocaErrorCode.INVALID_VALUE,
+            "a DPU export (export_dpu) is imported with the memory's file descriptor, which comes with "
+            "it over a Unix-socket comm channel; a TCP channel cannot carry one (use export_rdma there)",
+        )
+    try:
+        own = os.dup(fd)
+    except OSError as exc:
+        raise error_from_os(exc, f"dup({fd})") from exc
+    os.set_inheritable(own, False)
     try:
         st = os.fstat(own)
         if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (desc.st_dev, desc.st_ino):
             raise DocaError(
                 DocaErrorCode.INVALID_VALUE,
-                "the file found is not the exported memory (a stale descriptor?)",
+                "the file descriptor sent is not the exported memory (a stale descriptor?)",
+                Fault.PEER,
+            )
+        mode = fcntl.fcntl(own, fcntl.F_GETFL)
+        if mode & getattr(os, "O_PATH", 0) or (mode & os.O_ACCMODE) == os.O_WRONLY:
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED,
+                "the memory's file descriptor is not open for reading",
+                Fault.PEER,
+            )
+        if AccessFlag.PCI_READ_WRITE in desc.access and (mode & os.O_ACCMODE) != os.O_RDWR:
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED,
+                "the export allows writes (PCI_READ_WRITE) but the memory's file descriptor is open "
+                "read-only: the exporter cannot grant what it does not have",
                 Fault.PEER,
             )
         if st.st_size < desc.offset + desc.length:

@@ -4,19 +4,24 @@ This is the socket half of ``rdmakit.doca.comm_channel``; the DOCA object and
 its error codes live there. A service name selects the socket:
 
 - ``NAME`` (letters, digits and ``._-``, at most 80 characters): a Unix
-  ``SOCK_SEQPACKET`` socket in the abstract namespace,
-  ``\\0rdmakit-comch.<uid>.<NAME>``. No file to clean up: the name is gone
-  with the listener, and each user has their own names.
-- ``unix:PATH``: the same at a filesystem path. A socket file left behind by
-  a listener that died is replaced; a live listener is EADDRINUSE.
+  ``SOCK_SEQPACKET`` socket ``comch.NAME`` in this user's own directory,
+  ``$XDG_RUNTIME_DIR/rdmakit`` or, without that variable,
+  ``/tmp/rdmakit-<uid>`` (`runtime_dir`). The directory is created mode 0700
+  and must be this user's and 0700 (lstat: not a symlink); otherwise
+  EACCES naming its owner. Nobody else can create a name in it, so no other
+  user can take a service name first (as anyone can in the abstract
+  namespace, which has no permissions).
+- ``unix:PATH``: the same at a path of the caller's choice.
 - ``tcp:HOST:PORT`` (``tcp:[V6]:PORT``): a TCP stream, for two machines. A
-  message travels as a 4-byte big-endian length and the bytes.
+  message travels as a 4-byte big-endian length and the bytes, and, once
+  `MessageSocket.start_mac` is called, a MAC (``rdmakit.transport.comm_auth``).
+
+A socket file left behind by a listener that died is replaced; a live
+listener is EADDRINUSE, naming the user that holds it.
 
 On Unix sockets each side checks the other's user (``SO_PEERCRED``): only
-the same user or root is talked to. An abstract name has no file
-permissions, so without this any local user could take a service name first
-or connect to it. A server drops such a client and keeps listening; a client
-gets EACCES.
+the same user or root is talked to. A server drops such a client and keeps
+listening; a client gets EACCES naming the listener's user.
 
 Message boundaries are kept either way (``SOCK_SEQPACKET`` natively), and
 empty messages do not exist (on ``SOCK_SEQPACKET`` one would read as the
@@ -35,11 +40,15 @@ import os
 import re
 import select
 import socket
+import stat
 import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
+
+from rdmakit.transport.comm_auth import TAG_SIZE, MessageMac, user_name
 
 __all__ = [
     "MAX_FDS",
@@ -49,6 +58,7 @@ __all__ = [
     "ServiceAddress",
     "connect",
     "parse_service",
+    "runtime_dir",
 ]
 
 #: The largest message either socket kind carries (a ``SOCK_SEQPACKET``
@@ -65,12 +75,13 @@ _FD_SIZE = array.array("i").itemsize
 
 @dataclass(frozen=True, slots=True)
 class ServiceAddress:
-    """Where a service name points: an abstract or filesystem Unix socket, or TCP."""
+    """Where a service name points: a Unix socket file (named or given) or TCP."""
 
-    kind: Literal["abstract", "unix", "tcp"]
-    path: str = ""  # abstract name (without the NUL) or filesystem path
+    kind: Literal["named", "unix", "tcp"]
+    path: str = ""  # the socket file
     host: str = ""
     port: int = 0
+    name: str = ""  # of a named service
 
     @property
     def fd_passing(self) -> bool:
@@ -78,15 +89,13 @@ class ServiceAddress:
         return self.kind != "tcp"
 
     def sockaddr(self) -> str | tuple[str, int]:
-        if self.kind == "abstract":
-            return "\0" + self.path
-        if self.kind == "unix":
-            return self.path
-        return (self.host, self.port)
+        if self.kind == "tcp":
+            return (self.host, self.port)
+        return self.path
 
     def __str__(self) -> str:
-        if self.kind == "abstract":
-            return f"@{self.path}"
+        if self.kind == "named":
+            return f"{self.name} ({self.path})"
         if self.kind == "unix":
             return f"unix:{self.path}"
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -110,7 +119,44 @@ def parse_service(spec: str) -> ServiceAddress:
         raise ValueError(
             f"service name {spec!r}: use 1 to 80 of A-Z a-z 0-9 . _ -, unix:PATH or tcp:HOST:PORT"
         )
-    return ServiceAddress("abstract", path=f"rdmakit-comch.{os.getuid()}.{spec}")
+    path = str(runtime_dir() / f"comch.{spec}")
+    if len(path.encode()) > 107:
+        raise ValueError(f"service name {spec!r}: the socket path {path} is too long for a Unix socket")
+    return ServiceAddress("named", path=path, name=spec)
+
+
+def runtime_dir() -> Path:
+    """Where this user's named services live: ``$XDG_RUNTIME_DIR/rdmakit``, else ``/tmp/rdmakit-<uid>``."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "rdmakit"
+    return Path(f"/tmp/rdmakit-{os.geteuid()}")
+
+
+def _own_dir(path: Path, *, create: bool) -> None:
+    """Check that `path` is this user's private directory (0700, not a symlink); create it if asked.
+
+    PermissionError naming the owner when another user holds it; FileNotFoundError
+    if it does not exist and `create` is false.
+    """
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    owner = user_name(st.st_uid)
+    if st.st_uid != os.geteuid():
+        raise PermissionError(
+            errno.EACCES,
+            f"{path} belongs to {owner}, not to this user ({user_name(os.geteuid())}): another user "
+            "created it first; it must be removed before this user's named services can live there",
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(errno.EACCES, f"{path} is not a directory (owner {owner})")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise PermissionError(
+            errno.EACCES,
+            f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: it must be 0700 (chmod 700 {path})",
+        )
 
 
 def _remaining(deadline: float | None) -> float | None:
@@ -130,10 +176,23 @@ def _wait(fd: int, events: int, timeout: float | None) -> bool:
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
+def _peer_uid(sock: socket.socket) -> int:
+    """The user id of a Unix socket's peer (``SO_PEERCRED``, as it was at connect or listen)."""
+    _, uid, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return int(uid)
+
+
 def _peer_trusted(sock: socket.socket) -> bool:
     """Whether a Unix socket's peer runs as our user or as root."""
-    _, uid, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    return uid in (os.getuid(), 0)
+    return _peer_uid(sock) in (os.geteuid(), 0)
+
+
+def _ip(name: tuple[object, ...]) -> tuple[str, int]:
+    """A socket address as (ip, port): IPv4-mapped IPv6 as IPv4, no scope id."""
+    ip = str(name[0]).partition("%")[0]
+    if ip.startswith("::ffff:") and "." in ip:
+        ip = ip[7:]
+    return ip, int(str(name[1]))
 
 
 def _close_fds(fds: Sequence[int]) -> None:
@@ -158,6 +217,34 @@ class MessageSocket:
         self._max = max_msg_size
         self._rbuf = bytearray()  # TCP: bytes of the next frame(s) received so far
         self._eof = False
+        self._mac: MessageMac | None = None
+
+    def start_mac(self, mac: MessageMac) -> None:
+        """From now on every message carries a MAC (TCP only): sent with it, checked on receipt."""
+        if self._address.kind != "tcp":
+            raise ValueError("MACs are for TCP channels")
+        self._mac = mac
+
+    @property
+    def endpoints(self) -> tuple[tuple[str, int], tuple[str, int]]:
+        """(local, peer) addresses of a TCP channel, as (ip, port)."""
+        if self._address.kind != "tcp":
+            raise OSError(errno.EOPNOTSUPP, "a Unix socket has no IP endpoints")
+        return _ip(self._sock.getsockname()), _ip(self._sock.getpeername())
+
+    @property
+    def peer(self) -> str:
+        """Who the peer is, for messages: ``IP:PORT``, or a local process's pid and user."""
+        try:
+            if self._address.kind == "tcp":
+                ip, port = self.endpoints[1]
+                return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+            pid, uid, _ = _UCRED.unpack(
+                self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+            )
+        except OSError:
+            return "an unknown peer"
+        return f"pid {pid}, {user_name(uid)}"
 
     @property
     def address(self) -> ServiceAddress:
@@ -197,7 +284,8 @@ class MessageSocket:
             raise OSError(errno.E2BIG, f"at most {MAX_FDS} descriptors per message")
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._address.kind == "tcp":
-            self._send_all(memoryview(_LEN.pack(size) + bytes(data)), deadline)
+            tag = self._mac.seal(data) if self._mac is not None else b""
+            self._send_all(memoryview(_LEN.pack(size + len(tag)) + bytes(data) + tag), deadline)
             return
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
         while True:
@@ -264,13 +352,23 @@ class MessageSocket:
         while True:
             if len(self._rbuf) >= _LEN.size:
                 (size,) = _LEN.unpack_from(self._rbuf)
-                if not 0 < size <= self._max:
+                tag_size = TAG_SIZE if self._mac is not None else 0
+                if not tag_size < size <= self._max + tag_size:
                     self._eof = True
-                    raise OSError(errno.EMSGSIZE, f"peer framed a message of {size} bytes (1 to {self._max})")
+                    raise OSError(
+                        errno.EMSGSIZE, f"peer framed a message of {size - tag_size} bytes (1 to {self._max})"
+                    )
                 end = _LEN.size + size
                 if len(self._rbuf) >= end:
-                    data = bytes(self._rbuf[_LEN.size : end])
+                    data = bytes(self._rbuf[_LEN.size : end - tag_size])
+                    tag = bytes(self._rbuf[end - tag_size : end])
                     del self._rbuf[:end]
+                    if self._mac is not None and not self._mac.open(data, tag):
+                        self._eof = True
+                        raise OSError(
+                            errno.EBADMSG,
+                            "a message failed its MAC check (altered, injected, replayed or reordered)",
+                        )
                     return data, []
             try:
                 chunk = self._sock.recv(65536)
@@ -313,10 +411,12 @@ class Listener:
         self._sock = sock
 
     def _bind_unix(self, sock: socket.socket, address: ServiceAddress) -> None:
+        if address.kind == "named":
+            _own_dir(Path(address.path).parent, create=True)
         try:
-            sock.bind(address.sockaddr())
+            sock.bind(address.path)
         except OSError as exc:
-            if exc.errno != errno.EADDRINUSE or address.kind != "unix":
+            if exc.errno != errno.EADDRINUSE:
                 raise
             # A socket file: a live listener owns it, or one that died left it behind.
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
@@ -326,10 +426,13 @@ class Listener:
                 os.unlink(address.path)
                 sock.bind(address.path)
             else:
-                raise
+                holder = user_name(_peer_uid(probe))
+                raise OSError(
+                    errno.EADDRINUSE, f"{address} already has a listener, run by {holder}"
+                ) from None
             finally:
                 probe.close()
-        self._unlink = address.kind == "unix"
+        self._unlink = True
 
     @property
     def address(self) -> ServiceAddress:
@@ -392,11 +495,16 @@ def _connect_once(address: ServiceAddress, max_msg_size: int, timeout: float | N
         )
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return MessageSocket(sock, address, max_msg_size)
+    if address.kind == "named":
+        _own_dir(Path(address.path).parent, create=False)  # FileNotFoundError: no server yet
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
-        sock.connect(address.sockaddr())
+        sock.connect(address.path)
         if not _peer_trusted(sock):
-            raise PermissionError(errno.EACCES, f"the listener at {address} runs as another user")
+            raise PermissionError(
+                errno.EACCES,
+                f"the listener at {address} runs as {user_name(_peer_uid(sock))}, not as this user or root",
+            )
     except BaseException:
         sock.close()
         raise

@@ -9,6 +9,7 @@ import json
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from rdmakit.cli.dma import _Unwind
+from rdmakit.doca import DocaError, DocaErrorCode, SharedMemory
 
 MIB = 1 << 20
 WAIT = 120  # seconds a test waits for a process before calling it hung
@@ -182,10 +186,61 @@ def test_destination_not_writable(sides: tuple[Path, Path], service: str) -> Non
     assert os.listdir(dpu_dir) == []
 
 
-def test_source_is_not_a_regular_file(sides: tuple[Path, Path], service: str) -> None:
-    (sides[0] / "adir").mkdir()
-    done = finish(start(sides[0], *copy_args("host", "adir", service)))
-    assert one_line_error(done) == "rdmakit dma-copy: adir is not a regular file"
+@pytest.mark.parametrize("failing", ["host", "dpu"])
+def test_a_side_with_a_bad_file_tells_the_waiting_peer(
+    sides: tuple[Path, Path], service: str, failing: str
+) -> None:
+    """-f a directory: that side fails before it connects or listens, and the peer, already
+    waiting, hears why at once instead of waiting out its timeout."""
+    host_dir, dpu_dir = sides
+    bad_dir, peer_dir = (host_dir, dpu_dir) if failing == "host" else (dpu_dir, host_dir)
+    (bad_dir / "adir").mkdir()
+    peer_role = "dpu" if failing == "host" else "host"
+    peer = start(peer_dir, *copy_args(peer_role, "adir", service)[:-2], "--timeout", "100")
+    time.sleep(0.5)  # the peer is waiting (the DPU listens, the host retries)
+    bad = finish(start(bad_dir, *copy_args(failing, "adir", service)))
+    assert one_line_error(bad) == "rdmakit dma-copy: adir is a directory"
+    name = "host" if failing == "host" else "DPU"
+    assert one_line_error(finish(peer)) == f"rdmakit dma-copy: the {name} failed: adir is a directory"
+    assert os.listdir(peer_dir) == []
+
+
+def test_an_unwritable_destination_fails_before_connecting(sides: tuple[Path, Path], service: str) -> None:
+    done = finish(start(sides[0], *copy_args("host", "no-such-dir/f.bin", service)[:-2], "--timeout", "1"))
+    assert (
+        one_line_error(done) == "rdmakit dma-copy: cannot write no-such-dir/f.bin: No such file or directory"
+    )
+
+
+def test_one_directory_for_both_sides(tmp_path: Path, service: str) -> None:
+    """On one machine in one directory the sides need files of their own; the same one is named as such."""
+    digest = random_file(tmp_path / "data.bin", 1000)
+    dpu = start(tmp_path, *copy_args("dpu", "data.bin", service))
+    host = finish(start(tmp_path, *copy_args("host", "data.bin", service)))
+    error = one_line_error(finish(dpu))
+    assert "the host's file and the DPU's data.bin are the same file" in error
+    assert "the DPU failed: the host's file and the DPU's data.bin are the same file" in one_line_error(host)
+    dpu = start(tmp_path, *copy_args("dpu", "copy.bin", service))  # as docs/dma.md and --help say
+    host = finish(start(tmp_path, *copy_args("host", "data.bin", service)))
+    assert (host.rc, finish(dpu).rc) == (0, 0), host.err
+    assert hashlib.sha256((tmp_path / "copy.bin").read_bytes()).hexdigest() == digest
+
+
+def test_ctrl_c_on_the_dpu_side_is_an_interrupt(sides: tuple[Path, Path], service: str) -> None:
+    """Clean-up after Ctrl-C (memory still mapped by a frame of the traceback) never hides the interrupt."""
+    host_dir, dpu_dir = sides
+    random_file(dpu_dir / "f.bin", 8 * MIB)
+    slow = ("--chunk-size", "65536", "--pause", "0.01")
+    dpu = start(dpu_dir, *copy_args("dpu", "f.bin", service, "-l", "60", *slow))
+    host = start(host_dir, *copy_args("host", "f.bin", service))
+    wait_for_line(dpu, "copy: ")
+    dpu.send_signal(signal.SIGINT)
+    done = finish(dpu)
+    assert done.rc == 130
+    assert done.err.strip().splitlines()[-1] == "rdmakit: interrupted"
+    assert "DOCA_ERROR" not in done.err
+    assert "went away" in one_line_error(finish(host))
+    assert os.listdir(host_dir) == []
 
 
 @pytest.mark.parametrize(
@@ -298,3 +353,20 @@ def test_progress_bar_on_a_tty(sides: tuple[Path, Path], service: str) -> None:
     assert "\rcopying [" in text
     assert "100% 16.0/16.0 MiB" in text
     assert "\rverifying [" in text
+
+
+def _hold_a_view_and_raise(exc: BaseException | None) -> None:
+    with _Unwind() as stack:
+        memory = stack.enter_context(SharedMemory(4096))
+        view = memory.buf[:10]  # held by this frame, as a traceback holds it after Ctrl-C
+        assert len(view) == 10
+        if exc is not None:
+            raise exc
+
+
+def test_clean_up_errors_never_hide_an_interrupt() -> None:
+    with pytest.raises(KeyboardInterrupt):
+        _hold_a_view_and_raise(KeyboardInterrupt())
+    with pytest.raises(DocaError) as exc:  # without a cause, the clean-up error is the error
+        _hold_a_view_and_raise(None)
+    assert exc.value.code is DocaErrorCode.IN_USE

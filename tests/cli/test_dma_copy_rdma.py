@@ -8,6 +8,7 @@ the host exports its file with ``export_rdma``.
 import hashlib
 import os
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +17,14 @@ import pytest
 from .test_dma_copy import MIB, Done, finish, killed_mid_copy, one_line_error, random_file, start
 
 PORT = 47391  # with an address of its own per test, the port never collides
+
+
+@pytest.fixture(autouse=True)
+def shared_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Both sides (this user, this machine) share a default key made for the test on first use."""
+    monkeypatch.delenv("RDMAKIT_COMCH_SECRET", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return tmp_path / "config" / "rdmakit" / "comch.key"
 
 
 @pytest.fixture
@@ -84,9 +93,24 @@ def test_transports_must_agree(sides: tuple[Path, Path], addrs: tuple[str, str, 
     random_file(host_dir / "f.bin", 10)
     dpu = start(dpu_dir, *rdma_args("dpu", "f.bin", addrs))
     host = finish(start(host_dir, *rdma_args("host", "f.bin", addrs, "--transport", "shm")))
-    error = one_line_error(finish(dpu))
-    assert "the host copies over shm, this side over rdma" in error
-    assert "the DPU failed: the host copies over shm" in one_line_error(host)
+    error = one_line_error(host)
+    assert "--transport shm shares memory on one machine" in error
+    assert "the host failed: --transport shm shares memory" in one_line_error(finish(dpu))
+    assert os.listdir(dpu_dir) == []
+
+
+def test_transports_must_agree_on_one_machine(sides: tuple[Path, Path], addrs: tuple[str, str, str]) -> None:
+    """Over a Unix-socket channel either transport works, but both sides must pick the same."""
+    host_dir, dpu_dir = sides
+    random_file(host_dir / "f.bin", 10)
+    name = f"test-dma-rdma-{uuid.uuid4().hex[:12]}"
+    dpu = start(dpu_dir, "dma-copy", "--role", "dpu", "-f", "f.bin", "--service", name, "--transport", "shm")
+    host = finish(start(
+        host_dir, "dma-copy", "--role", "host", "-f", "f.bin", "--service", name, "--transport", "rdma",
+        "--device", addrs[1],
+    ))  # fmt: skip
+    assert "the host copies over rdma, this side over shm" in one_line_error(finish(dpu))
+    assert "the DPU failed: the host copies over rdma" in one_line_error(host)
     assert os.listdir(dpu_dir) == []
 
 

@@ -101,7 +101,7 @@ def test_descriptor_files_follow_the_samples_format(tmp_path: Path, service: str
     assert line.startswith("Exported 4 bytes at 0x")
     descriptor = json.loads((tmp_path / "export_desc.txt").read_text())
     addr, length = (tmp_path / "buffer_info.txt").read_text().split()
-    assert descriptor["format"] == "rdmakit.mmap-dpu/1"
+    assert descriptor["format"] == "rdmakit.mmap-dpu/2"
     assert (int(addr), int(length)) == (descriptor["addr"], 4)
     assert descriptor["access"] == ["LOCAL_READ_WRITE", "PCI_READ_ONLY"]
     dpu = rdmakit(tmp_path, "dma-copy-dpu", *sample_args(tmp_path, service))
@@ -118,7 +118,10 @@ def test_dpu_sample_without_host_times_out(tmp_path: Path, service: str) -> None
 
 
 def test_dpu_sample_with_a_dead_hosts_files(tmp_path: Path, service: str) -> None:
-    """Descriptor files left by a host that was killed name memory that is gone: one line, NOT_FOUND."""
+    """Descriptor files left by a host that was killed name memory that is gone: one line, NOT_FOUND.
+
+    The pages would come from the host sample itself, over the comm channel, and it does not answer.
+    """
     host = rdmakit(tmp_path, "dma-copy-host", *sample_args(tmp_path, service))
     assert host.stdout is not None
     host.stdout.readline()
@@ -127,7 +130,9 @@ def test_dpu_sample_with_a_dead_hosts_files(tmp_path: Path, service: str) -> Non
     assert (tmp_path / "export_desc.txt").exists()  # killed outright: nobody removed them
     rc, _, err = finish(rdmakit(tmp_path, "dma-copy-dpu", *sample_args(tmp_path, service)))
     assert rc == 1
-    assert err.startswith("rdmakit dma-copy-dpu: DOCA_ERROR_NOT_FOUND: exported memory /proc/")
+    assert err.startswith(
+        "rdmakit dma-copy-dpu: DOCA_ERROR_NOT_FOUND: the exported memory is gone: the host sample that wrote"
+    )
     assert err.count("\n") == 1
 
 
@@ -143,3 +148,13 @@ def test_dpu_sample_failure_reaches_the_host(tmp_path: Path, service: str) -> No
     host_rc, _, host_err = finish(host)
     assert host_rc == 1
     assert host_err.startswith("rdmakit dma-copy-host: the DPU sample failed: ")
+
+
+def test_samples_refuse_a_tcp_service(tmp_path: Path) -> None:
+    """Shared memory crosses only as a descriptor over a Unix socket: a tcp: service cannot carry it."""
+    for program in ("dma-copy-host", "dma-copy-dpu"):
+        rc, _, err = finish(rdmakit(tmp_path, program, *sample_args(tmp_path, "tcp:127.0.0.1:9")))
+        assert rc == 1
+        assert err.startswith(f"rdmakit {program}: the DMA Copy samples share memory on one machine")
+        assert err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []

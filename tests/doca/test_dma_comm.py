@@ -1,5 +1,6 @@
 """The comm channel (doca_comm_channel / doca_comch) that DMA Copy's control path runs on."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -7,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,9 +23,18 @@ from rdmakit.doca import (
     DocaErrorCode,
     Fault,
 )
-from rdmakit.transport import comm
+from rdmakit.transport import comm, comm_auth
+from rdmakit.transport.comm_auth import SECRET_ENV
 
 from .util import error_code
+
+
+@pytest.fixture(autouse=True)
+def own_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tcp: channels use a default key made for this test (not the user's own)."""
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return tmp_path / "config" / "rdmakit" / "comch.key"
 
 
 @pytest.fixture
@@ -264,22 +273,58 @@ def test_local_ip_names_the_address_a_tcp_channel_uses(service: str) -> None:
             assert client.local_ip is None
 
 
-def test_a_client_that_is_not_a_comm_channel_is_refused(service: str) -> None:
+def test_a_client_that_is_not_a_comm_channel_is_refused_and_the_server_goes_on(service: str) -> None:
     with CommChannelServer(service) as server:
         address = comm.parse_service(service)
         raw = comm.connect(address, max_msg_size=100, timeout=5)
         raw.send(b"GET / HTTP/1.0\r\n")
-        assert error_code(lambda: server.accept(5)) is DocaErrorCode.UNSUPPORTED_VERSION
+        with pytest.raises(DocaError) as exc:
+            server.accept(0.5)
+        assert exc.value.code is DocaErrorCode.TIME_OUT
+        assert "does not speak the rdmakit comm channel" in exc.value.message
         raw.close()
+        client, accepted = pair(server)
+        client.close()
+        accepted.close()
+
+
+def test_named_services_live_in_a_private_directory(service: str) -> None:
+    """A NAME is a socket file in this user's 0700 directory, removed when the server closes."""
+    path = Path(comm.parse_service(service).path)
+    assert path.parent == comm.runtime_dir()
+    with CommChannelServer(service):
+        assert path.is_socket()
+        st = path.parent.lstat()
+        assert (st.st_uid, st.st_mode & 0o777) == (os.geteuid(), 0o700)
+    assert not path.exists()
+
+
+def test_a_named_service_left_by_a_killed_server_is_taken_over(service: str) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from rdmakit.doca import CommChannelServer as S; "
+         "s = S(sys.argv[1]); print('up', flush=True); time.sleep(60)", service],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "up\n"
+        assert error_code(lambda: CommChannelServer(service)) is DocaErrorCode.IN_USE
+    finally:
+        child.kill()
+        child.communicate()
+    with CommChannelServer(service) as server:
+        client, accepted = pair(server)
+        client.close()
+        accepted.close()
 
 
 def test_a_peer_sending_too_much_breaks_the_channel(service: str) -> None:
-    with CommChannelServer(service, max_msg_size=64) as server:
+    with CommChannelServer(service, max_msg_size=100) as server:
         client, accepted = pair(server)
         sock = client._sock  # the raw socket underneath, to break the rules on purpose
         assert sock is not None
         sock.max_msg_size = 1000
-        sock.send(bytes(100))
+        sock.send(bytes(200))
         with pytest.raises(DocaError) as exc:
             accepted.recv(5)
         assert exc.value.code is DocaErrorCode.TOO_BIG
@@ -297,78 +342,239 @@ def test_closed_server_and_repr(service: str) -> None:
     assert "closed" in repr(server)
 
 
-# -- other users --------------------------------------------------------------------------------
-
-NOBODY = 65534
+# -- tcp: authentication ---------------------------------------------------------------------------
 
 
-def as_nobody(body: Callable[[int], None]) -> tuple[int, int]:
-    """Fork a child that becomes user nobody and runs ``body(write_fd)``; returns (pid, read_fd)."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: no exec, nobody could not run /root's python anyway
-        status = 1
+def tcp_pair(
+    server: CommChannelServer, **connect: object
+) -> tuple[CommChannel | BaseException, CommChannel | BaseException]:
+    """(client or its error, accepted channel or the server's error) over tcp."""
+    box: list[CommChannel | BaseException] = []
+
+    def client() -> None:
         try:
-            os.close(read_fd)
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            body(write_fd)
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write_fd)
-    return pid, read_fd
+            box.append(CommChannel.connect(server.address, timeout=10, **connect))  # type: ignore[arg-type]
+        except BaseException as exc:
+            box.append(exc)
 
-
-@pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
-def test_a_listener_of_another_user_is_refused(service: str) -> None:
-    """Someone else took our service name first: the client refuses to talk to them."""
-    name = "\0" + comm.parse_service(service).path
-
-    def squat(report: int) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sock.bind(name)
-        sock.listen(1)
-        os.write(report, b"bound")
-        sock.accept()
-        time.sleep(30)
-
-    pid, report = as_nobody(squat)
+    thread = threading.Thread(target=client)
+    thread.start()
     try:
-        assert os.read(report, 5) == b"bound"
-        with pytest.raises(DocaError) as exc:
-            CommChannel.connect(service, timeout=5)
-        assert exc.value.code is DocaErrorCode.NOT_PERMITTED
-    finally:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        os.close(report)
+        accepted: CommChannel | BaseException = server.accept(2)
+    except DocaError as exc:
+        accepted = exc
+    thread.join()
+    return box[0], accepted
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
-def test_a_client_of_another_user_is_dropped(service: str) -> None:
-    """A stranger's connection is closed unanswered; the server keeps waiting for its own client."""
-    name = "\0" + comm.parse_service(service).path
-    hello = b"RDMAKITCOMCH" + (1).to_bytes(2, "big") + (4080).to_bytes(4, "big")
-
-    def intrude(report: int) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sock.connect(name)
-        try:
-            sock.send(hello)
-            answer = sock.recv(100)
-        except (BrokenPipeError, ConnectionResetError):  # closed before or with our hello unread
-            answer = b""
-        os.write(report, b"dropped" if answer == b"" else b"answered")
-
-    with CommChannelServer(service) as server:
-        pid, report = as_nobody(intrude)
-        try:
-            assert error_code(lambda: server.accept(0.5)) is DocaErrorCode.TIME_OUT
-            assert os.read(report, 8) == b"dropped"
-            assert os.waitpid(pid, 0)[1] == 0
-        finally:
-            os.close(report)
-        client, accepted = pair(server)  # our own client still gets in
+def test_the_default_key_is_made_once_private_and_shared_by_both_ends(own_secret: Path) -> None:
+    assert not own_secret.exists()
+    with CommChannelServer("tcp:127.0.0.1:0") as server:
+        client, accepted = pair(server)
+        client.send(b"authenticated")
+        assert accepted.recv(5) == b"authenticated"
         client.close()
         accepted.close()
+    st = own_secret.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (os.geteuid(), 0o600)
+    assert len(bytes.fromhex(own_secret.read_text())) == 32
+    assert (own_secret.parent.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_different_secret_is_refused_both_ways(own_secret: Path) -> None:
+    """The server proves first: a client with another secret refuses it; the server goes on."""
+    with CommChannelServer("tcp:127.0.0.1:0") as server:
+        client, accepted = tcp_pair(server, secret=b"another secret, 16+ bytes")
+        assert isinstance(client, DocaError)
+        assert client.code is DocaErrorCode.AUTHENTICATION
+        assert client.fault is Fault.PEER
+        assert isinstance(accepted, DocaError)
+        assert accepted.code is DocaErrorCode.TIME_OUT
+        assert "refused 1 connection" in accepted.message
+        good, chan = pair(server)
+        good.close()
+        chan.close()
+    with CommChannelServer("tcp:127.0.0.1:0", secret=b"the server's own secret") as server:
+        client, accepted = tcp_pair(server)  # the default key
+        assert isinstance(client, DocaError)
+        assert client.code is DocaErrorCode.AUTHENTICATION
+
+
+def _raw_hello(address: str) -> tuple[comm.MessageSocket, bytes, bytes]:
+    """A raw TCP connection that sends a well-formed hello: (socket, hello sent, server's answer)."""
+    sock = comm.connect(comm.parse_service(address), max_msg_size=200, timeout=5)
+    hello = b"RDMAKITCOMCH" + (2).to_bytes(2, "big") + (4080).to_bytes(4, "big") + os.urandom(32)
+    sock.send(hello)
+    got = sock.recv(5)
+    assert got is not None
+    return sock, hello, got[0]
+
+
+def test_reflecting_the_servers_proof_does_not_get_in() -> None:
+    with CommChannelServer("tcp:127.0.0.1:0") as server:
+        box: list[bytes] = []
+
+        def reflect() -> None:
+            sock, _, answer = _raw_hello(server.address)
+            sock.send(answer[-32:])  # the server's own proof, sent back as the client's
+            try:
+                got = sock.recv(2)
+                box.append(b"" if got is None else got[0])
+            except OSError:
+                box.append(b"closed")
+            sock.close()
+
+        thread = threading.Thread(target=reflect)
+        thread.start()
+        with pytest.raises(DocaError) as exc:
+            server.accept(1)
+        thread.join()
+        assert "did not prove that it knows the comm channel secret" in exc.value.message
+        assert box == [b"closed"]
+
+
+def test_a_relay_fails_the_handshake(new_ip: Callable[[], str]) -> None:
+    """Bytes forwarded through a relay: the ends see different addresses, so the proofs do not match."""
+    with CommChannelServer(f"tcp:{new_ip()}:0") as server:
+        target = comm.parse_service(server.address)
+        relay = socket.create_server((new_ip(), 0))
+        relay.settimeout(10)
+
+        def forward(a: socket.socket, b: socket.socket) -> None:
+            with contextlib.suppress(OSError):
+                while data := a.recv(65536):
+                    b.sendall(data)
+            with contextlib.suppress(OSError):
+                b.shutdown(socket.SHUT_WR)
+
+        def run_relay() -> None:
+            inbound, _ = relay.accept()
+            outbound = socket.create_connection((target.host, target.port))
+            threads = [
+                threading.Thread(target=forward, args=p) for p in ((inbound, outbound), (outbound, inbound))
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(15)
+            inbound.close()
+            outbound.close()
+
+        relay_thread = threading.Thread(target=run_relay)
+        relay_thread.start()
+        host, port = relay.getsockname()
+        errors: list[BaseException] = []
+
+        def connect_through_relay() -> None:
+            try:
+                CommChannel.connect(f"tcp:{host}:{port}", timeout=10).close()
+            except DocaError as err:
+                errors.append(err)
+
+        client = threading.Thread(target=connect_through_relay)
+        client.start()
+        with pytest.raises(DocaError) as exc:
+            server.accept(2)
+        client.join()
+        relay_thread.join(20)
+        relay.close()
+        assert exc.value.code is DocaErrorCode.TIME_OUT
+        assert isinstance(errors[0], DocaError)
+        assert errors[0].code is DocaErrorCode.AUTHENTICATION
+
+
+def test_a_silent_connection_does_not_hold_up_the_next() -> None:
+    with CommChannelServer("tcp:127.0.0.1:0", handshake_timeout=0.3) as server:
+        target = comm.parse_service(server.address)
+        silent = socket.create_connection((target.host, target.port))
+        try:
+            client, accepted = pair(server)  # while the silent one is pending
+            client.close()
+            accepted.close()
+        finally:
+            silent.close()
+        silent = socket.create_connection((target.host, target.port))
+        try:
+            with pytest.raises(DocaError) as exc:
+                server.accept(1)
+            assert "no handshake within 0.3 s" in exc.value.message
+        finally:
+            silent.close()
+
+
+def test_before_the_handshake_only_a_hello_fits() -> None:
+    with CommChannelServer("tcp:127.0.0.1:0") as server:
+        target = comm.parse_service(server.address)
+        big = socket.create_connection((target.host, target.port))
+        big.sendall((60000).to_bytes(4, "big") + bytes(1000))
+        with pytest.raises(DocaError) as exc:
+            server.accept(1)
+        assert "peer framed a message of 60000 bytes" in exc.value.message
+        big.close()
+
+
+def test_messages_after_the_handshake_carry_a_mac() -> None:
+    """Injected, replayed or reordered messages break the channel (AUTHENTICATION), never arrive."""
+    with CommChannelServer("tcp:127.0.0.1:0") as server:
+        for attack in ("inject", "replay"):
+            client, accepted = pair(server)
+            client.send(b"first")
+            assert accepted.recv(5) == b"first"
+            raw = client._sock
+            assert raw is not None
+            if attack == "inject":  # a frame written into the stream by someone without the keys
+                raw._sock.sendall((4 + 16).to_bytes(4, "big") + b"evil" + bytes(16))
+            else:  # the sender's counter set back: the same sequence number again
+                assert raw._mac is not None
+                raw._mac._send_seq -= 1
+                client.send(b"first")
+            with pytest.raises(DocaError) as exc:
+                accepted.recv(5)
+            assert exc.value.code is DocaErrorCode.AUTHENTICATION
+            assert exc.value.fault is Fault.PEER
+            assert error_code(lambda ch=accepted: ch.recv(1)) is DocaErrorCode.NOT_CONNECTED  # type: ignore[misc]
+            client.close()
+            accepted.close()
+
+
+def test_secret_files_are_checked_as_openssh_checks_keys(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text(os.urandom(32).hex())
+    key.chmod(0o600)
+    assert len(comm_auth.load_secret(secret_file=key)) == 32
+    key.chmod(0o640)
+    with pytest.raises(DocaError) as exc:
+        CommChannelServer("tcp:127.0.0.1:0", secret_file=key)
+    assert exc.value.code is DocaErrorCode.NOT_PERMITTED
+    assert f"permissions 0640 for secret file {key}" in exc.value.message
+    assert "uid " in exc.value.message
+    key.chmod(0o600)
+    if os.geteuid() == 0:
+        os.chown(key, 65534, 65534)
+        with pytest.raises(DocaError) as exc:
+            CommChannel.connect("tcp:127.0.0.1:1", timeout=0.1, secret_file=key)
+        assert exc.value.code is DocaErrorCode.NOT_PERMITTED
+        assert "owned by uid 65534" in exc.value.message
+        os.chown(key, 0, 0)
+    key.write_text("not hex")
+    assert error_code(lambda: CommChannelServer("tcp:127.0.0.1:0", secret_file=key)) is (
+        DocaErrorCode.INVALID_VALUE
+    )
+    missing = tmp_path / "missing"
+    assert error_code(lambda: CommChannelServer("tcp:127.0.0.1:0", secret_file=missing)) is (
+        DocaErrorCode.NOT_FOUND
+    )
+    assert error_code(lambda: CommChannelServer("tcp:127.0.0.1:0", secret=b"short")) is (
+        DocaErrorCode.INVALID_VALUE
+    )
+
+
+def test_the_environment_secret(monkeypatch: pytest.MonkeyPatch, own_secret: Path) -> None:
+    monkeypatch.setenv(SECRET_ENV, os.urandom(16).hex())
+    with CommChannelServer("tcp:127.0.0.1:0") as server:
+        client, accepted = pair(server)
+        client.close()
+        accepted.close()
+    assert not own_secret.exists()  # the environment's secret was used, no key file made
+    monkeypatch.setenv(SECRET_ENV, "zz")
+    assert error_code(lambda: CommChannelServer("tcp:127.0.0.1:0")) is DocaErrorCode.INVALID_VALUE

@@ -7,6 +7,7 @@ import sys
 import textwrap
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -150,7 +151,8 @@ def test_descriptor_names_the_range_and_the_pages(dev: Dev, shared: SharedMemory
     desc = DpuDescriptor.from_bytes(raw)
     st = os.fstat(shared.fd)
     assert (desc.addr, desc.length, desc.offset) == (shared.addr + 4096, 2048, 4096)
-    assert (desc.pid, desc.fd, desc.st_dev, desc.st_ino) == (os.getpid(), shared.fd, st.st_dev, st.st_ino)
+    assert (desc.st_dev, desc.st_ino) == (st.st_dev, st.st_ino)
+    assert not {"pid", "fd"} & set(json.loads(raw))  # nothing for an importer to open by path
     assert desc.access == PCI_RW
     assert desc.device == dev.name
     assert json.loads(raw)["format"] == DPU_DESCRIPTOR_FORMAT
@@ -162,7 +164,7 @@ def test_descriptor_names_the_range_and_the_pages(dev: Dev, shared: SharedMemory
 def _good() -> dict[str, object]:
     return {
         "format": DPU_DESCRIPTOR_FORMAT, "addr": 4096, "length": 10, "access": ["PCI_READ_ONLY"],
-        "device": "d", "pid": 1, "fd": 3, "st_dev": 1, "st_ino": 2, "offset": 0, "boot_id": "b",
+        "device": "d", "st_dev": 1, "st_ino": 2, "offset": 0, "boot_id": "b",
     }  # fmt: skip
 
 
@@ -177,8 +179,8 @@ def _good() -> dict[str, object]:
         ("access", ["PCI_READ_ONLY", "PCI_READ_WRITE"]),
         ("access", ["NOPE"]),
         ("access", "PCI_READ_ONLY"),
-        ("pid", 0),
-        ("fd", True),
+        ("pid", 1),  # the first format's /proc/PID/fd/N fields are unknown now
+        ("fd", 3),
         ("offset", -5),
         ("device", ""),
         ("boot_id", 7),
@@ -192,7 +194,7 @@ def test_malformed_descriptors_are_the_peers_fault(field: str, value: object) ->
         DpuDescriptor.from_bytes(json.dumps(obj).encode())
     assert exc.value.code is DocaErrorCode.INVALID_VALUE
     assert exc.value.fault is Fault.PEER
-    assert field in str(exc.value) or field == "format"
+    assert field in str(exc.value) or field in ("format", "pid", "fd")
 
 
 def test_missing_field_and_garbage() -> None:
@@ -213,7 +215,7 @@ def test_import_reaches_the_exporters_pages_through_dma(dev: Dev, dpu_dev: Dev, 
     """create_from_export: the host's range at the host's addresses; jobs on the DPU's device reach it."""
     shared.buf[:11] = b"from host!!"
     host = _exported(dev, shared.buf, PCI_RW)
-    remote = Mmap.create_from_export(host.export_dpu(dev), dpu_dev)
+    remote = Mmap.create_from_export(host.export_dpu(dev), dpu_dev, fd=shared.fd)
     assert remote.from_export
     assert (remote.addr, remote.length) == (host.addr, host.length)
     assert error_code(lambda: remote.view(remote.addr, 1)) is DocaErrorCode.NOT_PERMITTED  # no CPU access
@@ -231,7 +233,7 @@ def test_import_reaches_the_exporters_pages_through_dma(dev: Dev, dpu_dev: Dev, 
 
 def test_read_only_export_refuses_dma_writes(dev: Dev, dpu_dev: Dev, shared: SharedMemory) -> None:
     host = _exported(dev, shared.buf, PCI_RO)
-    remote = Mmap.create_from_export(host.export_dpu(dev), dpu_dev)
+    remote = Mmap.create_from_export(host.export_dpu(dev), dpu_dev, fd=shared.fd)
     local_mem = bytearray(b"scribble")
     local = _exported(dpu_dev, memoryview(local_mem), AccessFlag.LOCAL_READ_WRITE)
     error = dma_copy(dpu_dev, local, (local.addr, 8), remote, remote.addr)
@@ -246,11 +248,11 @@ def test_imported_mmap_is_not_configurable_or_reexportable(
     dev: Dev, dpu_dev: Dev, shared: SharedMemory
 ) -> None:
     host = _exported(dev, shared.buf, PCI_RO)
-    remote = Mmap.create_from_export(host.export_dpu(dev), dpu_dev)
+    remote = Mmap.create_from_export(host.export_dpu(dev), dpu_dev, fd=shared.fd)
     assert error_code(lambda: remote.export_dpu(dpu_dev)) is DocaErrorCode.NOT_PERMITTED
     assert error_code(lambda: remote.set_permissions(PCI_RW)) is DocaErrorCode.NOT_PERMITTED
     assert error_code(remote.stop) is DocaErrorCode.NOT_PERMITTED
-    assert "exported by pid" in repr(remote)
+    assert "exported by" in repr(remote)
     inventory = BufInventory(1)
     inventory.start()
     buf = inventory.get_by_args(remote, remote.addr, 16, remote.addr, 16)
@@ -272,17 +274,23 @@ def test_import_refuses_stale_foreign_or_unreachable_exports(
     host = _exported(dev, shared.buf, PCI_RO)
     raw = host.export_dpu(dev)
     other_machine = _tampered(raw, boot_id="another-machine")
-    assert error_code(lambda: Mmap.create_from_export(other_machine, dpu_dev)) is DocaErrorCode.NOT_SUPPORTED
+    assert error_code(lambda: Mmap.create_from_export(other_machine, dpu_dev, fd=shared.fd)) is (
+        DocaErrorCode.NOT_SUPPORTED
+    )
     with SharedMemory(4096) as unrelated:
-        stale = _tampered(raw, fd=unrelated.fd)  # a descriptor number now naming other memory
-        with pytest.raises(DocaError) as exc:
-            Mmap.create_from_export(stale, dpu_dev)
+        with pytest.raises(DocaError) as exc:  # a descriptor of other memory
+            Mmap.create_from_export(raw, dpu_dev, fd=unrelated.fd)
         assert exc.value.code is DocaErrorCode.INVALID_VALUE
         assert exc.value.fault is Fault.PEER
     beyond = _tampered(raw, offset=8192)
-    assert error_code(lambda: Mmap.create_from_export(beyond, dpu_dev)) is DocaErrorCode.INVALID_VALUE
-    gone = _tampered(raw, pid=_dead_pid())
-    assert error_code(lambda: Mmap.create_from_export(gone, dpu_dev)) is DocaErrorCode.NOT_FOUND
+    assert error_code(lambda: Mmap.create_from_export(beyond, dpu_dev, fd=shared.fd)) is (
+        DocaErrorCode.INVALID_VALUE
+    )
+    # Without the memory's descriptor (a TCP channel cannot carry one) nothing is opened.
+    with pytest.raises(DocaError) as exc:
+        Mmap.create_from_export(raw, dpu_dev)
+    assert exc.value.code is DocaErrorCode.INVALID_VALUE
+    assert "Unix-socket comm channel" in exc.value.message
     with open(os.devnull, "rb") as wrong:
         assert (
             error_code(lambda: Mmap.create_from_export(raw, dpu_dev, fd=wrong.fileno()))
@@ -292,10 +300,25 @@ def test_import_refuses_stale_foreign_or_unreachable_exports(
     host.destroy()
 
 
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
+def test_write_access_is_what_the_descriptor_carries(dev: Dev, dpu_dev: Dev, tmp_path: Path) -> None:
+    """An export claiming PCI_READ_WRITE with a read-only descriptor is refused; the file is not reopened."""
+    path = tmp_path / "pages"
+    path.write_bytes(bytes(8192))
+    with SharedMemory.from_file(path, writable=True) as writable:
+        host = _exported(dev, writable.buf, PCI_RW)
+        raw = host.export_dpu(dev)
+        read_only = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(DocaError) as exc:
+                Mmap.create_from_export(raw, dpu_dev, fd=read_only)
+            assert exc.value.code is DocaErrorCode.NOT_PERMITTED
+            assert exc.value.fault is Fault.PEER
+            remote = Mmap.create_from_export(_tampered(raw, access=["PCI_READ_ONLY"]), dpu_dev, fd=read_only)
+            remote.destroy()
+        finally:
+            os.close(read_only)
+            host.destroy()
+    assert path.read_bytes() == bytes(8192)
 
 
 # -- across two processes ------------------------------------------------------------------------
@@ -305,17 +328,12 @@ _DPU = textwrap.dedent(
     import json, os, sys
     from rdmakit.doca import *
 
-    mode, service = sys.argv[1], sys.argv[2]
+    service = sys.argv[1]
     with Dev.open(local_devinfo("dpu")) as dev, CommChannel.connect(service, timeout=30) as chan:
         data, fds = chan.recv_fds(30)
         msg = json.loads(data)
         raw = msg["descriptor"].encode()
-        if mode == "fd":
-            # The pages come with the message (SCM_RIGHTS): the /proc path is not used, so break it.
-            obj = json.loads(raw); obj["fd"] = 999999; raw = json.dumps(obj).encode()
-            remote = Mmap.create_from_export(raw, dev, fd=fds[0])
-        else:
-            remote = Mmap.create_from_export(raw, dev)
+        remote = Mmap.create_from_export(raw, dev, fd=fds[0])  # the pages came with the message
         for fd in fds:
             os.close(fd)
         mine = bytearray(msg["length"])
@@ -339,23 +357,21 @@ _DPU = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("mode", ["proc", "fd"])
-def test_a_dpu_process_copies_host_memory_both_ways(dev: Dev, mode: str) -> None:
+def test_a_dpu_process_copies_host_memory_both_ways(dev: Dev) -> None:
     """Another process imports the export and DMAs from and into the host's memory, no socket in between.
 
-    `proc`: it opens the exporter's /proc/PID/fd/N; `fd`: the memory's descriptor came over the
-    comm channel with the export message (SCM_RIGHTS), and the descriptor's fd field is broken.
+    The memory's descriptor came over the comm channel with the export message (SCM_RIGHTS).
     """
     service = f"test-export-{uuid.uuid4().hex[:12]}"
     payload = os.urandom(1 << 20)
     with CommChannelServer(service) as server, SharedMemory(len(payload)) as memory:
         memory.buf[:] = payload
         host = _exported(dev, memory.buf, PCI_RW)
-        child = subprocess.Popen([sys.executable, "-c", _DPU, mode, service])
+        child = subprocess.Popen([sys.executable, "-c", _DPU, service])
         try:
             with server.accept(30) as chan:
                 msg = {"descriptor": host.export_dpu(dev).decode(), "addr": host.addr, "length": host.length}
-                chan.send(json.dumps(msg).encode(), fds=(memory.fd,) if mode == "fd" else ())
+                chan.send(json.dumps(msg).encode(), fds=(memory.fd,))
                 reply = json.loads(chan.recv(60))
             assert child.wait(30) == 0
         finally:
