@@ -432,7 +432,7 @@ def import_region(data: bytes, *, fd: int | None) -> SharedRegion:
                 Fault.PEER,
             )
         mode = fcntl.fcntl(own, fcntl.F_GETFL)
-        if mode & getattr(os, "O_PATH", 0) or (mode & os.O_ACCMODE) == os.O_WRONLY:
+        if mode & os.O_PATH or (mode & os.O_ACCMODE) == os.O_WRONLY:
             raise DocaError(
                 DocaErrorCode.NOT_PERMITTED,
                 "the memory's file descriptor is not open for reading",
