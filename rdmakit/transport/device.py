@@ -28,9 +28,9 @@ from rdmakit.wire import (
     crc32,
     decode,
     encode_headers,
+    max_frame_body,
     unpack_icrc,
 )
-from rdmakit.wire.framing import max_frame_body
 from rdmakit.wire.ident import solve_ipv4_ident
 
 from . import fastpath

@@ -65,8 +65,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from rdmakit.wire import BTH_LEN, FRAME_HEADER, Packet, encode_headers, pad_bytes
-from rdmakit.wire.framing import max_frame_body
+from rdmakit.wire import BTH_LEN, FRAME_HEADER, Packet, encode_headers, max_frame_body, pad_bytes
 
 PREFACE_MAGIC = b"RDMAKIT\x02"
 #: Bytes of a connection secret (128 bits, as RFC 4086 §8 asks of a key).

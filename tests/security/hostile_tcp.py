@@ -31,7 +31,8 @@ def preface(claim_ip: str, claim_port: int, qpn: int, secret: bytes) -> bytes:
 
 
 def write_frame(qpn: int, psn: int, va: int, rkey: int, payload: bytes) -> bytes:
-    body = encode(Packet(Opcode.RDMA_WRITE_ONLY, qpn, psn, ackreq=True, reth=RETH(va, rkey, len(payload)), payload=payload))
+    reth = RETH(va, rkey, len(payload))
+    body = encode(Packet(Opcode.RDMA_WRITE_ONLY, qpn, psn, ackreq=True, reth=reth, payload=payload))
     return FRAME_HEADER.pack(len(body)) + body
 
 
@@ -89,9 +90,14 @@ class Pair:
             self.drv.progress()
 
     def _complete(self, cq: CompletionQueue, timeout: float = 20.0) -> WcStatus:
-        got = []
-        assert self.drv.run_until(lambda: bool(got.extend(cq.poll(1))) or bool(got), timeout), "no completion"
-        return got[0].status
+        got: list[WcStatus] = []
+
+        def done() -> bool:
+            got.extend(wc.status for wc in cq.poll(1))
+            return bool(got)
+
+        assert self.drv.run_until(done, timeout), "no completion"
+        return got[0]
 
     def _post(self, qp: QueuePair, op: WrOpcode, length: int, remote: int = 0) -> None:
         qp.post_send(

@@ -10,15 +10,15 @@ import resource
 import socket
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import pytest
 
-from rdmakit.engine import SGE, CompletionQueue, SendWR, WcStatus, WrOpcode
+from rdmakit.engine import SGE, Access, CompletionQueue, SendWR, WcStatus, WrOpcode
 from rdmakit.transport import tcp
 from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
 from rdmakit.transport.driver import Driver
-from rdmakit.wire import FRAME_HEADER, MAX_FRAME
-from rdmakit.wire.framing import max_frame_body
+from rdmakit.wire import FRAME_HEADER, MAX_FRAME, max_frame_body
 
 from .hostile_tcp import (
     A_PSN,
@@ -91,8 +91,9 @@ def test_huge_frame_headers_allocate_nothing(pair: Pair) -> None:
         s = dial(a.ip, (b.ip, b.port))
         try:
             s.setblocking(True)
-            s.sendall(preface(a.ip, a.port, pair.qb.qpn, pair.b_secret) + FRAME_HEADER.pack(claimed) + b"\0" * 64)
-            assert _wait(lambda: is_closed(s), pair.pump), "the listener kept the stream"
+            s.sendall(preface(a.ip, a.port, pair.qb.qpn, pair.b_secret))
+            s.sendall(FRAME_HEADER.pack(claimed) + b"\0" * 64)
+            assert _wait(partial(is_closed, s), pair.pump), "the listener kept the stream"
         finally:
             s.close()
         assert b.tcp.buffered() <= tcp.READ_BUFFER
@@ -163,7 +164,7 @@ def test_a_peer_that_never_reads_leaves_the_send_queue_bounded(new_ip: Callable[
         peer = fake_endpoint(*sink.getsockname())
         connect_qp(a, qp, A_PSN, peer)
         src = bytearray(MEM)
-        mr = a.pd.register(src, 0x10_0000, 0)
+        mr = a.pd.register(src, 0x10_0000, Access.NONE)
         for i in range(64):
             qp.post_send(
                 SendWR(

@@ -36,9 +36,9 @@ class _Pair:
     def __init__(self, new_ip: Callable[[], str], mtu: int, place: bool = True) -> None:
         self.a = SoftDevice(new_ip(), transport="tcp", port=0)
         self.b = SoftDevice(new_ip(), transport="tcp", port=0, bulk=place)
-        for dev in (self.a, self.b):
+        for dev in (self.a, self.b):  # accepted streams inherit the listener's buffer size
             assert dev.tcp is not None
-            dev.tcp.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, tcp._BUF)  # accepted ones inherit it
+            dev.tcp.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, tcp._BUF)
         self.drv = Driver()
         self.drv.add(self.a)
         self.drv.add(self.b)

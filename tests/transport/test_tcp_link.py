@@ -17,7 +17,7 @@ def _poll_frames(link: TcpLink, timeout: float = 5.0, want: int = 1) -> list[tup
     end = time.monotonic() + timeout
     while time.monotonic() < end and len(out) < want:
         for frames, ip, dead in link.poll(time.monotonic()):
-            out += [(bytes(f), ip, dead) for f in frames]
+            out += [(bytes(f), ip, dead) for f in frames if isinstance(f, memoryview)]
             if dead is not None:
                 out.append((b"", ip, dead))
         time.sleep(0.001)
