@@ -471,7 +471,11 @@ class TcpLink:
             if len(self._pending) >= MAX_PENDING:
                 self.counters.tcp_pending_dropped += 1
                 self._drop(next(iter(self._pending.values())))
-            s = _Stream(sock, None, now, _ip16(addr[0]))
+            try:
+                remote16 = _ip16(addr[0].partition("%")[0])  # (no IPv6 zone: it is not in a preface)
+            except OSError:
+                remote16 = b""  # matches no preface
+            s = _Stream(sock, None, now, remote16)
             fd = sock.fileno()
             self._by_fd[fd] = s
             self._pending[fd] = s

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
+from rdmakit.transport import tcp
 from rdmakit.transport.tcp import PREFACE_LEN, PREFACE_MAGIC, SECRET_LEN, Route, TcpLink
 from rdmakit.wire import RETH, Opcode, Packet, decode
 
@@ -116,6 +117,27 @@ def test_a_revoked_grant_closes_its_stream_and_opens_nothing(new_ip: Callable[[]
         a.send_packets([Packet(Opcode.SEND_ONLY, QPN, 2, payload=b"2")], route)
         assert _poll_frames(b, timeout=1) == []
         assert b.counters.tcp_bad_secret == 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_authenticated_streams_are_limited(
+    new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tcp, "MAX_STREAMS", 1)
+    a, b = TcpLink(new_ip(), 0), TcpLink(new_ip(), 0)
+    try:
+        first, second = _route_to(b, QPN), _route_to(b, QPN + 1)
+        a.send_packets([Packet(Opcode.SEND_ONLY, QPN, 1, payload=b"1")], first)
+        assert len(_poll_frames(b)) == 1
+        a.send_packets([Packet(Opcode.SEND_ONLY, QPN + 1, 1, payload=b"2")], second)
+        assert _poll_frames(b, timeout=1) == []
+        assert b.counters.tcp_streams_refused == 1
+        assert b.streams == 1
+        a.send_packets([Packet(Opcode.SEND_ONLY, QPN, 2, payload=b"3")], first)
+        got = [bytes(decode(f).payload) for f, _, _ in _poll_frames(b)]
+        assert got == [b"3"]  # the first stream still works
     finally:
         a.close()
         b.close()
