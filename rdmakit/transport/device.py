@@ -878,10 +878,14 @@ def connect_qp(
 
 def _tcp_route(peer: Endpoint) -> Route:
     try:
+        ip = str(ipaddress.ip_address(peer.ip))
+    except ValueError:
+        raise EngineError("INVALID_VALUE", f"a tcp peer's ip {peer.ip[:64]!r} is not an IP address") from None
+    try:
         secret = bytes.fromhex(peer.secret)
     except ValueError:
         secret = b""
     if len(secret) != SECRET_LEN:
         want = f"its {SECRET_LEN}-byte secret, as {2 * SECRET_LEN} hex digits"
         raise EngineError("INVALID_VALUE", f"a tcp peer's endpoint must carry {want}")
-    return Route(peer.ip, peer.port, peer.qpn, secret)
+    return Route(ip, peer.port, peer.qpn, secret)

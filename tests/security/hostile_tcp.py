@@ -8,11 +8,10 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Literal
 
 from rdmakit.engine import SGE, Access, CompletionQueue, QueuePair, RecvWR, SendWR, WcStatus, WrOpcode
 from rdmakit.transport import tcp
-from rdmakit.transport.device import Endpoint, SoftDevice, connect_qp, local_endpoint
+from rdmakit.transport.device import Endpoint, SoftDevice, connect_qp, gid_of, local_endpoint
 from rdmakit.transport.driver import Driver
 from rdmakit.wire import FRAME_HEADER, RETH, Opcode, Packet, encode
 
@@ -135,12 +134,10 @@ class Pair:
         self.drv.close()
 
 
-def fake_endpoint(ip: str, port: int, transport: Literal["tcp"] = "tcp") -> Endpoint:
+def fake_endpoint(ip: str, port: int) -> Endpoint:
     """The endpoint of a ``tcp:`` peer that is only a listening socket."""
-    from rdmakit.transport.device import gid_of
-
     return Endpoint(
-        transport=transport, gid=gid_of(ip), ip=ip, port=port, qpn=0x123, psn=B_PSN, mtu=1 << 20,
+        transport="tcp", gid=gid_of(ip), ip=ip, port=port, qpn=0x123, psn=B_PSN, mtu=1 << 20,
         secret=os.urandom(tcp.SECRET_LEN).hex(),
     )  # fmt: skip
 
