@@ -14,6 +14,7 @@ ALLOWED = {
     "transport": {"wire", "engine"},
     "verbs": {"wire", "engine"},
     "doca": {"wire", "engine", "transport", "verbs"},
+    "testing": {"wire", "engine", "transport", "verbs", "doca"},
     "cli": {"wire", "engine", "transport", "verbs", "doca"},
 }
 #: Third-party modules that only some layers may use.

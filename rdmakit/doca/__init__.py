@@ -4,14 +4,13 @@ The modules below hold the implementation; import from here.
 """
 
 from rdmakit.doca.backend import (
-    LOCAL_CAPS,
     BackendCaps,
     BackendDevice,
     BackendQP,
     DeviceCaps,
     JobType,
-    LocalBackendDevice,
     MemoryRegistration,
+    Pump,
 )
 from rdmakit.doca.buf import (
     DEFAULT_MAX_LIST_LEN,
@@ -76,12 +75,14 @@ from rdmakit.doca.inventory import (
     BufInventory,
     BufPool,
 )
+from rdmakit.doca.local import LOCAL_CAPS, LocalBackendDevice
 from rdmakit.doca.mmap import (
     DESCRIPTOR_FORMAT,
     AccessFlag,
     Mmap,
     MmapDescriptor,
 )
+from rdmakit.doca.pe import PeContext, ProgressEngine, thread_engine
 from rdmakit.doca.rdma import (
     RDMA_PERMISSIONS,
     Rdma,
@@ -164,6 +165,9 @@ __all__ = [
     "MemoryRegistration",
     "Mmap",
     "MmapDescriptor",
+    "PeContext",
+    "ProgressEngine",
+    "Pump",
     "Rdma",
     "RdmaAtomicCmpSwpJob",
     "RdmaAtomicFetchAddJob",
@@ -203,6 +207,7 @@ __all__ = [
     "register_provider",
     "register_resolver",
     "soft_devinfo",
+    "thread_engine",
     "write_descriptor",
 ]
 

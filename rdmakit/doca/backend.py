@@ -1,37 +1,43 @@
 """The backend boundary: what the DOCA layer needs from a device.
 
 A backend is a device driver below the DOCA object model: the soft-RoCE driver
-(``rdmakit.transport``), the pyverbs backend (``rdmakit.verbs``) and the
-in-tree `LocalBackendDevice`. The surface is a set of `typing.Protocol` s, so a
-backend satisfies it structurally and never imports ``rdmakit.doca`` (layers
-import downwards only). What crosses the boundary is the engine's verbs value
-types (``rdmakit.engine.types``: `Access`, `SendWR`, `RecvWR`, `Completion`,
-`QpCaps`; ``rdmakit.engine.states.QpState``), whose values are libibverbs'
-own, plus ``memoryview``, ``ipaddress`` and plain JSON-able dicts.
+(``rdmakit.doca.soft`` over ``rdmakit.transport``), the pyverbs backend
+(``rdmakit.doca.verbs_glue`` over ``rdmakit.verbs``) and the in-tree
+`rdmakit.doca.local.LocalBackendDevice`. The surface is a set of
+`typing.Protocol` s, so a backend satisfies it structurally; this module is a
+leaf of ``rdmakit.doca`` (it imports the engine's value types and nothing of
+``rdmakit.doca``), so a backend never depends on the DOCA layer. What crosses
+the boundary is the engine's verbs value types (``rdmakit.engine.types``:
+`Access`, `SGE`, `SendWR`, `RecvWR`, `Completion`, `QpCaps`;
+``rdmakit.engine.states.QpState``), whose values are libibverbs' own, plus
+``memoryview``, ``ipaddress`` and plain JSON-able dicts.
+
+Every capability the DOCA layer uses is a member here: nothing above this
+line asks an object what it can do with ``getattr``. Failures are raised as
+``rdmakit.doca.DocaError`` by the implementations; members that report "no"
+as a value (`BackendDevice.gid_at`, `BackendDevice.local_view`) return None.
+
+`rdmakit.testing.backend.check_backend_pair` is the conformance suite every
+backend runs.
 """
 
-import random
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from enum import StrEnum
 from ipaddress import IPv6Address
 from typing import Protocol, runtime_checkable
 
-from rdmakit.doca.errors import DocaError, DocaErrorCode, error_from_engine
-from rdmakit.engine.errors import EngineError
-from rdmakit.engine.memory import MemoryRegion, ProtectionDomain
 from rdmakit.engine.states import QpState
-from rdmakit.engine.types import SGE, Access, Completion, QpCaps, RecvWR, SendWR
+from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, SendWR
 
 __all__ = [
-    "LOCAL_CAPS",
     "BackendCaps",
     "BackendDevice",
     "BackendQP",
     "DeviceCaps",
     "JobType",
-    "LocalBackendDevice",
     "MemoryRegistration",
+    "Pump",
 ]
 
 
@@ -101,16 +107,32 @@ class MemoryRegistration(Protocol):
     def rkey(self) -> int: ...
 
 
+class Pump(Protocol):
+    """What does a device's I/O and timers: the soft driver, a verbs completion channel.
+
+    A `rdmakit.doca.ProgressEngine` holds the pumps of the devices opened
+    under it and runs each once per ``progress``; their descriptors are in its
+    notification handle.
+    """
+
+    def progress(self) -> bool:
+        """Do pending I/O and timers without blocking; True if anything happened."""
+
+    def fileno(self) -> int | None:
+        """A descriptor readable whenever `progress` has work; None: polling only."""
+
+
 @runtime_checkable
 class BackendQP(Protocol):
-    """An RC queue pair with its own completion queue.
+    """An RC queue pair with its own completion queue (``ibv_qp`` + ``ibv_cq``).
 
-    Lifecycle: created in RESET; `connect` moves it to RTS (RESET -> INIT ->
-    RTR -> RTS) with the peer's `export` output. Work requests are posted
-    without blocking; `progress` does the backend's I/O (and, for the soft
-    engine, its timers) without blocking; completions are collected with
-    `poll`. In event-driven mode the caller waits for `fileno` to be
-    readable, then calls `progress` and `poll`.
+    Lifecycle (IBTA Vol. 1 §10.3.1): created in RESET; `init` moves it to INIT
+    with the responder's access flags, so receives can be posted before the
+    peer is known; `connect` moves it to RTS (INIT -> RTR -> RTS) with the
+    peer's `export` output; `to_error` moves it to ERR, flushing what is
+    outstanding; `reset` takes it back to RESET from anywhere. Work requests
+    are posted without blocking; the device's `Pump` does the I/O;
+    completions are collected with `poll`.
     """
 
     @property
@@ -120,6 +142,12 @@ class BackendQP(Protocol):
 
     def export(self) -> dict[str, object]:
         """Connection info a peer needs (QPN, PSN, GID, MTU, ...), JSON-serialisable."""
+
+    def init(self, access: Access) -> None:
+        """RESET -> INIT, granting the peer `access` (REMOTE_* bits; IBTA §10.6.3.1).
+
+        A no-op in any other state.
+        """
 
     def connect(self, remote: Mapping[str, object]) -> None:
         """Bring the QP to RTS towards the peer described by its `export` output."""
@@ -133,11 +161,15 @@ class BackendQP(Protocol):
     def poll(self, max_entries: int) -> Sequence[Completion]:
         """Up to `max_entries` completions, oldest first; never blocks (``ibv_poll_cq``)."""
 
-    def progress(self) -> bool:
-        """Do pending I/O and timers without blocking; True if anything happened."""
+    def to_error(self) -> None:
+        """Move to ERR (``ibv_modify_qp`` IBV_QPS_ERR); a no-op in RESET or ERR.
 
-    def fileno(self) -> int:
-        """A descriptor that is readable whenever `progress` has work to do."""
+        Every outstanding work request then completes with WR_FLUSH_ERR
+        (IBTA §10.3.1, §11.6.2), as do those posted later.
+        """
+
+    def reset(self) -> None:
+        """Back to RESET with a fresh PSN; outstanding work is dropped without completions."""
 
     def close(self) -> None:
         """Destroy the QP; idempotent. Outstanding work requests are dropped."""
@@ -145,17 +177,28 @@ class BackendQP(Protocol):
 
 @runtime_checkable
 class BackendDevice(Protocol):
-    """An open device: identity, memory registration and QP creation."""
+    """An open device: identity, GIDs, memory registration, QP creation and its pump."""
 
     @property
     def name(self) -> str: ...
     @property
     def kind(self) -> str:
-        """``"local"``, ``"soft"``, ``"verbs"``, ..."""
+        """``"local"``, ``"soft-udp"``, ``"soft-tcp"``, ``"verbs"``."""
 
     @property
     def gids(self) -> Sequence[IPv6Address]:
-        """Port GIDs (RoCEv2: IPv4-mapped or IPv6 addresses), index order."""
+        """The port's populated GIDs (RoCEv2: IPv4-mapped or IPv6 addresses), index order."""
+
+    @property
+    def gid_index(self) -> int:
+        """The GID table index QPs use unless told otherwise."""
+
+    @property
+    def gid(self) -> IPv6Address:
+        """The GID at `gid_index`: a RoCE v2 GID of the device's own address, never link-local."""
+
+    def gid_at(self, index: int) -> IPv6Address | None:
+        """The RoCE v2 GID at GID table index `index` (``ibv_query_gid``), None if there is none."""
 
     @property
     def mtu(self) -> int:
@@ -163,6 +206,10 @@ class BackendDevice(Protocol):
 
     @property
     def caps(self) -> BackendCaps: ...
+
+    @property
+    def pump(self) -> Pump:
+        """What runs this device's I/O; the same object for the device's lifetime."""
 
     def register_memory(self, buffer: memoryview, addr: int, access: Access) -> MemoryRegistration:
         """Register `buffer` (1-D bytes) at virtual address `addr` (``ibv_reg_mr``).
@@ -174,119 +221,15 @@ class BackendDevice(Protocol):
     def deregister(self, registration: MemoryRegistration) -> None:
         """Invalidate the keys of `registration` (``ibv_dereg_mr``); idempotent."""
 
-    def create_qp(self, caps: QpCaps) -> BackendQP:
-        """Create an RC QP in RESET."""
+    def local_view(self, lkey: int, addr: int, length: int, *, write: bool) -> memoryview | None:
+        """The registered bytes ``[addr, addr+length)`` under `lkey`, as the device reaches them.
+
+        None on a local protection error (IBTA §10.6.3.2): an unknown key, a
+        range outside the region, or `write` without LOCAL_WRITE.
+        """
+
+    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> BackendQP:
+        """Create an RC QP in RESET whose address vector uses `gid_index` (None: `gid_index`)."""
 
     def close(self) -> None:
         """Release the device; idempotent. Registrations and QPs become invalid."""
-
-
-# ---------------------------------------------------------------------------
-# LocalBackendDevice: a protection domain and nothing else.
-
-LOCAL_CAPS = DeviceCaps(job_types=frozenset({JobType.DMA_MEMCPY}))
-
-
-class LocalBackendDevice:
-    """A real backend for one process: memory registration, no networking.
-
-    Registration is the engine's `ProtectionDomain`, so keys come from the
-    injected `rng`: unpredictable to other parties, replayable from a seed in
-    tests. `resolve` does the key, range and permission checks a device does
-    before touching registered memory; the DMA context and loopback tests use
-    it. `create_qp` is NOT_SUPPORTED.
-    """
-
-    def __init__(
-        self,
-        name: str = "local0",
-        *,
-        rng: random.Random,
-        gids: Sequence[IPv6Address] = (IPv6Address("::ffff:127.0.0.1"),),
-        mtu: int = 4096,
-        caps: BackendCaps = LOCAL_CAPS,
-    ) -> None:
-        self._name = name
-        self._pd = ProtectionDomain(rng)
-        self._gids = tuple(gids)
-        self._mtu = mtu
-        self._caps = caps
-        self._closed = False
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def kind(self) -> str:
-        return "local"
-
-    @property
-    def gids(self) -> Sequence[IPv6Address]:
-        return self._gids
-
-    @property
-    def mtu(self) -> int:
-        return self._mtu
-
-    @property
-    def caps(self) -> BackendCaps:
-        return self._caps
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def num_registrations(self) -> int:
-        return len(self._pd)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise DocaError(DocaErrorCode.BAD_STATE, f"device {self._name} is closed")
-
-    def register_memory(self, buffer: memoryview, addr: int, access: Access) -> MemoryRegion:
-        self._check_open()
-        try:
-            return self._pd.register(buffer, addr, access)
-        except EngineError as exc:
-            raise error_from_engine(exc) from exc
-
-    def deregister(self, registration: MemoryRegistration) -> None:
-        for mr in self._pd:
-            if mr is registration:
-                self._pd.deregister(mr)
-
-    def resolve(self, key: int, addr: int, length: int, *, remote: bool, write: bool) -> memoryview:
-        """The registered bytes ``[addr, addr+length)`` under `key`, after the checks.
-
-        `remote` selects the rkey and remote rights (IBTA §10.6.3.3, an R_Key
-        violation), else the lkey and local rights (§10.6.3.2). Any violation
-        is NOT_PERMITTED, as a device reports a protection error.
-        """
-        self._check_open()
-        if length < 0:
-            raise DocaError(DocaErrorCode.INVALID_VALUE, f"negative length {length}")
-        if remote:
-            right = Access.REMOTE_WRITE if write else Access.REMOTE_READ
-            view = self._pd.remote_slice(key, addr, length, right)
-        else:
-            view = self._pd.local_slice(SGE(addr, length, key), write)
-        if view is None:
-            side = "remote" if remote else "local"
-            raise DocaError(
-                DocaErrorCode.NOT_PERMITTED,
-                f"{side} protection error: key {key:#x}, {addr:#x}+{length}, write={write}",
-            )
-        return view
-
-    def create_qp(self, caps: QpCaps) -> BackendQP:
-        raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{self._name} is a local device without networking")
-
-    def close(self) -> None:
-        for mr in self._pd:
-            self._pd.deregister(mr)
-        self._closed = True
-
-    def __repr__(self) -> str:
-        return f"<LocalBackendDevice {self._name} registrations={len(self._pd)}>"

@@ -26,9 +26,16 @@ is a return value rather than an exception. A job that failed is still an
 ``doca_workq_progress_retrieve`` returns IO_FAILED with the event filled in).
 Misuse raises `DocaError`.
 
+A WorkQ progresses through a `ProgressEngine` (``rdmakit.doca.pe``, DOCA's
+``doca_pe``): attaching a context to a WorkQ connects it to the WorkQ's
+engine, and ``progress_retrieve`` runs that engine, which pumps the devices
+opened under it and advances every context connected to it, those of other
+WorkQs on the same engine included (their events go to their own WorkQs).
+Without an explicit engine a WorkQ uses its thread's (`thread_engine`).
+
 Event-driven mode: ``WorkQ(depth, event_driven=True)`` has an event handle,
 `WorkQ.fileno`, a real file descriptor (an epoll instance holding an
-eventfd and the contexts' own descriptors), so it works with ``select``,
+eventfd and the engine's notification handle), so it works with ``select``,
 ``selectors``/epoll and ``trio.lowlevel.wait_readable``. The loop is the one
 in ``doca_workq_event_handle_arm``: drain with ``progress_retrieve`` until
 None, ``arm()``, wait for the handle, ``clear()``, repeat.
@@ -53,6 +60,7 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
+from rdmakit.doca.pe import ProgressEngine, thread_engine
 
 __all__ = ["Ctx", "CtxState", "Event", "Job", "StateChangedCallback", "WorkQ"]
 
@@ -127,9 +135,11 @@ class _Sink(Protocol):
 class WorkQ:
     """A DOCA work queue (``doca_workq``): submission, progress and completion retrieval."""
 
-    def __init__(self, depth: int, *, event_driven: bool = False) -> None:
+    def __init__(self, depth: int, *, event_driven: bool = False, pe: ProgressEngine | None = None) -> None:
+        """A WorkQ of `depth` jobs progressed by `pe` (None: the calling thread's engine)."""
         if depth <= 0:
             raise DocaError(DocaErrorCode.INVALID_VALUE, f"depth must be positive, got {depth}")
+        self._pe = pe if pe is not None else thread_engine()
         self._depth = depth
         self._inflight = 0
         self._ctxs: list[Ctx[Any]] = []
@@ -153,6 +163,11 @@ class WorkQ:
         return self._inflight
 
     @property
+    def pe(self) -> ProgressEngine:
+        """The progress engine this WorkQ's contexts are connected to."""
+        return self._pe
+
+    @property
     def event_driven(self) -> bool:
         return self._epoll is not None
 
@@ -174,6 +189,7 @@ class WorkQ:
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll = select.epoll()
         self._epoll.register(self._efd, select.EPOLLIN)
+        self._epoll.register(self._pe.fileno(), select.EPOLLIN)
 
     def _close_handle(self) -> None:
         if self._epoll is not None:
@@ -222,14 +238,6 @@ class WorkQ:
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self._efd)
 
-    def _watch(self, fd: int) -> None:
-        if self._epoll is not None:
-            self._epoll.register(fd, select.EPOLLIN)
-
-    def _unwatch(self, fd: int) -> None:
-        if self._epoll is not None:
-            self._epoll.unregister(fd)
-
     # -- jobs -------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
@@ -255,12 +263,11 @@ class WorkQ:
             raise
 
     def progress_retrieve(self) -> Event | None:
-        """Progress the contexts and return one completed `Event`, or None (AGAIN)."""
+        """Run the WorkQ's engine (its devices and contexts); one completed `Event`, or None (AGAIN)."""
         self._check_open()
         ready = self._ready
         if not ready:
-            for ctx in self._ctxs:
-                ctx._progress()
+            self._pe.progress()
             if not ready:
                 return None
         self._inflight -= 1
@@ -384,6 +391,8 @@ class Ctx(Generic[J]):
         self._require_idle("add_dev")
         if dev in self._devs:
             raise DocaError(DocaErrorCode.IN_USE, f"{dev.name} was already added")
+        if self._workq is not None:
+            self._check_engine(dev, self._workq.pe)
         self._check_dev(dev)
         dev._adopt(self)
         self._devs.append(dev)
@@ -402,8 +411,11 @@ class Ctx(Generic[J]):
         workq._check_open()
         if self._workq is not None:
             raise DocaError(DocaErrorCode.IN_USE, "context is already attached to a WorkQ")
+        for dev in self._devs:
+            self._check_engine(dev, workq.pe)
+        workq.pe.connect_ctx(self)
         for fd in self._fds:
-            workq._watch(fd)
+            workq.pe.watch(fd)
         workq._ctxs.append(self)
         self._workq = workq
 
@@ -420,19 +432,30 @@ class Ctx(Generic[J]):
         workq, self._workq = self._workq, None
         if workq is not None:
             for fd in self._fds:
-                workq._unwatch(fd)
+                workq.pe.unwatch(fd)
+            workq.pe.disconnect_ctx(self)
             workq._ctxs.remove(self)
 
     def _watch_fd(self, fd: int) -> None:
         """For subclasses: `fd` becomes readable when `_progress` has work (event-driven mode)."""
         self._fds.append(fd)
         if self._workq is not None:
-            self._workq._watch(fd)
+            self._workq.pe.watch(fd)
 
     def _unwatch_fd(self, fd: int) -> None:
         self._fds.remove(fd)
         if self._workq is not None:
-            self._workq._unwatch(fd)
+            self._workq.pe.unwatch(fd)
+
+    @staticmethod
+    def _check_engine(dev: Dev, pe: ProgressEngine) -> None:
+        # The engine that progresses a context must be the one that pumps its device.
+        if dev.pe is not pe:
+            raise DocaError(
+                DocaErrorCode.INVALID_VALUE,
+                f"{dev.name} is pumped by another progress engine than the WorkQ's "
+                "(open the device and create the WorkQ with the same engine, or in the same thread)",
+            )
 
     # -- jobs ----------------------------------------------------------------------------
 

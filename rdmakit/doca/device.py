@@ -8,6 +8,10 @@ selects a device by `DevInfo`, name, IP address or PCI address.
 A `Dev` is the parent of the memory maps and contexts it is added to: closing
 it first closes those contexts and drops its registrations from those memory
 maps (pyverbs' children-before-parents rule), then closes the backend.
+
+A device is opened under a `ProgressEngine` (the calling thread's unless one
+is given): the engine runs the backend's pump, so the contexts that use the
+device must be progressed by the same engine.
 """
 
 import ipaddress
@@ -17,8 +21,10 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 from typing import Protocol, Self
 
-from rdmakit.doca.backend import BackendCaps, BackendDevice, DeviceCaps, LocalBackendDevice
+from rdmakit.doca.backend import BackendCaps, BackendDevice, DeviceCaps
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
+from rdmakit.doca.local import LocalBackendDevice
+from rdmakit.doca.pe import ProgressEngine, thread_engine
 
 __all__ = [
     "Dev",
@@ -205,19 +211,34 @@ class _DevChild(Protocol):
 class Dev:
     """An open device (``doca_dev``). Use `Dev.open`; close with `close` or ``with``."""
 
-    def __init__(self, info: DevInfo, backend: BackendDevice) -> None:
+    def __init__(self, info: DevInfo, backend: BackendDevice, pe: ProgressEngine | None = None) -> None:
         self._info = info
         self._backend: BackendDevice | None = backend
         self._children: list[_DevChild] = []
+        self._pe = pe if pe is not None else thread_engine()
+        self._pe.add_pump(backend.pump)
 
     @classmethod
-    def open(cls, spec: DevInfo | str) -> Self:
-        """Open the device `spec` (``doca_dev_open``): a `DevInfo`, or a name, IP or PCI address."""
+    def open(cls, spec: DevInfo | str, *, pe: ProgressEngine | None = None) -> Self:
+        """Open the device `spec` (``doca_dev_open``): a `DevInfo`, or a name, IP or PCI address.
+
+        `pe` runs the device's pump; None: the calling thread's engine.
+        """
         if isinstance(spec, DevInfo):
             info = spec
         else:
             info = find_devinfo(spec)
-        return cls(info, info.opener())
+        backend = info.opener()
+        try:
+            return cls(info, backend, pe)
+        except BaseException:
+            backend.close()
+            raise
+
+    @property
+    def pe(self) -> ProgressEngine:
+        """The progress engine that pumps this device."""
+        return self._pe
 
     @property
     def info(self) -> DevInfo:
@@ -262,6 +283,7 @@ class Dev:
             child._on_dev_close(self)
         self._children.clear()
         backend, self._backend = self._backend, None
+        self._pe.remove_pump(backend.pump)
         backend.close()
 
     def __enter__(self) -> Self:

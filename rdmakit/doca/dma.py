@@ -49,7 +49,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple
 
 from rdmakit.doca.backend import JobType
 from rdmakit.doca.buf import Buf
@@ -59,8 +59,6 @@ from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.doca.inventory import BufInventory
 from rdmakit.doca.mmap import Mmap, MmapDescriptor
 from rdmakit.doca.rdma import Rdma, RdmaReadJob, RdmaWriteJob
-from rdmakit.engine.memory import MemoryRegion
-from rdmakit.engine.types import Access
 
 __all__ = ["Dma", "DmaMemcpyJob"]
 
@@ -71,13 +69,6 @@ class DmaMemcpyJob(Job):
 
     src: Buf
     dst: Buf
-
-
-@runtime_checkable
-class _Resolver(Protocol):
-    """A backend that checks keys itself before touching memory (`LocalBackendDevice`)."""
-
-    def resolve(self, key: int, addr: int, length: int, *, remote: bool, write: bool) -> memoryview: ...
 
 
 class _Segment(NamedTuple):
@@ -136,7 +127,7 @@ class _Remote:
 class _Landing:
     """Where the RDMA context delivers the events of the pieces (a `ctx._Sink`).
 
-    Whichever context pumps the connection may deliver here, so each event
+    Whichever context's progress reaps the connection may deliver here, so each event
     also wakes the DMA context (its eventfd), as `WorkQ._deliver` does.
     """
 
@@ -174,14 +165,12 @@ class Dma(Ctx[DmaMemcpyJob]):
         self._efd = -1
         # Fixed while running (devices change only in IDLE); looked up once at start.
         self._limits = (0, 0)  # max_buf_size, max_buf_list_len
-        self._resolver: Callable[..., memoryview] | None = None
         # Over RDMA: the connection, the jobs whose pieces are not all back, the pieces' events.
         self._rdma: Rdma | None = None
         self._remote: deque[_Remote] = deque()
         self._landing = _Landing(self._wake)
         self._pieces_inflight = 0
         self._piece_bufs: BufInventory | None = None
-        self._rdma_fd = -1
         if dev is not None:
             self.add_dev(dev)
 
@@ -255,7 +244,6 @@ class Dma(Ctx[DmaMemcpyJob]):
     def _start(self) -> bool:
         backend = self.dev.backend
         self._limits = (backend.caps.max_buf_size, backend.caps.max_buf_list_len)
-        self._resolver = backend.resolve if isinstance(backend, _Resolver) else None
         rdma = self._rdma
         if rdma is not None:
             if rdma.closed or rdma.dev is not self.dev:
@@ -284,9 +272,6 @@ class Dma(Ctx[DmaMemcpyJob]):
         if self._efd >= 0:
             os.close(self._efd)
             self._efd = -1
-        if self._rdma_fd >= 0:
-            os.close(self._rdma_fd)  # Ctx.close already unwatched it
-            self._rdma_fd = -1
         # Pieces still on the connection return when it completes or flushes them.
         self._landing.closed = True
         while self._landing.events:
@@ -331,13 +316,11 @@ class Dma(Ctx[DmaMemcpyJob]):
                     DocaErrorCode.NOT_SUPPORTED,
                     "source and destination are both memory on other machines: one side must be local",
                 )
-        if self._rdma_fd < 0 and rdma._qp is not None:  # wake this WorkQ on the connection's packets
-            with contextlib.suppress(DocaError):
-                self._rdma_fd = os.dup(rdma._qp.fileno())
-                self._watch_fd(self._rdma_fd)
         return pieces
 
     def _progress(self) -> bool:
+        if self._efd < 0:
+            return False  # never started: nothing to do
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self._efd)
         busy = bool(self._remote) and self._progress_remote()
@@ -447,18 +430,14 @@ class Dma(Ctx[DmaMemcpyJob]):
                 f"{'destination' if write else 'source'} mmap is not registered on {dev.name}",
                 Fault.CALLER,
             ) from exc
-        if self._resolver is not None:
-            return self._resolver(reg.lkey, seg.addr, seg.length, remote=False, write=write)
-        if isinstance(reg, MemoryRegion):  # the soft backend registers in the engine's PD
-            if not reg.contains(seg.addr, seg.length) or (write and not reg.access & Access.LOCAL_WRITE):
-                raise DocaError(
-                    DocaErrorCode.NOT_PERMITTED,
-                    f"local protection error: {seg.addr:#x}+{seg.length}, write={write}",
-                    Fault.CALLER,
-                )
-            offset = seg.addr - reg.addr
-            return reg.view[offset : offset + seg.length]
-        raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{dev.name} cannot copy memory locally yet")
+        view = dev.backend.local_view(reg.lkey, seg.addr, seg.length, write=write)
+        if view is None:
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED,
+                f"local protection error: key {reg.lkey:#x}, {seg.addr:#x}+{seg.length}, write={write}",
+                Fault.CALLER,
+            )
+        return view
 
     def _execute(self, plan: _Plan) -> int:
         # Check and resolve everything first: a failed job copies nothing.
@@ -497,8 +476,8 @@ class Dma(Ctx[DmaMemcpyJob]):
                 self._finish(rec)
             if rec.todo:
                 break  # the send queue is full: later jobs wait their turn
-        if rdma is not None and self._pieces_inflight > posted and not rdma.closed:
-            rdma._progress()  # transmit now, and arm the pump's descriptor for what follows
+        if self._pieces_inflight > posted:
+            self.dev.backend.pump.progress()  # transmit now, and arm the pump's descriptor for what follows
         return busy
 
     def _begin(self, rec: _Remote) -> None:

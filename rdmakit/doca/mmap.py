@@ -451,20 +451,15 @@ class Mmap:
         if not self._permissions & _RDMA_FLAGS:
             raise DocaError(DocaErrorCode.NOT_PERMITTED, "export_rdma: no RDMA_READ/WRITE/ATOMIC permission")
         reg = self.registration(dev)
-        # The GID the device's queue pairs use (a verbs device selects its RoCEv2 one;
-        # gids[0] there is often link-local), else the first.
-        selected = getattr(dev.backend, "gid", None)
-        gids = [selected] if selected is not None else list(dev.backend.gids)
-        if not gids:
-            raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{dev.name} has no GID to export")
+        backend = dev.backend
         desc = MmapDescriptor(
             addr=self._addr,
             length=self._length,
             rkey=reg.rkey,
             access=self._permissions,
             device=dev.name,
-            gid=IPv6Address(gids[0]),
-            mtu=dev.backend.mtu,
+            gid=backend.gid,  # the RoCE v2 GID the device's queue pairs use, never link-local
+            mtu=backend.mtu,
         )
         self._exported = True
         return desc.to_bytes()

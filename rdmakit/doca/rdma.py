@@ -22,29 +22,7 @@ every later job completes with IO_FAILED (flushed) until the recovery flow:
 ``workq_rm``, ``stop``, ``start``, ``export``, ``connect`` again, on both
 sides (the peer's QP is in ERROR too when it refused a request).
 
-Jobs (guide §5, ``struct doca_rdma_job_*``): a source buffer contributes its
-data section, a chain of buffers one gather entry per element; a destination
-buffer is appended to (its data length grows by what landed, element by
-element along a chain). A remote buffer is a `Buf` of an `Mmap` made with
-``Mmap.create_from_export``.
-
-=======================  ====================================================================
-job                      what it does
-=======================  ====================================================================
-`RdmaRecvJob`            receive the peer's next send / send-imm / write-imm into ``dst_buf``
-`RdmaSendJob`            send ``src_buf`` (None: an empty message)
-`RdmaSendImmJob`         the same, with a 32-bit ``immediate``
-`RdmaReadJob`            read ``min(src data length, dst room)`` bytes of remote ``src_buf``
-                         into local ``dst_buf``
-`RdmaWriteJob`           write local ``src_buf`` at the end of remote ``dst_buf``'s data
-`RdmaWriteImmJob`        the same, consuming a receive at the peer that gets ``immediate``
-`RdmaAtomicCmpSwpJob`    if remote u64 at ``dst_buf.data`` == ``cmp``: set it to ``swap``
-`RdmaAtomicFetchAddJob`  add ``add`` to the remote u64 at ``dst_buf.data``
-=======================  ====================================================================
-
-Atomics append the remote word's original value (8 bytes, the CPU's byte
-order, like verbs) to ``result_buf``. A job's `Event` carries an `RdmaResult`:
-the received opcode (receive jobs), the byte count and the immediate.
+The jobs, and how each becomes a work request, are in ``rdmakit.doca.rdma_jobs``.
 
 Permissions (guide §5.1.4, "summary of necessary permissions"), enforced on
 both sides:
@@ -76,32 +54,44 @@ connection is in ERROR. The remote mmap descriptor's claimed permissions are
 not checked at submit: the peer's device is the authority (a tampered
 descriptor cannot grant anything), and the error message quotes the claim.
 
-Event-driven mode: the context watches its backend queue pair's descriptor
-(`Ctx._watch_fd`), so ``WorkQ(event_driven=True)`` wakes on packets and
-engine timers. The soft backend pumps every soft device of the process at
-once; whichever context pumps then also collects the completions of the
-others sharing that pump and hands their events to their work queues, so a
-wait on another WorkQ is never lost. Like DOCA, contexts are not thread-safe,
-and contexts sharing the soft driver must be driven from one thread.
+Progress: the context's queue pair lives on its device, whose pump the
+device's `ProgressEngine` runs (``rdmakit.doca.pe``); the context collects
+its completions when the engine of its WorkQ progresses it. Every context on
+one engine is progressed by any of its WorkQs, so a wait on one WorkQ never
+starves a connection whose other end another WorkQ of the thread serves.
+Like DOCA, contexts are not thread-safe.
 """
 
-import dataclasses
 import itertools
-import os
-import weakref
-from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
 
 from rdmakit.doca.backend import BackendQP, JobType
-from rdmakit.doca.buf import Buf
 from rdmakit.doca.ctx import Ctx, CtxState, Job, _Sink
 from rdmakit.doca.descriptor import ConnectionDescriptor
 from rdmakit.doca.device import Dev, DevInfo
-from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_wc_status
-from rdmakit.doca.mmap import AccessFlag, MmapDescriptor
+from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
+from rdmakit.doca.mmap import AccessFlag
+from rdmakit.doca.rdma_jobs import (
+    JOBS,
+    U32,
+    Planning,
+    Posted,
+    RdmaAtomicCmpSwpJob,
+    RdmaAtomicFetchAddJob,
+    RdmaJob,
+    RdmaOpcode,
+    RdmaReadJob,
+    RdmaRecvJob,
+    RdmaResult,
+    RdmaSendImmJob,
+    RdmaSendJob,
+    RdmaWriteImmJob,
+    RdmaWriteJob,
+    check_uint,
+    wc_error,
+)
 from rdmakit.engine.states import QpState
-from rdmakit.engine.types import SGE, Access, Completion, QpCaps, RecvWR, SendWR, WcOpcode, WcStatus, WrOpcode
+from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, WcOpcode, WcStatus
 
 __all__ = [
     "RDMA_PERMISSIONS",
@@ -138,234 +128,10 @@ class RdmaTransportType(IntEnum):
     DC = 1  # dynamically connected: not supported (as in DOCA without a DC-capable NIC)
 
 
-class RdmaOpcode(IntEnum):
-    """``enum doca_rdma_opcode_t``: what a receive job received."""
-
-    RECV_SEND = 0
-    RECV_SEND_WITH_IMM = 1
-    RECV_WRITE_WITH_IMM = 2
-
-
 #: The permissions an Rdma context may grant (``doca_rdma_set_permissions``).
 RDMA_PERMISSIONS = (
     AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC
 )
-_U32 = (1 << 32) - 1
-_U64 = (1 << 64) - 1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaResult:
-    """The result of an RDMA job (``struct doca_rdma_result``), in ``Event.result``.
-
-    ``opcode`` is set for receive jobs only. ``length`` is the byte count:
-    received (for a write with immediate, the bytes the peer wrote), read,
-    written, sent, or 8 for an atomic. ``immediate`` is the ImmDt u32 exactly
-    as on the wire (``doca_be32_t``: big-endian there), so the value a sender
-    passes arrives unchanged; `immediate_bytes` gives the four wire bytes.
-    """
-
-    opcode: RdmaOpcode | None = None
-    length: int = 0
-    immediate: int | None = None
-
-    @property
-    def immediate_bytes(self) -> bytes | None:
-        return None if self.immediate is None else self.immediate.to_bytes(4, "big")
-
-
-# -- jobs -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaRecvJob(Job):
-    """Receive the peer's next message (``DOCA_RDMA_JOB_RECV``).
-
-    The message is appended to ``dst_buf`` (a chain of at most
-    ``recv_buf_chain_len`` buffers). ``dst_buf`` may be None when the peer
-    sends an empty message or writes with immediate.
-    """
-
-    dst_buf: Buf | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaSendJob(Job):
-    """Send ``src_buf``'s data (``DOCA_RDMA_JOB_SEND``); None sends an empty message."""
-
-    src_buf: Buf | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaSendImmJob(Job):
-    """Send with a 32-bit immediate (``DOCA_RDMA_JOB_SEND_IMM``)."""
-
-    src_buf: Buf | None = None
-    immediate: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaReadJob(Job):
-    """Read remote ``src_buf``'s data into local ``dst_buf`` (``DOCA_RDMA_JOB_READ``).
-
-    The length is ``min(src_buf.data_len, room of dst_buf)``; the bytes are
-    appended to ``dst_buf`` (scattered along its chain).
-    """
-
-    src_buf: Buf
-    dst_buf: Buf
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaWriteJob(Job):
-    """Write local ``src_buf``'s data after remote ``dst_buf``'s data (``DOCA_RDMA_JOB_WRITE``).
-
-    It must fit in ``dst_buf``'s tailroom; on success ``dst_buf`` (this
-    side's descriptor of the remote bytes) grows by the length.
-    """
-
-    src_buf: Buf
-    dst_buf: Buf
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaWriteImmJob(Job):
-    """Write with immediate (``DOCA_RDMA_JOB_WRITE_IMM``): also consumes a receive at the peer."""
-
-    src_buf: Buf
-    dst_buf: Buf
-    immediate: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaAtomicCmpSwpJob(Job):
-    """Compare and swap the remote u64 at ``dst_buf.data`` (``DOCA_RDMA_JOB_ATOMIC_CMP_SWP``).
-
-    The word must be 8-byte aligned; its original value is appended to ``result_buf``.
-    """
-
-    dst_buf: Buf
-    result_buf: Buf
-    cmp: int
-    swap: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaAtomicFetchAddJob(Job):
-    """Add to the remote u64 at ``dst_buf.data`` (``DOCA_RDMA_JOB_ATOMIC_FETCH_ADD``).
-
-    The original value is appended to ``result_buf``.
-    """
-
-    dst_buf: Buf
-    result_buf: Buf
-    add: int
-
-
-RdmaJob = (
-    RdmaRecvJob
-    | RdmaSendJob
-    | RdmaSendImmJob
-    | RdmaReadJob
-    | RdmaWriteJob
-    | RdmaWriteImmJob
-    | RdmaAtomicCmpSwpJob
-    | RdmaAtomicFetchAddJob
-)
-
-_JOB_TYPE: dict[type[Job], JobType] = {
-    RdmaRecvJob: JobType.RDMA_RECV,
-    RdmaSendJob: JobType.RDMA_SEND,
-    RdmaSendImmJob: JobType.RDMA_SEND_IMM,
-    RdmaReadJob: JobType.RDMA_READ,
-    RdmaWriteJob: JobType.RDMA_WRITE,
-    RdmaWriteImmJob: JobType.RDMA_WRITE_IMM,
-    RdmaAtomicCmpSwpJob: JobType.RDMA_ATOMIC_CMP_SWP,
-    RdmaAtomicFetchAddJob: JobType.RDMA_ATOMIC_FETCH_ADD,
-}
-
-# The permission a remote operation needs on the responder's mmap and context (guide §5.1.4).
-_NEEDS: dict[type[Job], AccessFlag] = {
-    RdmaReadJob: AccessFlag.RDMA_READ,
-    RdmaWriteJob: AccessFlag.RDMA_WRITE,
-    RdmaWriteImmJob: AccessFlag.RDMA_WRITE,
-    RdmaAtomicCmpSwpJob: AccessFlag.RDMA_ATOMIC,
-    RdmaAtomicFetchAddJob: AccessFlag.RDMA_ATOMIC,
-}
-
-
-def _flag_names(flags: AccessFlag) -> str:
-    names = [f.name for f in AccessFlag if f and f in flags and f.name]
-    return "|".join(n for n in names if n) or "LOCAL_READ_ONLY"
-
-
-def _check_uint(name: str, value: object, hi: int) -> int:
-    if type(value) is not int or not 0 <= value <= hi:
-        raise DocaError(
-            DocaErrorCode.INVALID_VALUE, f"{name} {value!r} is not an unsigned {hi.bit_length()}-bit integer"
-        )
-    return value
-
-
-@dataclass(slots=True)
-class _Posted:
-    """A work request in flight: its job and what to do with the buffers when it succeeds."""
-
-    job: Job
-    what: str  # names the job in error messages: a format string for ``what_args``
-    what_args: tuple[object, ...] = ()
-    length: int = 0
-    parts: list[tuple[Buf, int]] = dataclasses.field(default_factory=list)  # local appends
-    remote_append: Buf | None = None  # a write's remote destination
-    remote: MmapDescriptor | None = None
-
-
-# -- backend queue-pair helpers ------------------------------------------------------------------
-# BackendQP has no "init with access flags" and no "reset"; the soft QP has both
-# (options + init(), reset()). Other backends get the closest fallback.
-
-
-def _qp_init(qp: BackendQP, access: Access) -> None:
-    """Set the responder access flags (IBTA §10.6.3.1: the QP's remote-access rights), RESET -> INIT."""
-    options: Any = getattr(qp, "options", None)
-    if isinstance(options, type) or not dataclasses.is_dataclass(options) or not hasattr(options, "access"):
-        raise DocaError(
-            DocaErrorCode.NOT_SUPPORTED, f"{type(qp).__name__} does not take QP access flags", Fault.SYSTEM
-        )
-    new = dataclasses.replace(options, access=int(access))  # type: ignore[type-var]
-    # The soft QP's options are an attribute; the verbs glue exposes its QP's read-only.
-    for holder in (qp, getattr(qp, "verbs", None)):
-        try:
-            holder.options = new  # type: ignore[union-attr]
-            break
-        except AttributeError:
-            continue
-    else:
-        raise DocaError(
-            DocaErrorCode.NOT_SUPPORTED, f"cannot set the access flags of {type(qp).__name__}", Fault.SYSTEM
-        )
-    init = getattr(qp, "init", None)
-    if callable(init):
-        init()
-
-
-def _qp_break(qp: BackendQP) -> None:
-    """Move the QP to the Error state (its outstanding work requests flush)."""
-    engine = getattr(qp, "engine_qp", None)
-    if engine is not None and engine.state not in (QpState.RESET, QpState.ERR):
-        engine.modify(QpState.ERR)
-
-
-# Every live Rdma context: a pump shared by several (the soft driver) collects for all of them.
-_live: "weakref.WeakSet[Rdma]" = weakref.WeakSet()
-# Bumped when a context joins, leaves or takes a pump: each context's list of the ones
-# sharing its pump (built at its next progress) is then out of date.
-_live_gen = 0
-
-
-def _live_changed() -> None:
-    global _live_gen
-    _live_gen += 1
 
 
 class Rdma(Ctx[Job]):
@@ -374,21 +140,16 @@ class Rdma(Ctx[Job]):
     def __init__(self) -> None:
         super().__init__()
         self._permissions = AccessFlag.LOCAL_READ_WRITE  # DOCA's default: no remote access
-        self._gid_index = 0
+        self._gid_index: int | None = None  # None: the device's own
         self._send_queue_size = 64
         self._recv_queue_size = 64
         self._recv_buf_chain_len = 1
         self._transport_type = RdmaTransportType.RC
         self._qp: BackendQP | None = None
-        self._qp_caps: QpCaps | None = None
-        self._pump = -1  # the backend QP's descriptor: contexts with equal ones share a pump
-        self._fd = -1  # our duplicate of it, watched by the WorkQ
-        self._posted: dict[int, _Posted] = {}
+        self._qp_key: tuple[QpCaps, int] | None = None  # what the QP was created with
+        self._posted: dict[int, Posted] = {}
         self._wr_ids = itertools.count(1)
         self._error: DocaError | None = None
-        self._peers: tuple[int, tuple[weakref.ref[Rdma], ...]] = (-1, ())
-        _live.add(self)
-        _live_changed()
 
     # -- capabilities -------------------------------------------------------------------------
 
@@ -430,19 +191,34 @@ class Rdma(Ctx[Job]):
 
     @property
     def gid_index(self) -> int:
+        """The GID index set with `set_gid_index`, else the device's (0 without a device)."""
+        if self._gid_index is None:
+            dev = self.dev
+            return 0 if dev is None or dev.closed else dev.backend.gid_index
         return self._gid_index
 
     def set_gid_index(self, gid_index: int) -> None:
-        """Select the port GID to use (``doca_rdma_set_gid_index``)."""
+        """Select the port GID the connection uses (``doca_rdma_set_gid_index``).
+
+        The queue pair's address vector (source GID index) and the exported
+        connection descriptor use the GID at this index of the device's table;
+        INVALID_VALUE unless it holds a RoCE v2 GID. The default is the
+        device's own (`BackendDevice.gid_index`).
+        """
         self._require_idle("set_gid_index")
-        _check_uint("gid_index", gid_index, _U32)
+        check_uint("gid_index", gid_index, U32)
         dev = self.dev
-        if dev is not None and gid_index >= len(dev.backend.gids):
+        if dev is not None:
+            self._check_gid(dev, gid_index)
+        self._gid_index = gid_index
+
+    @staticmethod
+    def _check_gid(dev: Dev, gid_index: int) -> None:
+        if dev.backend.gid_at(gid_index) is None:
             raise DocaError(
                 DocaErrorCode.INVALID_VALUE,
-                f"{dev.name} has {len(dev.backend.gids)} GIDs, no index {gid_index}",
+                f"{dev.name} has no RoCE v2 GID at index {gid_index} (its GIDs: {len(dev.backend.gids)})",
             )
-        self._gid_index = gid_index
 
     @property
     def send_queue_size(self) -> int:
@@ -454,7 +230,7 @@ class Rdma(Ctx[Job]):
 
     @staticmethod
     def _queue_size(name: str, size: int) -> int:
-        if type(size) is not int or not 1 <= size <= _U32:
+        if type(size) is not int or not 1 <= size <= U32:
             raise DocaError(DocaErrorCode.INVALID_VALUE, f"{name} must be a positive integer, got {size!r}")
         return 1 << (size - 1).bit_length()  # DOCA rounds up to a power of two
 
@@ -564,33 +340,23 @@ class Rdma(Ctx[Job]):
                 f"recv_buf_chain_len {self._recv_buf_chain_len} exceeds {dev.name}'s {caps.max_sge}",
                 Fault.CALLER,
             )
-        if self._gid_index >= len(backend.gids):
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE,
-                f"{dev.name} has {len(backend.gids)} GIDs, no index {self._gid_index}",
-            )
+        gid_index = backend.gid_index if self._gid_index is None else self._gid_index
+        self._check_gid(dev, gid_index)
         qp_caps = QpCaps(
             max_send_wr=self._send_queue_size,
             max_recv_wr=self._recv_queue_size,
             max_send_sge=caps.max_sge,
             max_recv_sge=self._recv_buf_chain_len,
         )
-        if self._qp is not None and self._qp_caps != qp_caps:
+        key = (qp_caps, gid_index)
+        if self._qp is not None and self._qp_key != key:
             self._qp.close()
             self._qp = None
         if self._qp is None:
-            self._qp = backend.create_qp(qp_caps)
-            self._qp_caps = qp_caps
-        _qp_init(self._qp, self._qp_access())
-        if self._fd < 0:
-            _live_changed()
-            try:
-                self._pump = self._qp.fileno()
-            except DocaError:
-                self._pump = -2 - id(self) % (1 << 30)  # no descriptor: polling only, our own pump
-            else:
-                self._fd = os.dup(self._pump)  # the WorkQ's epoll needs a descriptor of its own
-                self._watch_fd(self._fd)
+            self._qp = backend.create_qp(qp_caps, gid_index)
+            self._qp_key = key
+        # IBTA §10.6.3.1: the responder's remote-access rights are the QP's access flags.
+        self._qp.init(self._qp_access())
         self._error = None
         return False  # STARTING until connect()
 
@@ -626,29 +392,18 @@ class Rdma(Ctx[Job]):
 
     def _stop(self) -> None:
         self._flush("RDMA context stopped")
-        qp = self._qp
-        if qp is not None:
-            reset = getattr(qp, "reset", None)
-            if callable(reset):
-                reset()  # back to RESET; start() re-initialises it with a fresh PSN
-            else:
-                qp.close()
-                self._qp = None
+        if self._qp is not None:
+            self._qp.reset()  # back to RESET; start() re-initialises it with a fresh PSN
 
     def _cancel(self) -> None:
         self._posted.clear()
         if self._qp is not None:
-            _qp_break(self._qp)  # the buffers of flushed jobs are the caller's again
+            self._qp.to_error()  # the buffers of flushed jobs are the caller's again
 
     def _close(self) -> None:
-        _live.discard(self)
-        _live_changed()
         if self._qp is not None:
             self._qp.close()
             self._qp = None
-        if self._fd >= 0:
-            os.close(self._fd)  # Ctx.close already unwatched it
-            self._fd = -1
 
     # -- submission ----------------------------------------------------------------------------
 
@@ -671,263 +426,39 @@ class Rdma(Ctx[Job]):
     def _submit(self, job: Job) -> None:
         qp = self._qp
         dev = self.dev
-        job_type = _JOB_TYPE.get(type(job))
-        if job_type is None:
+        spec = JOBS.get(type(job))
+        if spec is None:
             raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{type(job).__name__} is not an RDMA job")
         if qp is None or dev is None:
             raise DocaError(DocaErrorCode.BAD_STATE, "the RDMA context has no queue pair")
-        if job_type not in dev.backend.caps.job_types:
+        caps = dev.backend.caps
+        if spec.job_type not in caps.job_types:
             raise DocaError(
-                DocaErrorCode.NOT_SUPPORTED, f"{dev.name} does not run {job_type.value} jobs", Fault.SYSTEM
+                DocaErrorCode.NOT_SUPPORTED,
+                f"{dev.name} does not run {spec.job_type.value} jobs",
+                Fault.SYSTEM,
             )
         wr_id = next(self._wr_ids)
-        if isinstance(job, RdmaRecvJob):
-            posted, rwr = self._plan_recv(job, wr_id)
-            self._posted[wr_id] = posted
-            try:
-                qp.post_recv(rwr)
-            except BaseException:
-                del self._posted[wr_id]
-                raise
-        else:
-            posted, swr = self._plan_send(job, wr_id)
-            self._posted[wr_id] = posted
-            try:
-                qp.post_send(swr)
-            except BaseException:
-                del self._posted[wr_id]
-                raise
+        posted, wr = spec.plan(job, wr_id, Planning(dev, caps.max_sge, self._recv_buf_chain_len))
+        self._posted[wr_id] = posted
+        try:
+            if isinstance(wr, RecvWR):
+                qp.post_recv(wr)
+            else:
+                qp.post_send(wr)
+        except BaseException:
+            del self._posted[wr_id]
+            raise
         if self.rdma_state is RdmaState.ERROR:
             self._reap()  # flushed at once: deliver now, before the caller arms its WorkQ
-
-    # Local and remote buffers -------------------------------------------------------------
-
-    def _lkey(self, buf: Buf, role: str, *, write: bool) -> int:
-        mmap = buf.mmap
-        if mmap.from_export:
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE, f"{role} must be local memory, not a buffer of a remote mmap"
-            )
-        if write and AccessFlag.LOCAL_READ_WRITE not in mmap.permissions:
-            raise DocaError(
-                DocaErrorCode.NOT_PERMITTED,
-                f"{role}: its mmap lacks LOCAL_READ_WRITE permission, so nothing may be written into it "
-                "(RDMA guide §5.1.4)",
-            )
-        dev = self.dev
-        assert dev is not None
-        try:
-            return mmap.registration(dev).lkey
-        except DocaError as exc:
-            raise DocaError(exc.code, f"{role}: {exc.message}", exc.fault) from exc
-
-    @staticmethod
-    def _remote(buf: Buf, role: str) -> MmapDescriptor:
-        desc = buf.mmap.descriptor
-        if desc is None:
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE,
-                f"{role} must be a buffer of a remote mmap (Mmap.create_from_export), not local memory",
-            )
-        if not isinstance(desc, MmapDescriptor):
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE,
-                f"{role} is in an mmap exported for PCI (export_pci), which RDMA cannot reach; "
-                "the peer must export_rdma",
-            )
-        return desc
-
-    def _gather(self, head: Buf | None, role: str) -> tuple[list[SGE], int]:
-        """A source: one SGE per non-empty data section along the chain."""
-        if head is None:
-            return [], 0
-        bufs = list(head)
-        dev = self.dev
-        assert dev is not None
-        limit = dev.backend.caps.max_sge
-        if len(bufs) > limit:
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE, f"{role} is a list of {len(bufs)} buffers; at most {limit}"
-            )
-        sges: list[SGE] = []
-        total = 0
-        for buf in bufs:
-            lkey = self._lkey(buf, role, write=False)
-            if buf.data_len:
-                sges.append(SGE(buf.data, buf.data_len, lkey))
-                total += buf.data_len
-        return sges, total
-
-    def _scatter(
-        self, head: Buf, role: str, limit: int | None, max_len: int
-    ) -> tuple[list[SGE], list[tuple[Buf, int]], int]:
-        """A destination: the tailroom of each element, up to `limit` bytes in all."""
-        bufs = list(head)
-        if len(bufs) > max_len:
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE, f"{role} is a list of {len(bufs)} buffers; at most {max_len}"
-            )
-        sges: list[SGE] = []
-        parts: list[tuple[Buf, int]] = []
-        total = 0
-        for buf in bufs:
-            lkey = self._lkey(buf, role, write=True)
-            take = buf.tailroom if limit is None else min(buf.tailroom, limit - total)
-            if take:
-                sges.append(SGE(buf.data + buf.data_len, take, lkey))
-                parts.append((buf, take))
-                total += take
-        return sges, parts, total
-
-    # Work requests ----------------------------------------------------------------------------
-
-    def _plan_recv(self, job: RdmaRecvJob, wr_id: int) -> tuple[_Posted, RecvWR]:
-        if job.dst_buf is None:
-            return _Posted(job, "RDMA receive (no buffer)"), RecvWR(wr_id=wr_id)
-        sges, parts, room = self._scatter(job.dst_buf, "RdmaRecvJob.dst_buf", None, self._recv_buf_chain_len)
-        posted = _Posted(job, "RDMA receive (room for {} bytes)", (room,), parts=parts)
-        return posted, RecvWR(wr_id=wr_id, sg_list=tuple(sges))
-
-    def _plan_send(self, job: Job, wr_id: int) -> tuple[_Posted, SendWR]:
-        name = type(job).__name__
-        match job:
-            case RdmaSendJob() | RdmaSendImmJob():
-                sges, total = self._gather(job.src_buf, f"{name}.src_buf")
-                imm: int | None = None
-                opcode = WrOpcode.SEND
-                if isinstance(job, RdmaSendImmJob):
-                    imm = _check_uint("immediate", job.immediate, _U32)
-                    opcode = WrOpcode.SEND_WITH_IMM
-                posted = _Posted(job, "RDMA send of {} bytes", (total,), length=total)
-                return posted, SendWR(wr_id=wr_id, opcode=opcode, sg_list=tuple(sges), imm_data=imm)
-            case RdmaWriteJob() | RdmaWriteImmJob():
-                desc = self._remote(job.dst_buf, f"{name}.dst_buf")
-                sges, total = self._gather(job.src_buf, f"{name}.src_buf")
-                dst = job.dst_buf
-                if total > dst.tailroom:
-                    raise DocaError(
-                        DocaErrorCode.INVALID_VALUE,
-                        f"{name}: {total} bytes do not fit in dst_buf's {dst.tailroom} bytes of room",
-                    )
-                addr = dst.data + dst.data_len
-                imm = None
-                opcode = WrOpcode.RDMA_WRITE
-                if isinstance(job, RdmaWriteImmJob):
-                    imm = _check_uint("immediate", job.immediate, _U32)
-                    opcode = WrOpcode.RDMA_WRITE_WITH_IMM
-                posted = _Posted(
-                    job,
-                    "RDMA write of {} bytes to {:#x} (rkey {:#x})",
-                    (total, addr, desc.rkey),
-                    length=total,
-                    remote_append=dst,
-                    remote=desc,
-                )
-                wr = SendWR(
-                    wr_id=wr_id,
-                    opcode=opcode,
-                    sg_list=tuple(sges),
-                    remote_addr=addr,
-                    rkey=desc.rkey,
-                    imm_data=imm,
-                )
-                return posted, wr
-            case RdmaReadJob():
-                desc = self._remote(job.src_buf, f"{name}.src_buf")
-                src = job.src_buf
-                dev = self.dev
-                assert dev is not None
-                limit = dev.backend.caps.max_sge
-                # Room first: the destination decides how much of the source fits.
-                _, _, room = self._scatter(job.dst_buf, f"{name}.dst_buf", None, limit)
-                length = min(src.data_len, room)
-                sges, parts, _ = self._scatter(job.dst_buf, f"{name}.dst_buf", length, limit)
-                posted = _Posted(
-                    job,
-                    "RDMA read of {} bytes from {:#x} (rkey {:#x})",
-                    (length, src.data, desc.rkey),
-                    length=length,
-                    parts=parts,
-                    remote=desc,
-                )
-                wr = SendWR(
-                    wr_id=wr_id,
-                    opcode=WrOpcode.RDMA_READ,
-                    sg_list=tuple(sges),
-                    remote_addr=src.data,
-                    rkey=desc.rkey,
-                )
-                return posted, wr
-            case RdmaAtomicCmpSwpJob() | RdmaAtomicFetchAddJob():
-                desc = self._remote(job.dst_buf, f"{name}.dst_buf")
-                dst, result = job.dst_buf, job.result_buf
-                if dst.data & 7:
-                    raise DocaError(
-                        DocaErrorCode.INVALID_VALUE,
-                        f"{name}: the remote word {dst.data:#x} is not 8-byte aligned",
-                    )
-                if dst.dataroom < 8:
-                    raise DocaError(
-                        DocaErrorCode.INVALID_VALUE, f"{name}: dst_buf has no 8-byte word at its data"
-                    )
-                if result.is_in_list:
-                    raise DocaError(
-                        DocaErrorCode.INVALID_VALUE, f"{name}: result_buf must be a single buffer"
-                    )
-                lkey = self._lkey(result, f"{name}.result_buf", write=True)
-                if result.tailroom < 8:
-                    raise DocaError(
-                        DocaErrorCode.INVALID_VALUE,
-                        f"{name}: result_buf has {result.tailroom} bytes of room, needs 8",
-                    )
-                sge = SGE(result.data + result.data_len, 8, lkey)
-                if isinstance(job, RdmaAtomicCmpSwpJob):
-                    opcode = WrOpcode.ATOMIC_CMP_AND_SWP
-                    compare_add = _check_uint("cmp", job.cmp, _U64)
-                    swap = _check_uint("swap", job.swap, _U64)
-                    what = "compare-and-swap"
-                else:
-                    opcode = WrOpcode.ATOMIC_FETCH_AND_ADD
-                    compare_add = _check_uint("add", job.add, _U64)
-                    swap = 0
-                    what = "fetch-and-add"
-                posted = _Posted(
-                    job,
-                    "RDMA atomic {} at {:#x} (rkey {:#x})",
-                    (what, dst.data, desc.rkey),
-                    length=8,
-                    parts=[(result, 8)],
-                    remote=desc,
-                )
-                wr = SendWR(
-                    wr_id=wr_id,
-                    opcode=opcode,
-                    sg_list=(sge,),
-                    remote_addr=dst.data,
-                    rkey=desc.rkey,
-                    compare_add=compare_add,
-                    swap=swap,
-                )
-                return posted, wr
-        raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{name} is not an RDMA job")  # pragma: no cover
 
     # -- completion ----------------------------------------------------------------------------
 
     def _progress(self) -> bool:
-        qp = self._qp
-        if qp is None or self._closed:
+        """Collect this connection's completions (the device's pump did the I/O)."""
+        if self._closed:
             return False
-        busy = qp.progress()
-        gen, peers = self._peers
-        if gen != _live_gen:
-            pump = self._pump
-            peers = tuple(weakref.ref(c) for c in list(_live) if c._pump == pump)
-            self._peers = (_live_gen, peers)
-        for ref in peers:
-            ctx = ref()
-            if ctx is not None and ctx._qp is not None and not ctx._closed and ctx._reap():
-                busy = True
-        return busy
+        return self._reap()
 
     def _reap(self) -> bool:
         qp = self._qp
@@ -948,11 +479,11 @@ class Rdma(Ctx[Job]):
             return  # a job flushed by stop or WorkQ close: forgotten
         job = posted.job
         if wc.status != WcStatus.SUCCESS:
-            error = self._wc_error(posted, wc)
+            error = wc_error(posted, wc, self._error)
             if self._error is None and wc.status != WcStatus.WR_FLUSH_ERR:
                 self._error = error
             if self._qp is not None:
-                _qp_break(self._qp)  # IBTA §10.3.1: an RC error completion leaves the QP in Error
+                self._qp.to_error()  # IBTA §10.3.1: an RC error completion leaves the QP in Error
             self._complete(job, error=error)
             return
         if isinstance(job, RdmaRecvJob):
@@ -973,44 +504,6 @@ class Rdma(Ctx[Job]):
         if posted.remote_append is not None:
             posted.remote_append.commit_append(posted.length)
         self._complete(job, result=RdmaResult(length=posted.length))
-
-    def _wc_error(self, posted: _Posted, wc: Completion) -> DocaError:
-        status = wc.status
-        need = _NEEDS.get(type(posted.job))
-        hint = ""
-        if status == WcStatus.WR_FLUSH_ERR:
-            cause = f": {self._error.message}" if self._error is not None else ""
-            hint = (
-                f"flushed, the RDMA connection is in ERROR{cause}; recover with stop, start, export "
-                "and connect on both sides"
-            )
-        elif status == WcStatus.REM_ACCESS_ERR:
-            hint = "the responder refused access to its memory (bad rkey or range"
-            if need is not None:
-                hint += f", or its mmap does not grant {need.name}, RDMA guide §5.1.4"
-            hint += ")"
-            if posted.remote is not None:
-                hint += f"; the remote mmap descriptor claims {_flag_names(posted.remote.access)}"
-        elif status == WcStatus.REM_INV_REQ_ERR:
-            if need is not None:
-                hint = (
-                    f"the responder rejected the request as invalid: its RDMA context must grant {need.name} "
-                    "(RDMA guide §5.1.4)"
-                )
-                if isinstance(posted.job, RdmaWriteImmJob):
-                    hint += ", and it needs a posted receive"
-            else:
-                hint = "the responder rejected the message: it does not fit the receive buffer it posted"
-        elif status == WcStatus.REM_OP_ERR:
-            hint = "the responder could not place the data (is its receive buffer's mmap writable?)"
-        elif status == WcStatus.LOC_LEN_ERR:
-            hint = "the message is longer than the destination buffer's room"
-        elif status in (WcStatus.LOC_PROT_ERR, WcStatus.LOC_ACCESS_ERR):
-            hint = "a local buffer is not registered with the access the job needs"
-        elif status in (WcStatus.RETRY_EXC_ERR, WcStatus.RNR_RETRY_EXC_ERR):
-            hint = "the peer stopped answering (retries exhausted)"
-        message = f"{posted.what.format(*posted.what_args)} failed" + (f": {hint}" if hint else "")
-        return error_from_wc_status(status, message)
 
     def __repr__(self) -> str:
         qpn = "" if self._qp is None else f" qpn={self._qp.qpn:#x}"

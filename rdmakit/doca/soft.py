@@ -5,8 +5,9 @@ packets framed on TCP). Discovery lists both for every local address; any
 address of 127.0.0.0/8 opens too, so two soft devices can share one machine
 (``udp:127.0.0.2`` and ``udp:127.0.0.3``). A plain address means UDP.
 
-One `Driver` per process pumps every soft device, and a device opened twice
-in one process is one socket: `Dev` handles share it by reference count.
+A device opened twice in one process is one socket: `Dev` handles share it
+by reference count. Each handle's `pump` is a `Driver` of its own, run by the
+progress engine the `Dev` was opened under (``rdmakit.doca.pe``).
 
 R_Keys, L_Keys, QPNs and initial PSNs are capabilities a peer must not guess
 (RoCE carries them in clear and authenticates nothing, IBTA Vol. 1 §10.6.3,
@@ -21,6 +22,7 @@ import itertools
 import random
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from ipaddress import IPv6Address
 
 from rdmakit.doca._addresses import address_problem, gid_mismatch
@@ -39,6 +41,7 @@ from rdmakit.engine import (
     RecvWR,
     SendWR,
 )
+from rdmakit.engine.types import SGE
 from rdmakit.transport.device import (
     ConnectOptions,
     Endpoint,
@@ -71,18 +74,9 @@ _PREFIX = {"roce-udp": "udp", "tcp": "tcp"}
 #: ConnectX NIC) speaks RoCEv2 on UDP too.
 _COMPATIBLE = {"roce-udp": {"roce-udp", "verbs"}, "tcp": {"tcp"}}
 
+# One socket per address and port in a process (the OS allows one bind), shared by Dev handles.
 _lock = threading.Lock()
-_driver: Driver | None = None
 _shared: dict[tuple[str, str, int], tuple[SoftDevice, int]] = {}
-
-
-def driver() -> Driver:
-    """The process's driver for soft devices (created on first use)."""
-    global _driver
-    with _lock:
-        if _driver is None or _driver.closed:
-            _driver = Driver()
-        return _driver
 
 
 def _acquire(transport: TransportName, ip: str, port: int) -> SoftDevice:
@@ -99,7 +93,6 @@ def _acquire(transport: TransportName, ip: str, port: int) -> SoftDevice:
         raise error_from_os(e, f"cannot open a {transport} soft device on {ip}:{port}") from e
     with _lock:
         _shared[key] = (dev, 1)
-    driver().add(dev)
     return dev
 
 
@@ -114,12 +107,11 @@ def _release(dev: SoftDevice) -> None:
             _shared[key] = (dev, refs - 1)
             return
         del _shared[key]
-    driver().remove(dev)
     dev.close()
 
 
 class SoftBackendQP:
-    """An engine QP with its own CQ, pumped by the process driver."""
+    """An engine QP with its own CQ, pumped by its device's driver."""
 
     def __init__(self, owner: "SoftBackendDevice", caps: QpCaps) -> None:
         self._owner = owner
@@ -153,8 +145,11 @@ class SoftBackendQP:
             info["secret"] = ep.secret  # a tcp QP's: whoever holds the descriptor may connect
         return info
 
-    def init(self) -> None:
-        """RESET → INIT, so receives can be posted before the peer is known."""
+    def init(self, access: Access | None = None) -> None:
+        """RESET → INIT with the responder's `access` (None: ``options.access``), so receives can be
+        posted before the peer is known."""
+        if access is not None:
+            self.options = replace(self.options, access=int(access))
         if self._qp.state is QpState.RESET:
             init_qp(self._qp, self.options.access)
 
@@ -205,10 +200,16 @@ class SoftBackendQP:
         return self._cq.poll(max_entries)
 
     def progress(self) -> bool:
-        return driver().progress()
+        """Run the device's pump (for callers without a progress engine)."""
+        return self._owner.pump.progress()
 
     def fileno(self) -> int:
-        return driver().fileno()
+        return self._owner.pump.fileno()
+
+    def to_error(self) -> None:
+        """To ERR (IBTA §10.3.1): outstanding and later work requests complete flushed."""
+        if self._qp.state not in (QpState.RESET, QpState.ERR):
+            self._qp.modify(QpState.ERR)
 
     def reset(self) -> None:
         """Back to RESET with a fresh PSN (the recovery flow re-exports)."""
@@ -236,8 +237,21 @@ class SoftBackendDevice:
         self.gids: Sequence[IPv6Address] = (IPv6Address(self.soft.gid),)
         self.mtu = self.soft.max_mtu
         self.caps = SOFT_CAPS
+        self.gid_index = 0
+        self.pump = Driver()
+        self.pump.add(self.soft)
         self._qps: list[SoftBackendQP] = []
         self._closed = False
+
+    @property
+    def gid(self) -> IPv6Address:
+        return self.gids[0]
+
+    def gid_at(self, index: int) -> IPv6Address | None:
+        return self.gids[index] if 0 <= index < len(self.gids) else None
+
+    def local_view(self, lkey: int, addr: int, length: int, *, write: bool) -> memoryview | None:
+        return self.soft.pd.local_slice(SGE(addr, length, lkey), write)
 
     def register_memory(self, buffer: memoryview, addr: int, access: Access) -> MemoryRegion:
         try:
@@ -249,9 +263,11 @@ class SoftBackendDevice:
         if isinstance(registration, MemoryRegion):
             self.soft.pd.deregister(registration)
 
-    def create_qp(self, caps: QpCaps) -> SoftBackendQP:
+    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> SoftBackendQP:
         if self._closed:
             raise DocaError(DocaErrorCode.BAD_STATE, f"{self.name} is closed", Fault.CALLER)
+        if gid_index not in (None, 0):
+            raise DocaError(DocaErrorCode.INVALID_VALUE, f"{self.name} has one GID, no index {gid_index}")
         if self.transport == "tcp" and not caps.large_mtu:
             caps = QpCaps(
                 max_send_wr=caps.max_send_wr, max_recv_wr=caps.max_recv_wr, max_send_sge=caps.max_send_sge,
@@ -268,6 +284,7 @@ class SoftBackendDevice:
         for qp in self._qps:
             qp.close()
         self._qps.clear()
+        self.pump.close()
         _release(self.soft)
 
 

@@ -5,14 +5,18 @@ only logs why at debug level on ``rdmakit.verbs``); the provider lists nothing,
 and logs why, when pyverbs then fails to import or there is no usable device. Each verbs device (rxe0,
 mlx5_0, ...) is listed under its own name with the addresses of its RoCE v2
 GIDs, so ``Dev.open("rxe0")`` opens it. The adapters below give the DOCA layer
-what it expects from every backend: failures as `DocaError`, with the verbs
-backend's ``doca_error_t`` name and fault carried over.
+what it expects from every backend (``rdmakit.doca.backend``): failures as
+`DocaError`, with the verbs backend's ``doca_error_t`` name and fault carried
+over, and a device `pump` that runs the completion channels of its QPs.
 """
 
+import contextlib
 import importlib.util
 import logging
+import select
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from ipaddress import IPv6Address
 from typing import TYPE_CHECKING
 
@@ -21,7 +25,7 @@ from rdmakit.doca.device import DevInfo, register_provider
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.engine.states import QpState
 from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, SendWR
-from rdmakit.verbs import ConnectOptions, VerbsDeviceInfo, VerbsError, list_devices
+from rdmakit.verbs import VerbsDeviceInfo, VerbsError, list_devices
 
 if TYPE_CHECKING:
     from rdmakit.verbs.device import VerbsDevice, VerbsMR, VerbsQP
@@ -47,8 +51,9 @@ def _doca_errors() -> Iterator[None]:
 class VerbsBackendQP:
     """A `VerbsQP` as a DOCA ``BackendQP`` (errors as `DocaError`)."""
 
-    def __init__(self, qp: "VerbsQP") -> None:
+    def __init__(self, qp: "VerbsQP", pump: "VerbsPump | None" = None) -> None:
         self.verbs = qp
+        self._pump = pump
 
     @property
     def qpn(self) -> int:
@@ -59,17 +64,18 @@ class VerbsBackendQP:
         with _doca_errors():
             return self.verbs.state
 
-    @property
-    def options(self) -> ConnectOptions:
-        """The QP's RTR/RTS attributes; set them on ``.verbs.options`` (before `init`/`connect`)."""
-        return self.verbs.options
-
     def export(self) -> dict[str, object]:
         return self.verbs.export()
 
-    def init(self) -> None:
+    def init(self, access: Access) -> None:
         with _doca_errors():
-            self.verbs.init()
+            if self.verbs.state is QpState.RESET:
+                self.verbs.options = replace(self.verbs.options, access=int(access))
+                self.verbs.init()
+
+    def to_error(self) -> None:
+        with _doca_errors():
+            self.verbs.to_error()
 
     def connect(self, remote: Mapping[str, object]) -> None:
         with _doca_errors():
@@ -95,13 +101,58 @@ class VerbsBackendQP:
         with _doca_errors():
             return self.verbs.progress()
 
-    def fileno(self) -> int:
-        with _doca_errors():
+    def fileno(self) -> int | None:
+        """The completion channel's descriptor; None when it is unknown (polling only)."""
+        try:
             return self.verbs.fileno()
+        except VerbsError:
+            return None
 
     def close(self) -> None:
+        if self._pump is not None:
+            self._pump.forget(self)  # before the channel's descriptor is closed
         with _doca_errors():
             self.verbs.close()
+
+
+class VerbsPump:
+    """A verbs device's `Pump`: the completion channels of its QPs, in one epoll set.
+
+    `progress` consumes each QP's completion events and re-arms its CQ
+    (`VerbsQP.progress`); the hardware (or the kernel's rxe) does the rest.
+    """
+
+    def __init__(self) -> None:
+        self._qps: list[VerbsBackendQP] = []
+        self._epoll = select.epoll()
+
+    def add(self, qp: VerbsBackendQP) -> None:
+        self._qps.append(qp)
+        fd = qp.fileno()
+        if fd is not None:
+            self._epoll.register(fd, select.EPOLLIN)
+
+    def forget(self, qp: VerbsBackendQP) -> None:
+        if qp in self._qps:
+            self._qps.remove(qp)
+            fd = qp.fileno()
+            if fd is not None and not self._epoll.closed:
+                with contextlib.suppress(OSError, ValueError):
+                    self._epoll.unregister(fd)
+
+    def progress(self) -> bool:
+        busy = False
+        for qp in list(self._qps):
+            if qp.progress():
+                busy = True
+        return busy
+
+    def fileno(self) -> int | None:
+        return self._epoll.fileno()
+
+    def close(self) -> None:
+        self._qps.clear()
+        self._epoll.close()
 
 
 class VerbsBackendDevice:
@@ -112,6 +163,7 @@ class VerbsBackendDevice:
     def __init__(self, dev: "VerbsDevice") -> None:
         self.verbs = dev
         self.caps = _doca_caps(dev.info)
+        self.pump = VerbsPump()
 
     @property
     def name(self) -> str:
@@ -120,6 +172,18 @@ class VerbsBackendDevice:
     @property
     def gids(self) -> Sequence[IPv6Address]:
         return self.verbs.gids
+
+    @property
+    def gid_index(self) -> int:
+        return self.verbs.gid_index
+
+    @property
+    def gid(self) -> IPv6Address:
+        """The RoCE v2 GID of the device's address (`rdmakit.verbs.sysfs.select_gid`)."""
+        return self.verbs.gid
+
+    def gid_at(self, index: int) -> IPv6Address | None:
+        return self.verbs.gid_at(index)
 
     @property
     def mtu(self) -> int:
@@ -133,11 +197,17 @@ class VerbsBackendDevice:
         with _doca_errors():
             self.verbs.deregister(registration)
 
-    def create_qp(self, caps: QpCaps) -> VerbsBackendQP:
+    def local_view(self, lkey: int, addr: int, length: int, *, write: bool) -> memoryview | None:
+        return self.verbs.local_view(lkey, addr, length, write=write)
+
+    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> VerbsBackendQP:
         with _doca_errors():
-            return VerbsBackendQP(self.verbs.create_qp(caps))
+            qp = VerbsBackendQP(self.verbs.create_qp(caps, gid_index), self.pump)
+        self.pump.add(qp)
+        return qp
 
     def close(self) -> None:
+        self.pump.close()
         with _doca_errors():
             self.verbs.close()
 

@@ -1,9 +1,9 @@
 """The verbs backend: a device, its memory registrations and RC QPs, through pyverbs.
 
-The only module of rdmakit that imports pyverbs. It satisfies the DOCA
-layer's ``BackendDevice`` / ``BackendQP`` protocols (``rdmakit.doca.backend``)
-structurally; every value that crosses it is one of the engine's verbs value
-types. Attribute values are decided by the pure `rdmakit.verbs.attrs` and
+The only module of rdmakit that imports pyverbs. ``rdmakit.doca.verbs_glue``
+puts the DOCA layer's backend protocols (``rdmakit.doca.backend``) over it;
+every value that crosses it is one of the engine's verbs value types.
+Attribute values are decided by the pure `rdmakit.verbs.attrs` and
 `rdmakit.verbs.wr`; this module copies them into pyverbs objects.
 
 Object model (pyverbs'): a `VerbsDevice` owns a ``Context`` and a ``PD``; its
@@ -51,15 +51,10 @@ from rdmakit.verbs.attrs import (
     transition_mask,
 )
 from rdmakit.verbs.buffers import buffer_address
-from rdmakit.verbs.discovery import (
-    ATOMIC_JOB_TYPES,
-    RDMA_JOB_TYPES,
-    VerbsCaps,
-    VerbsDeviceInfo,
-    ip_addrs_of,
-)
+from rdmakit.verbs.discovery import VerbsCaps, VerbsDeviceInfo, caps_of, device_info
 from rdmakit.verbs.errors import ErrorCode, VerbsError, code_for_errno
-from rdmakit.verbs.sysfs import SYSFS_ROOT, GidEntry, SysfsDevice, read_device, scan, select_gid
+from rdmakit.verbs.mr import VerbsMR
+from rdmakit.verbs.sysfs import SYSFS_ROOT, GidEntry, SysfsDevice, event_fds, find_device, select_gid
 from rdmakit.verbs.wr import SEND_SIGNALED, WrTracker, imm_to_verbs, needs_imm
 
 __all__ = ["VerbsDevice", "VerbsMR", "VerbsQP", "describe"]
@@ -69,11 +64,6 @@ log = logging.getLogger("rdmakit.verbs")
 _T = TypeVar("_T")
 #: ``IBV_QPT_RC``.
 _QPT_RC = 2
-#: ``IBV_ATOMIC_NONE`` (``enum ibv_atomic_cap``).
-_ATOMIC_NONE = 0
-#: Completion channels and a context's async events are anonymous inodes of this name
-#: (``ib_uverbs`` ``uverbs_std_types.c``, ``anon_inode_getfile("[infinibandevent]")``).
-_EVENT_FD_LINK = "anon_inode:[infinibandevent]"
 _RDMA_OPS = frozenset({WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ})
 _ATOMIC_OPS = frozenset({WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD})
 #: States in which each queue accepts work requests (IBTA §10.8.2.1, §10.8.2.2;
@@ -102,17 +92,6 @@ def _call(what: str, fn: Callable[[], _T]) -> _T:
         _raise(e, what)
 
 
-def _event_fds() -> set[int]:
-    fds: set[int] = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}") == _EVENT_FD_LINK:
-                fds.add(int(name))
-        except OSError:
-            continue
-    return fds
-
-
 def _open_channel(ctx: Context) -> tuple[CompChannel, int | None]:
     """A completion channel and its file descriptor.
 
@@ -122,11 +101,11 @@ def _open_channel(ctx: Context) -> tuple[CompChannel, int | None]:
     """
     with _fd_lock:
         try:
-            before = _event_fds()
+            before = event_fds()
         except OSError:
             before = None
         channel = _call("ibv_create_comp_channel", lambda: CompChannel(ctx))
-        new = _event_fds() - before if before is not None else set()
+        new = event_fds() - before if before is not None else set()
     if len(new) != 1:
         log.debug("cannot tell the completion channel's fd (candidates %s): no event-driven mode", new)
         return channel, None
@@ -135,36 +114,10 @@ def _open_channel(ctx: Context) -> tuple[CompChannel, int | None]:
     return channel, fd
 
 
-def _caps(ctx: Context) -> VerbsCaps:
-    attr = _call("ibv_query_device", ctx.query_device)
-    jobs = RDMA_JOB_TYPES if attr.atomic_caps == _ATOMIC_NONE else RDMA_JOB_TYPES | ATOMIC_JOB_TYPES
-    return VerbsCaps(
-        max_buf_size=min(1 << 31, int(attr.max_mr_size)),  # RETH DMA length (IBTA §9.3.3)
-        max_buf_list_len=int(attr.max_sge),
-        max_qp_wr=int(attr.max_qp_wr),
-        max_sge=int(attr.max_sge),
-        max_cqe=int(attr.max_cqe),
-        max_qp_rd_atom=int(attr.max_qp_rd_atom),
-        max_qp_init_rd_atom=int(attr.max_qp_init_rd_atom),
-        job_types=jobs,
-    )
-
-
 def _info(ctx: Context, dev: SysfsDevice, port: int, entry: GidEntry) -> VerbsDeviceInfo:
     port_attr = _call(f"ibv_query_port({dev.name}, {port})", lambda: ctx.query_port(port))
-    gids = next(p.gids for p in dev.ports if p.num == port)
-    return VerbsDeviceInfo(
-        name=dev.name,
-        port=port,
-        gid_index=entry.index,
-        gid=entry.gid,
-        gids=tuple(g.gid for g in gids),
-        ip_addrs=ip_addrs_of(gids),
-        mtu=mtu_from_enum(int(port_attr.active_mtu)),
-        caps=_caps(ctx),
-        netdev=entry.netdev or dev.netdev,
-        pci_addr=dev.pci_addr,
-    )
+    caps = caps_of(_call("ibv_query_device", ctx.query_device))
+    return device_info(dev, port, entry, mtu=mtu_from_enum(int(port_attr.active_mtu)), caps=caps)
 
 
 def _open_context(name: str) -> Context:
@@ -181,35 +134,8 @@ def describe(dev: SysfsDevice, port: int, entry: GidEntry) -> VerbsDeviceInfo:
         ctx.close()
 
 
-class VerbsMR:
-    """A registered memory region (``ibv_mr``); the device's child."""
-
-    def __init__(self, mr: MR, view: memoryview, access: Access) -> None:
-        self._mr: MR | None = mr
-        self._view: memoryview | None = view  # pins the buffer while registered
-        self.addr = int(mr.buf)
-        self.length = len(view)
-        self.lkey = int(mr.lkey)
-        self.rkey = int(mr.rkey)
-        self.access = access
-
-    @property
-    def closed(self) -> bool:
-        return self._mr is None
-
-    def close(self) -> None:
-        """``ibv_dereg_mr``; idempotent."""
-        mr, self._mr, self._view = self._mr, None, None
-        if mr is not None:
-            _call("ibv_dereg_mr", mr.close)
-
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else f"lkey={self.lkey:#x} rkey={self.rkey:#x}"
-        return f"<VerbsMR {self.addr:#x}+{self.length} {state}>"
-
-
 class VerbsDevice:
-    """An open verbs device (``ibv_context`` + ``ibv_pd``), a ``BackendDevice``.
+    """An open verbs device (``ibv_context`` + ``ibv_pd``); ``VerbsBackendDevice`` adapts it for DOCA.
 
     `name` None opens the first usable device (`rdmakit.verbs.list_devices`
     order). `port` and `gid_index` default to the first active port and its
@@ -230,8 +156,9 @@ class VerbsDevice:
         rng: random.Random | None = None,
         sysfs_root: Path = SYSFS_ROOT,
     ) -> None:
-        sysdev = self._find(name, sysfs_root)
+        sysdev = find_device(name, sysfs_root)
         port_info, entry = select_gid(sysdev, port, gid_index)
+        self._port_info = port_info
         self._ctx: Context | None = _open_context(sysdev.name)
         try:
             self.info = _info(self._ctx, sysdev, port_info.num, entry)
@@ -249,21 +176,6 @@ class VerbsDevice:
         self._mrs: list[VerbsMR] = []
         self._qps: list[VerbsQP] = []
         log.debug("opened %s port %d gid[%d] %s", self.name, self.port, self.gid_index, self.gid)
-
-    @staticmethod
-    def _find(name: str | None, root: Path) -> SysfsDevice:
-        if name is not None:
-            path = root / name
-            if not path.is_dir():
-                raise VerbsError("NOT_FOUND", f"no verbs device {name!r} in {root}")
-            return read_device(path)
-        for dev in scan(root):
-            try:
-                select_gid(dev)
-            except VerbsError:
-                continue
-            return dev
-        raise VerbsError("NOT_FOUND", f"no verbs device with a RoCE v2 GID in {root}", "system")
 
     # -- identity ---------------------------------------------------------------------
     @property
@@ -286,6 +198,11 @@ class VerbsDevice:
     def gids(self) -> Sequence[IPv6Address]:
         """The port's populated GID table, index order (`gid` is the one QPs use)."""
         return self.info.gids
+
+    def gid_at(self, index: int) -> IPv6Address | None:
+        """The RoCE v2 GID at table index `index`: one an RC QP over UDP can use, else None."""
+        entry = self._port_info.gid_entry(index)
+        return entry.gid if entry is not None and entry.roce_v2 else None
 
     @property
     def mtu(self) -> int:
@@ -312,7 +229,14 @@ class VerbsDevice:
             f"ibv_reg_mr({addr:#x}, {len(view)}, {access!r})",
             lambda: MR(pd, len(view), int(access), address=addr),
         )
-        return VerbsMR(mr, view, access)
+        return VerbsMR(
+            addr=int(mr.buf),
+            lkey=int(mr.lkey),
+            rkey=int(mr.rkey),
+            view=view,
+            access=access,
+            release=lambda: _call("ibv_dereg_mr", mr.close),
+        )
 
     def register_memory(self, buffer: memoryview, addr: int, access: Access) -> VerbsMR:
         """``ibv_reg_mr`` of `buffer`, which must be at virtual address `addr`.
@@ -347,11 +271,23 @@ class VerbsDevice:
             self._mrs.remove(registration)
             registration.close()
 
+    def local_view(self, lkey: int, addr: int, length: int, *, write: bool) -> memoryview | None:
+        """The bytes of the MR with `lkey` (`VerbsMR.view`); None on a local protection error."""
+        mr = next((m for m in self._mrs if m.lkey == lkey), None)
+        return None if mr is None else mr.view(addr, length, write=write)
+
     # -- queue pairs ------------------------------------------------------------------
-    def create_qp(self, caps: QpCaps) -> "VerbsQP":
-        """An RC QP in RESET, with its own CQ and completion channel."""
+    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> "VerbsQP":
+        """An RC QP in RESET with its own CQ and channel, using the RoCE v2 GID at `gid_index`."""
         self._check_open()
-        qp = VerbsQP(self, caps)
+        if gid_index is None:
+            gid_index = self.gid_index
+        gid = self.gid_at(gid_index)
+        if gid is None:
+            raise VerbsError(
+                "NOT_FOUND", f"{self.name} port {self.port} has no RoCE v2 GID at index {gid_index}"
+            )
+        qp = VerbsQP(self, caps, gid_index=gid_index, gid=gid)
         self._qps.append(qp)
         return qp
 
@@ -387,7 +323,7 @@ class VerbsDevice:
 
 
 class VerbsQP:
-    """An RC queue pair (``ibv_qp``) with one CQ for both queues: a ``BackendQP``.
+    """An RC queue pair (``ibv_qp``) with one CQ for both queues; ``VerbsBackendQP`` adapts it.
 
     Lifecycle: created in RESET; `init` (optional) moves it to INIT so receives
     can be posted before the peer is known; `connect` brings it to RTS from
@@ -398,9 +334,13 @@ class VerbsQP:
     that arrives later always makes `fileno` readable.
     """
 
-    def __init__(self, dev: VerbsDevice, caps: QpCaps) -> None:
+    def __init__(
+        self, dev: VerbsDevice, caps: QpCaps, *, gid_index: int | None = None, gid: IPv6Address | None = None
+    ) -> None:
         ctx, pd = dev._check_open()
         self._dev = dev
+        self._sgid_index = dev.gid_index if gid_index is None else gid_index
+        self._gid = dev.gid if gid is None else gid
         depth = min(caps.max_send_wr + caps.max_recv_wr, dev.caps.max_cqe)
         self._channel, self._fd = _open_channel(ctx)
         try:
@@ -429,6 +369,11 @@ class VerbsQP:
         return int(self._qp.qp_num)
 
     @property
+    def gid_index(self) -> int:
+        """The source GID index of the address vector (``ibv_global_route.sgid_index``)."""
+        return self._sgid_index
+
+    @property
     def psn(self) -> int:
         """The PSN of this side's first request (exported as ``psn``)."""
         return self._psn
@@ -443,7 +388,7 @@ class VerbsQP:
 
     def export(self) -> dict[str, object]:
         """Connection info for the peer: transport ``"verbs"``, gid, ip, port, qpn, psn, mtu."""
-        return export_descriptor(gid=self._dev.gid, qpn=self.qpn, psn=self._psn, mtu=self._dev.mtu)
+        return export_descriptor(gid=self._gid, qpn=self.qpn, psn=self._psn, mtu=self._dev.mtu)
 
     # -- transitions --------------------------------------------------------------------
     def _modify(self, to: QpState, fill: Callable[[Any], None]) -> None:
@@ -473,7 +418,7 @@ class VerbsQP:
             own_psn=self._psn,
             own_mtu=self._dev.mtu,
             port_num=self._dev.port,
-            sgid_index=self._dev.gid_index,
+            sgid_index=self._sgid_index,
             options=self.options,
             max_rd_atomic=caps.max_qp_init_rd_atom,
             max_dest_rd_atomic=caps.max_qp_rd_atom,
@@ -510,6 +455,11 @@ class VerbsQP:
         self._modify(QpState.RTR, rtr)
         self._modify(QpState.RTS, rts)
         log.debug("%s QP %#x -> RTS with peer QP %#x at %s", self._dev.name, self.qpn, p.dest_qpn, p.dgid)
+
+    def to_error(self) -> None:
+        """To ERR (IBTA §10.3.1): the device flushes outstanding work (§11.6.2); no-op in RESET/ERR."""
+        if self.state not in (QpState.RESET, QpState.ERR):
+            self._modify(QpState.ERR, lambda a: None)
 
     def reset(self) -> None:
         """Back to RESET with a fresh PSN; posted work requests are dropped without completions."""
@@ -575,20 +525,7 @@ class VerbsQP:
         out: list[Completion] = []
         while len(out) < limit:
             n, wcs = _call("ibv_poll_cq", lambda: self._cq.poll(min(_POLL_BATCH, limit - len(out))))
-            for wc in wcs:
-                out.append(
-                    self._tracker.completion(
-                        wr_id=int(wc.wr_id),
-                        status=int(wc.status),
-                        opcode=int(wc.opcode),
-                        byte_len=int(wc.byte_len),
-                        imm_data=int(wc.imm_data),
-                        wc_flags=int(wc.wc_flags),
-                        qp_num=int(wc.qp_num),
-                        src_qp=int(wc.src_qp),
-                        vendor_err=int(wc.vendor_err),
-                    )
-                )
+            out.extend(self._tracker.completion_of(wc) for wc in wcs)
             if n < _POLL_BATCH:
                 break
         return out

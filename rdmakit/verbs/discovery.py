@@ -12,9 +12,10 @@ import logging
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
+from typing import Protocol
 
 from rdmakit.verbs.errors import VerbsError
-from rdmakit.verbs.sysfs import SYSFS_ROOT, GidEntry, scan, select_gid
+from rdmakit.verbs.sysfs import SYSFS_ROOT, GidEntry, SysfsDevice, scan, select_gid
 
 __all__ = [
     "RDMA_JOB_TYPES",
@@ -66,6 +67,56 @@ class VerbsDeviceInfo:
     caps: VerbsCaps
     netdev: str | None = None
     pci_addr: str | None = None
+
+
+#: ``IBV_ATOMIC_NONE`` (``enum ibv_atomic_cap``).
+_ATOMIC_NONE = 0
+
+
+class _DeviceAttr(Protocol):
+    """The fields of ``ibv_device_attr`` read here, as pyverbs' ``DeviceAttr`` has them."""
+
+    atomic_caps: int
+    max_mr_size: int
+    max_sge: int
+    max_qp_wr: int
+    max_cqe: int
+    max_qp_rd_atom: int
+    max_qp_init_rd_atom: int
+
+
+def caps_of(attr: _DeviceAttr) -> VerbsCaps:
+    """A device's limits from its ``ibv_query_device`` attributes."""
+    jobs = RDMA_JOB_TYPES if attr.atomic_caps == _ATOMIC_NONE else RDMA_JOB_TYPES | ATOMIC_JOB_TYPES
+    return VerbsCaps(
+        max_buf_size=min(1 << 31, int(attr.max_mr_size)),  # RETH DMA length (IBTA §9.3.3)
+        max_buf_list_len=int(attr.max_sge),
+        max_qp_wr=int(attr.max_qp_wr),
+        max_sge=int(attr.max_sge),
+        max_cqe=int(attr.max_cqe),
+        max_qp_rd_atom=int(attr.max_qp_rd_atom),
+        max_qp_init_rd_atom=int(attr.max_qp_init_rd_atom),
+        job_types=jobs,
+    )
+
+
+def device_info(
+    dev: SysfsDevice, port: int, entry: GidEntry, *, mtu: int, caps: VerbsCaps
+) -> VerbsDeviceInfo:
+    """The discovery record of `dev`'s `port` using GID `entry`, with the port MTU and limits."""
+    gids = next(p.gids for p in dev.ports if p.num == port)
+    return VerbsDeviceInfo(
+        name=dev.name,
+        port=port,
+        gid_index=entry.index,
+        gid=entry.gid,
+        gids=tuple(g.gid for g in gids),
+        ip_addrs=ip_addrs_of(gids),
+        mtu=mtu,
+        caps=caps,
+        netdev=entry.netdev or dev.netdev,
+        pci_addr=dev.pci_addr,
+    )
 
 
 def ip_addrs_of(entries: tuple[GidEntry, ...]) -> tuple[IPv4Address | IPv6Address, ...]:

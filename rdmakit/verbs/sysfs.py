@@ -30,6 +30,8 @@ __all__ = [
     "GidEntry",
     "PortInfo",
     "SysfsDevice",
+    "event_fds",
+    "find_device",
     "read_device",
     "scan",
     "select_gid",
@@ -79,6 +81,10 @@ class PortInfo:
     @property
     def active(self) -> bool:
         return self.state == PORT_ACTIVE
+
+    def gid_entry(self, index: int) -> GidEntry | None:
+        """The populated entry at GID table index `index`, None for an empty slot."""
+        return next((g for g in self.gids if g.index == index), None)
 
     def default_gid(self) -> GidEntry | None:
         """The first RoCE v2 IPv4-mapped GID, else the first RoCE v2 global one, else None."""
@@ -215,3 +221,39 @@ def select_gid(
     raise VerbsError(
         "NOT_FOUND", f"{dev.name}: no port with a RoCE v2 GID (is its network device addressed?)"
     )
+
+
+def find_device(name: str | None, root: Path = SYSFS_ROOT) -> SysfsDevice:
+    """The device `name` under `root`, or without a name the first one `select_gid` accepts.
+
+    NOT_FOUND when there is none.
+    """
+    if name is not None:
+        path = root / name
+        if not path.is_dir():
+            raise VerbsError("NOT_FOUND", f"no verbs device {name!r} in {root}")
+        return read_device(path)
+    for dev in scan(root):
+        try:
+            select_gid(dev)
+        except VerbsError:
+            continue
+        return dev
+    raise VerbsError("NOT_FOUND", f"no verbs device with a RoCE v2 GID in {root}", "system")
+
+
+#: Completion channels and a context's async events are anonymous inodes of this name
+#: (``ib_uverbs`` ``uverbs_std_types.c``, ``anon_inode_getfile("[infinibandevent]")``).
+_EVENT_FD_LINK = "anon_inode:[infinibandevent]"
+
+
+def event_fds() -> set[int]:
+    """This process's ``[infinibandevent]`` descriptors (completion channels, async events)."""
+    fds: set[int] = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == _EVENT_FD_LINK:
+                fds.add(int(name))
+        except OSError:
+            continue
+    return fds

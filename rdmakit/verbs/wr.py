@@ -19,7 +19,7 @@ Two things need care:
 import sys
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from rdmakit.engine.types import Completion, SendWR, WcOpcode, WcStatus, WrOpcode
 
@@ -82,6 +82,20 @@ class Posted:
     send: bool
 
 
+class _WC(Protocol):
+    """The fields of an ``ibv_wc`` as pyverbs' ``WC`` has them."""
+
+    wr_id: int
+    status: int
+    opcode: int
+    byte_len: int
+    imm_data: int
+    wc_flags: int
+    qp_num: int
+    src_qp: int
+    vendor_err: int
+
+
 class WrTracker:
     """Internal ``wr_id`` s for posted work requests, and completions mapped back.
 
@@ -129,6 +143,20 @@ class WrTracker:
             if i == iid:
                 return posted
         return None  # pragma: no cover - found above
+
+    def completion_of(self, wc: "_WC") -> Completion:
+        """`completion` of a pyverbs ``WC`` (its fields read by name)."""
+        return self.completion(
+            wr_id=int(wc.wr_id),
+            status=int(wc.status),
+            opcode=int(wc.opcode),
+            byte_len=int(wc.byte_len),
+            imm_data=int(wc.imm_data),
+            wc_flags=int(wc.wc_flags),
+            qp_num=int(wc.qp_num),
+            src_qp=int(wc.src_qp),
+            vendor_err=int(wc.vendor_err),
+        )
 
     def completion(
         self,

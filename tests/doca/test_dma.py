@@ -13,6 +13,7 @@ from rdmakit.doca import (
     LOCAL_CAPS,
     AccessFlag,
     BackendCaps,
+    BackendDevice,
     BackendQP,
     Buf,
     BufInventory,
@@ -406,7 +407,7 @@ def test_event_driven_handle_fires_for_a_submitted_job(
         assert event.ok
 
 
-# -- a backend without resolve (the soft backend's shape) ----------------------------------------
+# -- a backend without resolve: memory reached through BackendDevice.local_view only --------------
 
 
 class _NoResolve:
@@ -416,7 +417,19 @@ class _NoResolve:
         self._inner = LocalBackendDevice("noresolve", rng=random.Random(3))
         self.name, self.kind, self.caps = "noresolve", "local", LOCAL_CAPS
         self.gids: Sequence[IPv6Address] = self._inner.gids
+        self.gid, self.gid_index, self.gid_at = self._inner.gid, 0, self._inner.gid_at
+        self.pump = self._inner.pump
         self.mtu = 4096
+
+    def local_view(self, lkey: int, addr: int, length: int, *, write: bool) -> memoryview | None:
+        for mr in self._inner._pd:  # the registration's own bytes, as the soft backend does
+            if (
+                mr.lkey == lkey
+                and mr.contains(addr, length)
+                and not (write and not mr.access & Access.LOCAL_WRITE)
+            ):
+                return mr.view[addr - mr.addr : addr - mr.addr + length]
+        return None
 
     def register_memory(self, buffer: memoryview, addr: int, access: Access) -> MemoryRegion:
         return self._inner.register_memory(buffer, addr, access)
@@ -424,7 +437,7 @@ class _NoResolve:
     def deregister(self, registration: object) -> None:
         self._inner.deregister(registration)  # type: ignore[arg-type]
 
-    def create_qp(self, caps: QpCaps) -> BackendQP:
+    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> BackendQP:
         return self._inner.create_qp(caps)
 
     def close(self) -> None:
@@ -435,6 +448,7 @@ def test_backend_without_resolve_copies_through_its_registrations(inv: BufInvent
     info = DevInfo(name="noresolve", kind="local", opener=_NoResolve, caps=LOCAL_CAPS)
     with Dev.open(info) as dev, Dma(dev) as dma, WorkQ(4) as workq:
         assert not hasattr(dev.backend, "resolve")
+        assert isinstance(dev.backend, BackendDevice)
         dma.workq_add(workq)
         dma.start()
         mmaps = []

@@ -464,8 +464,9 @@ def test_closing_the_dma_context_with_pieces_in_flight(link: Link) -> None:
     assert link.wq.progress_retrieve() is None  # the piece is posted, not complete
     link.dma.close()
     assert local.num_bufs >= 1
+    link.rdma.workq_add(link.wq)  # the RDMA side is progressed through a WorkQ of its own engine
     for _ in range(MAX_ROUNDS):
-        link.rdma._progress()
+        link.wq.progress_retrieve()
         if local.num_bufs == 1 and remote.num_bufs == 1:
             break
     assert (local.num_bufs, remote.num_bufs) == (1, 1)  # only the caller's src and dst

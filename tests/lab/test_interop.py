@@ -213,13 +213,13 @@ def test_both_requesters_send_the_same_packets(interop: Interop) -> None:
 
 
 def test_verbs_backend_on_rxe(guest: LabGuest) -> None:
-    """The verbs backend's device tests (tests/lab/test_verbs_device.py), run in the guest."""
+    """The verbs backend's device and DOCA backend tests (tests/lab/test_verbs_*.py), run in the guest."""
     # The guest has no pytest-timeout (pyproject's ``timeout``) and needs neither trio nor
     # hypothesis here: their plugins would cost ~40 s of imports over 9p under TCG.
     res = guest.run(
         *GUEST_PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
         "-p", "no:trio", "-W", "ignore::pytest.PytestConfigWarning", "tests/lab/test_verbs_device.py",
-        timeout=400,
+        "tests/lab/test_verbs_backend.py", timeout=400,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
     summary = res.stdout.strip().splitlines()[-1]

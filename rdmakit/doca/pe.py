@@ -1,0 +1,249 @@
+"""The progress engine (DOCA 2.5+ ``doca_pe.h``): what makes contexts and devices advance.
+
+A `ProgressEngine` owns two things, and nothing else holds them:
+
+- the contexts connected to it (``doca_pe_connect_ctx``): `progress` advances
+  each of them, and `num_inflight_tasks` counts their jobs in flight
+  (``doca_pe_get_num_inflight_tasks``);
+- the pumps of the devices opened under it (`rdmakit.doca.backend.Pump`: the
+  soft driver of a soft device, the completion channels of a verbs device):
+  `progress` runs each once, before the contexts, so the contexts find what
+  their devices did.
+
+``progress()`` (``doca_pe_progress``) never blocks and returns whether
+anything happened. Event-driven mode is the loop of ``doca_pe.h``: progress
+until it returns False, `request_notification`, wait for the notification
+handle (`fileno`, ``doca_pe_get_notification_handle``) to be readable,
+`clear_notification`, repeat. The handle is an epoll set of the pumps'
+descriptors, the contexts' own descriptors and an eventfd that `notify`
+writes once a notification was requested, so it works with ``select``,
+``selectors`` and ``trio.lowlevel.wait_readable``.
+
+A `WorkQ` progresses the engine it was created with; without one it uses the
+engine of the creating thread (`thread_engine`), as does `Dev.open`. One
+engine per thread is the default because a soft device is only pumped by its
+engine: a connection whose two ends live in one thread (a loopback pair, a
+DMA context reaching memory through an RDMA context) must be progressed by
+one engine, whichever of its work queues the caller drives, and, as in DOCA,
+contexts are not thread-safe, so a thread is the unit that drives them.
+Explicit engines (`ProgressEngine()`, passed to `WorkQ` and `Dev.open`) keep
+unrelated work apart; a device and the contexts using it must share one.
+"""
+
+import contextlib
+import os
+import select
+import threading
+import weakref
+from typing import Protocol, Self
+
+from rdmakit.doca.backend import Pump
+from rdmakit.doca.errors import DocaError, DocaErrorCode
+
+__all__ = ["PeContext", "ProgressEngine", "thread_engine"]
+
+
+class PeContext(Protocol):
+    """What an engine needs of a connected context (`rdmakit.doca.Ctx` is one)."""
+
+    @property
+    def num_inflight(self) -> int: ...
+
+    def _progress(self) -> bool: ...
+
+
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class ProgressEngine:
+    """A DOCA progress engine (``doca_pe``); see the module docstring."""
+
+    def __init__(self) -> None:
+        """``doca_pe_create``."""
+        self._ctxs: list[PeContext] = []
+        # A pump -> (our duplicate of its descriptor or -1, how many devices use it).
+        self._pumps: dict[Pump, tuple[int, int]] = {}
+        self._watched: dict[int, int] = {}  # a context's descriptor -> our duplicate
+        self._epoll = select.epoll()
+        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._epoll.register(self._efd, select.EPOLLIN)
+        self._armed = False
+        # Duplicates are ours to close, also when the engine is dropped without close().
+        self._owned: list[int] = [self._efd]
+        self._finalizer = weakref.finalize(self, _close_fds, self._owned)
+
+    # -- contexts -----------------------------------------------------------------------------
+
+    def connect_ctx(self, ctx: PeContext) -> None:
+        """Progress `ctx` from now on (``doca_pe_connect_ctx``); ALREADY_EXIST if it is."""
+        self._check_open()
+        if any(c is ctx for c in self._ctxs):
+            raise DocaError(DocaErrorCode.ALREADY_EXIST, f"{ctx!r} is already connected to this engine")
+        self._ctxs.append(ctx)
+
+    def disconnect_ctx(self, ctx: PeContext) -> None:
+        """Stop progressing `ctx`; a no-op if it is not connected."""
+        self._ctxs = [c for c in self._ctxs if c is not ctx]
+
+    @property
+    def ctxs(self) -> tuple[PeContext, ...]:
+        return tuple(self._ctxs)
+
+    @property
+    def num_inflight_tasks(self) -> int:
+        """Jobs in flight on the connected contexts (``doca_pe_get_num_inflight_tasks``)."""
+        return sum(c.num_inflight for c in self._ctxs)
+
+    # -- pumps and descriptors ----------------------------------------------------------------
+
+    def add_pump(self, pump: Pump) -> None:
+        """Run `pump` in every `progress` (a device opened under this engine); counted."""
+        self._check_open()
+        got = self._pumps.get(pump)
+        if got is not None:
+            self._pumps[pump] = (got[0], got[1] + 1)
+            return
+        fd = pump.fileno()
+        dup = -1 if fd is None else self._register(fd)
+        self._pumps[pump] = (dup, 1)
+
+    def remove_pump(self, pump: Pump) -> None:
+        """Undo one `add_pump`; the pump is no longer run once every device using it left."""
+        got = self._pumps.get(pump)
+        if got is None:
+            return
+        dup, count = got
+        if count > 1:
+            self._pumps[pump] = (dup, count - 1)
+            return
+        del self._pumps[pump]
+        self._unregister(dup)
+
+    @property
+    def pumps(self) -> tuple[Pump, ...]:
+        return tuple(self._pumps)
+
+    def watch(self, fd: int) -> None:
+        """Make the notification handle readable when `fd` is (a context's own descriptor)."""
+        self._check_open()
+        if fd in self._watched:
+            raise DocaError(DocaErrorCode.ALREADY_EXIST, f"descriptor {fd} is already watched")
+        self._watched[fd] = self._register(fd)
+
+    def unwatch(self, fd: int) -> None:
+        """Undo `watch`; a no-op for a descriptor that is not watched."""
+        dup = self._watched.pop(fd, None)
+        if dup is not None:
+            self._unregister(dup)
+
+    def _register(self, fd: int) -> int:
+        # Our own duplicate: its number cannot be reused under us while registered.
+        dup = os.dup(fd)
+        self._owned.append(dup)
+        self._epoll.register(dup, select.EPOLLIN)
+        return dup
+
+    def _unregister(self, dup: int) -> None:
+        if dup < 0:
+            return
+        if not self._epoll.closed:
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(dup)
+        self._owned.remove(dup)
+        os.close(dup)
+
+    # -- progress ------------------------------------------------------------------------------
+
+    def progress(self) -> bool:
+        """Run every pump once, then advance every context; True if anything happened.
+
+        ``doca_pe_progress``; it never blocks.
+        """
+        busy = False
+        for pump in list(self._pumps):
+            if pump.progress():
+                busy = True
+        for ctx in list(self._ctxs):
+            if ctx._progress():
+                busy = True
+        return busy
+
+    # -- notification --------------------------------------------------------------------------
+
+    def fileno(self) -> int:
+        """The notification handle (``doca_pe_get_notification_handle``)."""
+        self._check_open()
+        return self._epoll.fileno()
+
+    @property
+    def notification_handle(self) -> int:
+        return self.fileno()
+
+    def request_notification(self) -> None:
+        """Arm: the next `notify` makes the handle readable (``doca_pe_request_notification``).
+
+        The pumps' and contexts' descriptors make it readable whenever they are.
+        """
+        self._check_open()
+        self._armed = True
+
+    def clear_notification(self) -> None:
+        """Reset the handle after it fired (``doca_pe_clear_notification``)."""
+        self._check_open()
+        self._armed = False
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._efd)
+
+    def notify(self) -> None:
+        """For contexts: something completed outside any descriptor; wake an armed waiter."""
+        if self._armed and not self.closed:
+            self._armed = False
+            os.eventfd_write(self._efd, 1)
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._epoll.closed
+
+    def _check_open(self) -> None:
+        if self._epoll.closed:
+            raise DocaError(DocaErrorCode.BAD_STATE, "the progress engine is destroyed")
+
+    def close(self) -> None:
+        """``doca_pe_destroy``: forget contexts and pumps, release the handle. Idempotent."""
+        if self._epoll.closed:
+            return
+        self._ctxs.clear()
+        self._pumps.clear()
+        self._watched.clear()
+        self._epoll.close()
+        self._finalizer()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self.closed else f"ctxs={len(self._ctxs)} pumps={len(self._pumps)}"
+        return f"<ProgressEngine {state}>"
+
+
+class _PerThread(threading.local):
+    engine: ProgressEngine | None = None  # each thread sees its own, None until first use
+
+
+_per_thread = _PerThread()
+
+
+def thread_engine() -> ProgressEngine:
+    """The calling thread's implicit engine (created on first use, dropped with the thread)."""
+    pe = _per_thread.engine
+    if pe is None or pe.closed:
+        pe = _per_thread.engine = ProgressEngine()
+    return pe

@@ -1,0 +1,114 @@
+"""The backend conformance suite (rdmakit.testing.backend) on the soft backend, UDP and TCP.
+
+The verbs backend runs the same suite in the lab (tests/lab/test_verbs_backend.py).
+"""
+
+import ast
+import random
+from collections.abc import Callable
+from ipaddress import IPv6Address
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+import rdmakit.doca
+from rdmakit.doca import (
+    AccessFlag,
+    BackendDevice,
+    Dev,
+    DevInfo,
+    LocalBackendDevice,
+    Mmap,
+    MmapDescriptor,
+    SoftBackendDevice,
+)
+from rdmakit.testing.backend import check_backend_pair
+
+
+@pytest.mark.parametrize("transport", ["roce-udp", "tcp"])
+def test_soft_backend_keeps_the_protocols_promises(
+    transport: Literal["roce-udp", "tcp"], new_ip: Callable[[], str]
+) -> None:
+    def make() -> tuple[BackendDevice, BackendDevice]:
+        return SoftBackendDevice(transport, new_ip()), SoftBackendDevice(transport, new_ip())
+
+    check_backend_pair(make)
+
+
+def test_the_suite_can_fail(new_ip: Callable[[], str]) -> None:
+    """A backend whose local_view ignores the write permission is caught."""
+
+    class Leaky(SoftBackendDevice):
+        def local_view(self, lkey: int, addr: int, length: int, *, write: bool) -> memoryview | None:
+            return super().local_view(lkey, addr, length, write=False)
+
+    def make() -> tuple[BackendDevice, BackendDevice]:
+        return Leaky("roce-udp", new_ip()), Leaky("roce-udp", new_ip())
+
+    with pytest.raises(AssertionError, match="a write without LOCAL_WRITE"):
+        check_backend_pair(make)
+
+
+# -- capabilities are declared, not discovered --------------------------------------------------
+
+DOCA = Path(rdmakit.doca.__file__).parent
+#: The only getattr/hasattr calls rdmakit.doca may make, none on a backend object:
+#: (module, first argument) — the stdlib mmap module's optional constant, a descriptor's own fields.
+ALLOWED_PROBES = {("shm.py", "stdlib_mmap"), ("descriptor.py", "d")}
+
+
+def _probes() -> set[tuple[str, str]]:
+    found = set()
+    for path in sorted(DOCA.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and node.args
+            ):
+                found.add((path.name, ast.unparse(node.args[0])))
+    return found
+
+
+def test_no_backend_object_is_probed() -> None:
+    """The DOCA layer uses the backend protocols' members; it never asks an object what it has,
+    and no process-wide registry of contexts or made-up pump ids decides who progresses what."""
+    assert _probes() <= ALLOWED_PROBES
+    sources = "\n".join(p.read_text() for p in DOCA.glob("*.py"))
+    for gone in ("is_dataclass", "_Resolver", "isinstance(backend", "WeakSet", "id(self) %"):
+        assert gone not in sources, gone
+
+
+# -- the GID a device exports -----------------------------------------------------------------------
+
+
+class _RocePort(LocalBackendDevice):
+    """A device whose GID table starts with a link-local entry, as a RoCE port's does (index 0)."""
+
+    @property
+    def gid_index(self) -> int:
+        return 1
+
+    @property
+    def gid(self) -> IPv6Address:
+        return self.gids[1]
+
+
+def test_mmap_descriptor_names_the_gid_queue_pairs_use() -> None:
+    """export_rdma carries BackendDevice.gid, not gids[0] (link-local on a RoCE port)."""
+    gids = (IPv6Address("fe80::5054:ff:fe77:2"), IPv6Address("::ffff:10.77.0.2"))
+    info = DevInfo(
+        name="roce0", kind="local", opener=lambda: _RocePort("roce0", rng=random.Random(5), gids=gids)
+    )
+    with Dev.open(info) as dev:
+        mmap = Mmap()
+        mmap.set_permissions(AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ)
+        mmap.set_memrange(bytearray(64))
+        mmap.add_dev(dev)
+        mmap.start()
+        desc = MmapDescriptor.from_bytes(mmap.export_rdma(dev))
+        mmap.stop()
+        mmap.destroy()
+    assert desc.gid == IPv6Address("::ffff:10.77.0.2")

@@ -1,0 +1,130 @@
+"""The verbs backend behind the DOCA layer on a real verbs device (rxe0 in the lab guest; any RNIC).
+
+Runs wherever pyverbs and a RoCE device with a RoCE v2 GID are present;
+skipped elsewhere with the reason, as ``test_verbs_device.py``. Checks the
+backend conformance suite, the GID a verbs mmap descriptor exports and that
+``Rdma.set_gid_index`` reaches the queue pair's address vector.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rdmakit.engine.types import QpCaps
+from rdmakit.testing.backend import check_backend_pair
+from rdmakit.verbs import list_devices, pyverbs_missing
+
+pytestmark = pytest.mark.lab
+
+_missing = pyverbs_missing()
+_devices = list_devices() if _missing is None else []
+if _missing is not None:
+    pytestmark = [pytest.mark.lab, pytest.mark.skip(reason=_missing)]
+elif not _devices:
+    pytestmark = [pytest.mark.lab, pytest.mark.skip(reason="no verbs device with a RoCE v2 GID")]
+
+NAME = os.environ.get("RDMAKIT_RXE_DEV") or (_devices[0].name if _devices else "")
+
+
+def _backend() -> Any:
+    from rdmakit.doca.verbs_glue import VerbsBackendDevice
+    from rdmakit.verbs import VerbsDevice
+
+    return VerbsBackendDevice(VerbsDevice(NAME, rng=random.Random(7)))
+
+
+@pytest.fixture
+def doca_dev() -> Iterator[Any]:
+    from rdmakit.doca import Dev, find_devinfo
+
+    with Dev.open(find_devinfo(NAME)) as dev:
+        yield dev
+
+
+def test_verbs_backend_keeps_the_protocols_promises() -> None:
+    """Two contexts of one device (rxe loops its QPs back) pass the suite the soft backend passes."""
+    check_backend_pair(lambda: (_backend(), _backend()))
+
+
+def test_verbs_mmap_descriptor_carries_the_roce_v2_gid(doca_dev: Any) -> None:
+    """export_rdma names the device's RoCE v2 GID of its own address, not gids[0] (link-local)."""
+    from rdmakit.doca import AccessFlag, Mmap, MmapDescriptor
+    from rdmakit.verbs.sysfs import SYSFS_ROOT, read_device
+
+    mmap = Mmap()
+    mmap.set_permissions(AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE)
+    mmap.set_memrange(bytearray(4096))
+    mmap.add_dev(doca_dev)
+    mmap.start()
+    try:
+        desc = MmapDescriptor.from_bytes(mmap.export_rdma(doca_dev))
+    finally:
+        mmap.stop()
+        mmap.destroy()
+    backend = doca_dev.backend
+    assert desc.gid == backend.gid
+    assert not desc.gid.is_link_local
+    port = next(p for p in read_device(SYSFS_ROOT / NAME).ports if p.num == backend.verbs.port)
+    entry = next(g for g in port.gids if g.index == backend.gid_index)
+    assert entry.gid == desc.gid
+    assert entry.roce_v2  # gid_attrs/types: "RoCE v2"
+    assert entry.ip in doca_dev.info.ip_addrs  # the device's own IPv4/IPv6 address
+    if "RDMAKIT_LAB_GUEST_ADDR" in os.environ:
+        assert str(desc.gid.ipv4_mapped) == os.environ["RDMAKIT_LAB_GUEST_ADDR"]
+
+
+def _other_roce_v2_index(backend: Any) -> int:
+    from rdmakit.verbs.sysfs import SYSFS_ROOT, read_device
+
+    port = next(p for p in read_device(SYSFS_ROOT / NAME).ports if p.num == backend.verbs.port)
+    others = [g for g in port.gids if g.roce_v2 and g.index != backend.gid_index]
+    if not others:
+        pytest.skip(f"{NAME} port {port.num} has one RoCE v2 GID; nothing else to select")
+    return min(others, key=lambda g: g.gid.is_link_local).index
+
+
+def test_set_gid_index_takes_effect(doca_dev: Any) -> None:
+    """doca_rdma_set_gid_index: the exported descriptor and the QP's source GID index follow it."""
+    from rdmakit.doca import ConnectionDescriptor, DocaError, DocaErrorCode, Rdma
+
+    backend = doca_dev.backend
+    index = _other_roce_v2_index(backend)
+    with Rdma() as rdma:
+        rdma.add_dev(doca_dev)
+        rdma.set_gid_index(index)
+        rdma.start()
+        assert rdma.gid_index == index
+        desc = ConnectionDescriptor.from_bytes(rdma.export())
+        assert desc.gid == backend.gid_at(index) != backend.gid
+        rdma.stop()
+    with Rdma() as plain:
+        plain.add_dev(doca_dev)
+        plain.start()
+        assert ConnectionDescriptor.from_bytes(plain.export()).gid == backend.gid
+        plain.stop()
+    with Rdma() as bad:
+        bad.add_dev(doca_dev)
+        empty = max(g.index for g in _port_entries(backend)) + 1
+        with pytest.raises(DocaError) as info:
+            bad.set_gid_index(empty)
+        assert info.value.code is DocaErrorCode.INVALID_VALUE
+    # The address vector: the sgid_index the QP connects with (ibv_global_route.sgid_index).
+    qp, peer = backend.verbs.create_qp(QpCaps(), index), backend.verbs.create_qp(QpCaps())
+    try:
+        assert qp.gid_index == index
+        assert qp.connect_params(peer.export()).sgid_index == index
+        assert peer.connect_params(qp.export()).sgid_index == backend.gid_index
+    finally:
+        qp.close()
+        peer.close()
+
+
+def _port_entries(backend: Any) -> tuple[Any, ...]:
+    from rdmakit.verbs.sysfs import SYSFS_ROOT, read_device
+
+    return next(p for p in read_device(SYSFS_ROOT / NAME).ports if p.num == backend.verbs.port).gids
