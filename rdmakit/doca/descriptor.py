@@ -10,8 +10,8 @@ Format ``rdmakit.connection/1``
 
 A UTF-8 JSON object of at most 4096 bytes. `ConnectionDescriptor.to_bytes`
 writes it canonically (sorted keys, no spaces); any JSON layout of the same
-object parses. Every field is required, no other field is allowed, and a key
-may not appear twice:
+object parses. Every field is required (``secret``: for ``"tcp"`` only), no
+other field is allowed, and a key may not appear twice:
 
 =============  ==========================================================================
 field          value
@@ -32,6 +32,10 @@ field          value
 ``mtu``        the largest path MTU the exporting side accepts, in bytes: one of 256, 512,
                1024, 2048, 4096 (the IB path MTUs); ``"tcp"`` also allows any power of two up
                to 2**20. The connection uses the smaller of both sides'.
+``secret``     ``"tcp"`` only: 32 lowercase hex digits, a random 128-bit secret of this QP
+               that a stream to it must present (``rdmakit.transport.tcp``); absent for
+               the other transports. Added within version 1: a reader that predates it
+               refuses a tcp descriptor (unknown field), as it could not connect to one
 =============  ==========================================================================
 
 Integers are JSON integers (not strings, floats or booleans). A descriptor
@@ -85,6 +89,9 @@ _FIELDS = ("format", "transport", "gid", "ip", "port", "qpn", "psn", "mtu")
 _IB_MTUS = frozenset({256, 512, 1024, 2048, 4096})  # the IB path MTUs (ibv_mtu)
 _MAX_TCP_MTU = 1 << 20
 _U24 = 1 << 24
+#: The TCP transport's connection secret (``rdmakit.transport.tcp.SECRET_LEN`` bytes), as hex.
+_SECRET_HEX = frozenset("0123456789abcdef")
+_SECRET_DIGITS = 32
 
 
 _READER = DescriptorReader("connection descriptor", (), MAX_DESCRIPTOR_SIZE)
@@ -118,6 +125,8 @@ class ConnectionDescriptor:
     qpn: int
     psn: int
     mtu: int
+    #: ``"tcp"`` only: the QP's connection secret, hex; None for the other transports.
+    secret: str | None = None
 
     def __post_init__(self) -> None:
         # Built in-process (from a backend's export): the same rules as parsing.
@@ -135,6 +144,8 @@ class ConnectionDescriptor:
             "psn": self.psn,
             "mtu": self.mtu,
         }
+        if self.secret is not None:
+            obj["secret"] = self.secret
         return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -148,11 +159,18 @@ class ConnectionDescriptor:
             if key not in obj:
                 raise _bad(key, "missing")
         for key in obj:
-            if key not in _FIELDS:
+            if key not in _FIELDS and key != "secret":
                 raise _bad(key[:64], "unknown field")
         transport = _get_str(obj, "transport")
         if transport not in _TRANSPORTS:
             raise _bad("transport", f"{transport[:64]!r} is not one of {', '.join(_TRANSPORTS)}")
+        secret: str | None = None
+        if transport == "tcp":
+            if "secret" not in obj:
+                raise _bad("secret", "missing (a tcp descriptor carries its connection secret)")
+            secret = _get_str(obj, "secret")
+        elif "secret" in obj:
+            raise _bad("secret", f"only a tcp descriptor has one, not {transport!r}")
         gid_text = _get_str(obj, "gid")
         try:
             gid = IPv6Address(gid_text)
@@ -171,6 +189,7 @@ class ConnectionDescriptor:
             qpn=_get_int(obj, "qpn", 2, _U24 - 1),
             psn=_get_int(obj, "psn", 0, _U24 - 1),
             mtu=_get_int(obj, "mtu", 256, _MAX_TCP_MTU),
+            secret=secret,
         )
 
     @classmethod
@@ -192,6 +211,7 @@ class ConnectionDescriptor:
             "qpn": self.qpn,
             "psn": self.psn,
             "mtu": self.mtu,
+            **({} if self.secret is None else {"secret": self.secret}),
         }
 
 
@@ -221,6 +241,12 @@ def _validate(d: ConnectionDescriptor) -> None:
             raise _bad("mtu", f"{mtu} is not a power of two in [256, {_MAX_TCP_MTU}]")
     elif mtu not in _IB_MTUS:
         raise _bad("mtu", f"{mtu} is not an IB MTU (256, 512, 1024, 2048, 4096)")
+    secret = d.secret
+    if d.transport != "tcp":
+        if secret is not None:
+            raise _bad("secret", f"only a tcp descriptor has one, not {d.transport!r}")
+    elif not (isinstance(secret, str) and len(secret) == _SECRET_DIGITS and set(secret) <= _SECRET_HEX):
+        raise _bad("secret", f"expected {_SECRET_DIGITS} lowercase hex digits")
 
 
 # ---------------------------------------------------------------------------

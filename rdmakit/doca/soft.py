@@ -137,10 +137,13 @@ class SoftBackendQP:
 
     def export(self) -> dict[str, object]:
         ep = local_endpoint(self._dev, self._qp, self._psn)
-        return {
+        info: dict[str, object] = {
             "transport": ep.transport, "gid": ep.gid, "ip": ep.ip, "port": ep.port,
             "qpn": ep.qpn, "psn": ep.psn, "mtu": ep.mtu,
         }  # fmt: skip
+        if ep.secret:
+            info["secret"] = ep.secret  # a tcp QP's: whoever holds the descriptor may connect
+        return info
 
     def init(self, access: Access | None = None) -> None:
         """RESET → INIT with the responder's `access` (None: ``options.access``), so receives can be
@@ -167,6 +170,7 @@ class SoftBackendQP:
                 qpn=int(remote["qpn"]),  # type: ignore[call-overload]
                 psn=int(remote["psn"]),  # type: ignore[call-overload]
                 mtu=int(remote["mtu"]),  # type: ignore[call-overload]
+                secret=str(remote.get("secret", "")),
             )
             ip = ipaddress.ip_address(peer.ip)
             # ConnectionDescriptor checks this too; a caller of the backend may not have.
@@ -209,7 +213,7 @@ class SoftBackendQP:
 
     def reset(self) -> None:
         """Back to RESET with a fresh PSN (the recovery flow re-exports)."""
-        self._qp.modify(QpState.RESET)
+        self._dev.reset_qp(self._qp)  # on TCP, the exported secret is void too
         self._cq.poll(1 << 30)
         self._psn = self._dev.rng.getrandbits(24) & PSN_MASK
 

@@ -11,8 +11,8 @@ import os
 import random
 import struct
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Literal, cast
+from dataclasses import dataclass, fields
+from typing import Literal
 
 from rdmakit.engine import CompletionQueue, EngineError, ProtectionDomain, QpCaps, QpState, QueuePair
 from rdmakit.wire import (
@@ -28,12 +28,13 @@ from rdmakit.wire import (
     crc32,
     decode,
     encode_headers,
+    max_frame_body,
     unpack_icrc,
 )
 from rdmakit.wire.ident import solve_ipv4_ident
 
 from . import fastpath
-from .tcp import Placed, TcpLink
+from .tcp import SECRET_LEN, Placed, Route, TcpCounters, TcpLink
 from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
 
 TransportName = Literal["roce-udp", "tcp"]
@@ -86,8 +87,12 @@ class PeerAddress:
 
 
 @dataclass(slots=True)
-class DeviceCounters:
-    """What the device saw that the engine never did (like rxe's hw counters)."""
+class DeviceCounters(TcpCounters):
+    """What the device saw that the engine never did (like rxe's hw counters).
+
+    The ``tcp_*`` counters (:class:`~rdmakit.transport.tcp.TcpCounters`) are the
+    TCP transport's refusals, by kind; they stay 0 on UDP.
+    """
 
     packets_in: int = 0
     packets_out: int = 0
@@ -103,7 +108,7 @@ class DeviceCounters:
     placed: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in self.__slots__}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def _addr_bytes(ip: str) -> bytes:
@@ -157,7 +162,7 @@ class SoftDevice:
             self.udp = UdpLink(self.ip, port, gso=gso)
             self.port = self.udp.port
         elif transport == "tcp":
-            self.tcp = TcpLink(self.ip, port)
+            self.tcp = TcpLink(self.ip, port, self.counters)
             self.port = self.tcp.port
             if bulk:
                 self.tcp.place = self._place_tcp
@@ -178,6 +183,8 @@ class SoftDevice:
         #: Earliest QP deadline as of the last busy ``progress`` (see ``_DEADLINE_RESCAN``).
         self._deadline: float | None = None
         self._idle = 0
+        #: TCP: each connected QP's route (see ``connect_tcp``) and the longest frame it sends.
+        self._routes: dict[int, tuple[Route, int]] = {}
         self.closed = False
 
     # -- resources -----------------------------------------------------------------
@@ -205,7 +212,40 @@ class SoftDevice:
         return qp
 
     def destroy_qp(self, qp: QueuePair) -> None:
-        self._qps.pop(qp.qpn, None)
+        if self._qps.get(qp.qpn) is qp:
+            del self._qps[qp.qpn]
+            self._forget_tcp(qp)
+
+    def reset_qp(self, qp: QueuePair) -> None:
+        """Back to RESET (IBTA §10.3.1); on TCP the QP's secret is void, as is its descriptor."""
+        qp.modify(QpState.RESET)
+        if self._qps.get(qp.qpn) is qp:
+            self._forget_tcp(qp)
+
+    # -- TCP: who may reach a QP, and where its packets go (rdmakit.transport.tcp) ----
+    def tcp_secret(self, qp: QueuePair, mtu: int) -> bytes:
+        """The secret ``qp``'s connection descriptor carries: it opens a stream to ``qp``."""
+        if self.tcp is None:
+            raise EngineError("INVALID_VALUE", "only a tcp device issues connection secrets")
+        return self.tcp.issue(qp.qpn, mtu)
+
+    def connect_tcp(self, qp: QueuePair, route: Route) -> None:
+        """``qp`` is connected to the peer QP ``route`` names: send over it, and let only
+        that peer device use ``qp``'s own secret."""
+        assert self.tcp is not None
+        old = self._routes.get(qp.qpn)
+        self._routes[qp.qpn] = (route, max_frame_body(qp.attrs.path_mtu or TCP_MTU))
+        if old is not None and old[0] != route:
+            self.tcp.close_route(old[0])
+        self.tcp.bind(qp.qpn, route.ip, route.port)
+
+    def _forget_tcp(self, qp: QueuePair) -> None:
+        if self.tcp is None:
+            return
+        self.tcp.revoke(qp.qpn)
+        old = self._routes.pop(qp.qpn, None)
+        if old is not None:
+            self.tcp.close_route(old[0])
 
     @property
     def qps(self) -> Iterable[QueuePair]:
@@ -267,7 +307,7 @@ class SoftDevice:
         return busy
 
     def _scan_deadline(self) -> float | None:
-        best: float | None = None
+        best = self.tcp.deadline() if self.tcp is not None else None  # a preface timing out
         for qp in self._qps.values():
             t = qp.get_timer()
             if t is not None and (best is None or t < best):
@@ -489,7 +529,7 @@ class SoftDevice:
         assert link is not None
         c = self.counters
         busy = False
-        for frames, src_ip, dead in link.poll():
+        for frames, src_ip, dead in link.poll(now):
             busy = True
             for body in frames:
                 c.packets_in += 1
@@ -504,10 +544,11 @@ class SoftDevice:
                     continue
                 self._deliver(pkt, src_ip, now)
             if dead is not None:
-                # The stream to that peer is gone: TCP already retried for us.
-                for qp in self._qps.values():
-                    r = qp.remote
-                    if isinstance(r, PeerAddress) and (r.ip, r.port) == dead and qp.state is QpState.RTS:
+                # The stream over that route is gone: TCP already retried for us (or
+                # the peer stopped reading).
+                for qpn, (route, _) in self._routes.items():
+                    qp = self._qps.get(qpn)
+                    if route == dead and qp is not None and qp.state is QpState.RTS:
                         qp.transport_error(now)
         return busy
 
@@ -533,6 +574,8 @@ class SoftDevice:
         return None if target is None else (hlen, target)
 
     def _transmit(self, now: float) -> bool:
+        if self.tcp is not None:
+            return self._transmit_tcp(now)
         busy = False
         if self._backlog and not self._flush_backlog():
             return True
@@ -551,10 +594,34 @@ class SoftDevice:
                 self.counters.dropped_state += n
                 continue
             self.counters.packets_out += n
-            if self.tcp is not None:
-                self.tcp.send_packets(cast("list[Packet]", pkts), (remote.ip, remote.port))
-            else:
-                self._send_udp(pkts, remote)
+            self._send_udp(pkts, remote)
+        return busy
+
+    def _transmit_tcp(self, now: float) -> bool:
+        """Send what the QPs have, as much as each route's stream has room for (backpressure)."""
+        link = self.tcp
+        assert link is not None
+        c = self.counters
+        busy = False
+        for qp in self._qps.values():
+            if not qp.may_transmit():
+                continue
+            got = self._routes.get(qp.qpn)
+            if got is None:
+                n = len(qp.poll_transmit(now))  # not connected through this device: nowhere to go
+                c.dropped_state += n
+                busy = busy or n > 0
+                continue
+            route, frame = got
+            room = link.room(route)
+            if room <= 0:
+                c.tcp_held += 1
+                continue
+            pkts = qp.poll_transmit(now, max(1, room // frame))
+            if pkts:
+                busy = True
+                c.packets_out += len(pkts)
+                link.send_packets(pkts, route)
         return busy
 
     def _flush_backlog(self) -> bool:
@@ -718,7 +785,11 @@ _WOULD_BLOCK = frozenset((errno.EAGAIN, errno.EWOULDBLOCK))
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Endpoint:
-    """What one side of an RC connection tells the other (IBTA §12.7 REQ/REP fields)."""
+    """What one side of an RC connection tells the other (IBTA §12.7 REQ/REP fields).
+
+    ``secret`` (TCP only, hex): what a stream to this QP must present
+    (:mod:`rdmakit.transport.tcp`); whoever holds the endpoint holds it.
+    """
 
     transport: TransportName
     gid: str
@@ -727,6 +798,7 @@ class Endpoint:
     qpn: int
     psn: int
     mtu: int
+    secret: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -748,6 +820,8 @@ class ConnectOptions:
 
 
 def local_endpoint(dev: SoftDevice, qp: QueuePair, psn: int, mtu: int | None = None) -> Endpoint:
+    """What the peer needs to connect to ``qp``; on TCP it carries ``qp``'s secret."""
+    mtu = min(mtu or dev.max_mtu, dev.max_mtu)
     return Endpoint(
         transport=dev.transport,
         gid=dev.gid,
@@ -755,7 +829,8 @@ def local_endpoint(dev: SoftDevice, qp: QueuePair, psn: int, mtu: int | None = N
         port=dev.port,
         qpn=qp.qpn,
         psn=psn,
-        mtu=min(mtu or dev.max_mtu, dev.max_mtu),
+        mtu=mtu,
+        secret=dev.tcp_secret(qp, mtu).hex() if dev.tcp is not None else "",
     )
 
 
@@ -776,6 +851,7 @@ def connect_qp(
     o = opts or ConnectOptions()
     if peer.transport != dev.transport:
         raise EngineError("INVALID_VALUE", f"peer speaks {peer.transport}, this device {dev.transport}")
+    route = _tcp_route(peer) if dev.tcp is not None else None
     mtu = min(peer.mtu, dev.max_mtu)
     if qp.state is QpState.RESET:
         init_qp(qp, o.access)
@@ -796,3 +872,20 @@ def connect_qp(
         sq_psn=psn,
         max_rd_atomic=o.max_rd_atomic,
     )
+    if route is not None:
+        dev.connect_tcp(qp, route)
+
+
+def _tcp_route(peer: Endpoint) -> Route:
+    try:
+        ip = str(ipaddress.ip_address(peer.ip))
+    except ValueError:
+        raise EngineError("INVALID_VALUE", f"a tcp peer's ip {peer.ip[:64]!r} is not an IP address") from None
+    try:
+        secret = bytes.fromhex(peer.secret)
+    except ValueError:
+        secret = b""
+    if len(secret) != SECRET_LEN:
+        want = f"its {SECRET_LEN}-byte secret, as {2 * SECRET_LEN} hex digits"
+        raise EngineError("INVALID_VALUE", f"a tcp peer's endpoint must carry {want}")
+    return Route(ip, peer.port, peer.qpn, secret)

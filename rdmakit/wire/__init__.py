@@ -1,7 +1,7 @@
 """RoCEv2 wire format: opcodes, headers, packets, ICRC and stream framing."""
 
 from .errors import LocalWireError, WireError
-from .framing import FRAME_HEADER, MAX_FRAME, FrameDecoder, frame_header
+from .framing import FRAME_HEADER, MAX_FRAME, MAX_HEADERS, FrameDecoder, frame_header, max_frame_body
 from .icrc import (
     CRC32_IMPL,
     IP_PROTO_UDP,
@@ -43,10 +43,10 @@ from .psn import PSN_BITS, PSN_HALF, PSN_MASK, psn_add, psn_diff
 
 __all__ = [
     "AETH", "BTH_LEN", "CODEC_LAYOUTS", "CRC32_IMPL", "CREDITS_UNLIMITED", "DEFAULT_PKEY", "FRAME_HEADER",
-    "ICRC_LEN", "IP_PROTO_UDP", "MAX_FRAME", "OPCODE_INFO", "PSN_BITS", "PSN_HALF", "PSN_MASK",
+    "ICRC_LEN", "IP_PROTO_UDP", "MAX_FRAME", "MAX_HEADERS", "OPCODE_INFO", "PSN_BITS", "PSN_HALF", "PSN_MASK",
     "RETH", "ROCE_UDP_PORT", "AckKind", "AtomicETH", "FrameDecoder", "IcrcFlow", "Kind",
     "LocalWireError", "NakCode", "OpInfo", "Opcode", "Packet", "Payload", "Position", "Train", "WireError",
     "ack_syndrome", "crc32", "decode", "encode", "encode_headers", "frame_header", "icrc_ipv4",
-    "icrc_ipv6", "icrc_of_ip_packet", "nak_syndrome", "pack_icrc", "pad_bytes", "pad_len",
+    "icrc_ipv6", "icrc_of_ip_packet", "max_frame_body", "nak_syndrome", "pack_icrc", "pad_bytes", "pad_len",
     "parse_syndrome", "psn_add", "psn_diff", "rnr_syndrome", "unpack_icrc",
 ]  # fmt: skip

@@ -36,6 +36,7 @@ from rdmakit.doca._addresses import address_problem
 from .test_rdma_harness import Pair
 
 GID = IPv6Address("::ffff:127.0.0.2")
+SECRET = "00112233445566778899aabbccddeeff"
 GOOD: dict[str, Any] = {
     "format": CONNECTION_FORMAT,
     "transport": "roce-udp",
@@ -86,9 +87,10 @@ CASES = [
             qpn=2,
             psn=0,
             mtu=1 << 20,
+            secret=SECRET,
         ),
         b'{"format":"rdmakit.connection/1","gid":"fd00:0000:0000:0000:0000:0000:0000:0007","ip":"fd00::7",'
-        b'"mtu":1048576,"port":1,"psn":0,"qpn":2,"transport":"tcp"}',
+        b'"mtu":1048576,"port":1,"psn":0,"qpn":2,"secret":"00112233445566778899aabbccddeeff","transport":"tcp"}',
     ),
     (
         ConnectionDescriptor(
@@ -145,8 +147,14 @@ BAD = [
     ("psn 2**24", _with(psn=1 << 24), "psn"),
     ("mtu 1500", _with(mtu=1500), "mtu"),
     ("mtu 8192 on RoCE", _with(mtu=8192), "mtu"),
-    ("mtu 3000 on TCP", _with(transport="tcp", mtu=3000), "mtu"),
-    ("mtu 2**21 on TCP", _with(transport="tcp", mtu=1 << 21), "mtu"),
+    ("mtu 3000 on TCP", _with(transport="tcp", mtu=3000, secret=SECRET), "mtu"),
+    ("mtu 2**21 on TCP", _with(transport="tcp", mtu=1 << 21, secret=SECRET), "mtu"),
+    ("TCP without its secret", _with(transport="tcp", mtu=4096), "secret"),
+    ("TCP secret too short", _with(transport="tcp", mtu=4096, secret=SECRET[:-2]), "secret"),
+    ("TCP secret in capitals", _with(transport="tcp", mtu=4096, secret=SECRET.upper()), "secret"),
+    ("TCP secret not hex", _with(transport="tcp", mtu=4096, secret="g" * 32), "secret"),
+    ("TCP secret a number", _with(transport="tcp", mtu=4096, secret=1), "secret"),
+    ("a secret on RoCE", _with(secret=SECRET), "secret"),
     *[(f"missing {f}", _with(**{f: ...}), f) for f in GOOD if f != "format"],
 ]
 

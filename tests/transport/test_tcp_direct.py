@@ -9,6 +9,7 @@ ordinary path, with the ordinary errors.
 """
 
 import random
+import socket
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -35,6 +36,9 @@ class _Pair:
     def __init__(self, new_ip: Callable[[], str], mtu: int, place: bool = True) -> None:
         self.a = SoftDevice(new_ip(), transport="tcp", port=0)
         self.b = SoftDevice(new_ip(), transport="tcp", port=0, bulk=place)
+        for dev in (self.a, self.b):  # accepted streams inherit the listener's buffer size
+            assert dev.tcp is not None
+            dev.tcp.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, tcp._BUF)
         self.drv = Driver()
         self.drv.add(self.a)
         self.drv.add(self.b)

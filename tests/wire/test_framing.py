@@ -8,6 +8,7 @@ from rdmakit.wire import (
     BTH_LEN,
     FRAME_HEADER,
     MAX_FRAME,
+    MAX_HEADERS,
     FrameDecoder,
     LocalWireError,
     Packet,
@@ -15,6 +16,7 @@ from rdmakit.wire import (
     decode,
     encode,
     frame_header,
+    max_frame_body,
 )
 
 from .strategies import packets
@@ -126,3 +128,20 @@ def test_partial_header_waits() -> None:
 def test_feed_takes_only_byte_buffers(thing: object) -> None:
     with pytest.raises(LocalWireError):
         FrameDecoder().feed(thing)  # type: ignore[arg-type]
+
+
+def test_a_decoder_that_knows_the_mtu_refuses_longer_frames_at_once() -> None:
+    limit = max_frame_body(4096)
+    assert limit == 4096 + MAX_HEADERS
+    d = FrameDecoder(limit)
+    d.feed(frame_header(limit) + b"\0" * limit)
+    assert d.next_frame() == b"\0" * limit
+    d.feed(frame_header(limit + 1))  # the header alone: no body needed to refuse it
+    with pytest.raises(WireError, match="out of range"):
+        d.next_frame()
+
+
+@pytest.mark.parametrize("max_body", [BTH_LEN - 1, MAX_FRAME + 1])
+def test_a_decoder_bound_outside_the_framing_is_the_callers_fault(max_body: int) -> None:
+    with pytest.raises(LocalWireError):
+        FrameDecoder(max_body)
