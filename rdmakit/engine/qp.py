@@ -24,7 +24,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from rdmakit.wire import OPCODE_INFO, NakCode, Opcode, OpInfo, Packet, Payload, Train
+from rdmakit.wire import (
+    MIDDLE_OPCODES,
+    OPCODE_INFO,
+    PSN_HALF,
+    PSN_MASK,
+    NakCode,
+    Opcode,
+    OpInfo,
+    Packet,
+    Payload,
+    Train,
+)
 
 from .completer import fast_read_middle, on_response, read_run, read_run_done
 from .cq import CompletionQueue
@@ -36,7 +47,8 @@ from .states import QpState, check_transition
 from .timers import IB_MTUS, MAX_LARGE_MTU, MAX_MSG_SIZE, MAX_RD_ATOMIC, round_rd_atomic
 from .types import Access, Completion, QpCaps, RecvWR, SendWR, WcOpcode, WcStatus, WrOpcode
 
-_PSN_MAX = 0xFFFFFF
+#: QPNs and PSNs are 24-bit (IBTA §9.2 BTH).
+_U24 = PSN_MASK
 _ALL_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
@@ -60,11 +72,11 @@ _ROWS: dict[int, tuple[OpInfo, bool, tuple[int, ...], bool]] = {
 }
 
 
-#: MIDDLE opcodes with a fast path (no extension headers, the bulk of a long message).
+#: The MIDDLE opcodes (``MIDDLE_OPCODES``) each have a fast path.
 _RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
 _WRITE_MIDDLE = Opcode.RDMA_WRITE_MIDDLE
 _SEND_MIDDLE = Opcode.SEND_MIDDLE
-_MIDDLE_OPS = frozenset((Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, _RR_MIDDLE))
+_MIDDLE_OPS = MIDDLE_OPCODES
 #: Packet fields reth .. ieth, all None on a MIDDLE packet.
 _NO_EXT_HEADERS = (None,) * 6
 #: Tests turn the fast paths off to prove they change nothing.
@@ -181,9 +193,9 @@ _VALIDATORS: dict[str, Any] = {
     "access": _check_access,
     "remote": lambda qp, v: v,
     "path_mtu": _check_mtu,
-    "dest_qpn": _int_range("dest_qpn", 1, _PSN_MAX),
-    "rq_psn": _int_range("rq_psn", 0, _PSN_MAX),
-    "sq_psn": _int_range("sq_psn", 0, _PSN_MAX),
+    "dest_qpn": _int_range("dest_qpn", 1, _U24),
+    "rq_psn": _int_range("rq_psn", 0, _U24),
+    "sq_psn": _int_range("sq_psn", 0, _U24),
     "max_dest_rd_atomic": _check_rd_atomic("max_dest_rd_atomic"),
     "max_rd_atomic": _check_rd_atomic("max_rd_atomic"),
     "min_rnr_timer": _int_range("min_rnr_timer", 0, 31),
@@ -208,7 +220,7 @@ class QueuePair:
         caps: QpCaps = QpCaps(),  # noqa: B008 (frozen)
         rng: random.Random,
     ) -> None:
-        if type(qpn) is bool or not isinstance(qpn, int) or not 2 <= qpn <= _PSN_MAX:
+        if type(qpn) is bool or not isinstance(qpn, int) or not 2 <= qpn <= _U24:
             raise EngineError(
                 "INVALID_VALUE", f"qpn must be in [2, 2**24) (0 and 1 are special), got {qpn!r}"
             )
@@ -381,7 +393,7 @@ class QueuePair:
             # The head was being resent when a late cumulative ACK covered it:
             # the next WQE starts after it, at comp_psn.
             req.req_off = 0
-            if (req.req_psn - req.comp_psn) & 0xFFFFFF >= 0x800000:
+            if (req.req_psn - req.comp_psn) & PSN_MASK >= PSN_HALF:
                 req.req_psn = req.comp_psn
         if wqe.has_rd:
             req.rd_out -= 1

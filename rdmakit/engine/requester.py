@@ -32,7 +32,7 @@ count. One difference: the retransmit timer is stopped while an RNR wait runs
 from collections import deque
 from typing import TYPE_CHECKING
 
-from rdmakit.wire import RETH, AtomicETH, Opcode, Packet, Train
+from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet, Train
 
 from .timers import INFINITE_RETRY, MAX_PKT_PER_ACK, rnr_delay, transport_timeout
 from .types import SendWR, WcOpcode, WcStatus, WrOpcode
@@ -40,8 +40,8 @@ from .types import SendWR, WcOpcode, WcStatus, WrOpcode
 if TYPE_CHECKING:
     from .qp import QueuePair
 
-_MASK = 0xFFFFFF
-_HALF = 0x800000
+_MASK = PSN_MASK
+_HALF = PSN_HALF
 _new_packet = tuple.__new__
 #: Tests turn the MIDDLE-run fast path off to prove it changes nothing.
 _fast_path_enabled = True

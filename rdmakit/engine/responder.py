@@ -47,6 +47,8 @@ from typing import TYPE_CHECKING
 from rdmakit.wire import (
     AETH,
     OPCODE_INFO,
+    PSN_HALF,
+    PSN_MASK,
     Kind,
     NakCode,
     Opcode,
@@ -57,6 +59,7 @@ from rdmakit.wire import (
     Train,
     ack_syndrome,
     nak_syndrome,
+    psn_diff,
     rnr_syndrome,
 )
 
@@ -67,8 +70,8 @@ from .types import Access, Completion, WcOpcode, WcStatus
 if TYPE_CHECKING:
     from .qp import QueuePair
 
-_MASK = 0xFFFFFF
-_HALF = 0x800000
+_MASK = PSN_MASK
+_HALF = PSN_HALF
 _U64 = 0xFFFFFFFFFFFFFFFF
 _BYTEORDER = sys.byteorder
 _ACK_SYN = ack_syndrome()
@@ -142,11 +145,6 @@ class _Fatal(Exception):
     def __init__(self, code: NakCode, status: WcStatus) -> None:
         self.code = code
         self.status = status
-
-
-def _sdiff(a: int, b: int) -> int:
-    d = (a - b) & _MASK
-    return d - 0x1000000 if d >= _HALF else d
 
 
 class Responder:
@@ -229,7 +227,7 @@ class Responder:
             if type(prev) is Packet and prev.opcode is Opcode.ACKNOWLEDGE:
                 aeth = prev.aeth
                 if aeth is not None and aeth.syndrome == _ACK_SYN:
-                    if _sdiff(psn, prev.psn) >= 0:
+                    if psn_diff(psn, prev.psn) >= 0:
                         out[-1] = self._ack(Opcode.ACKNOWLEDGE, psn, _ACK_SYN)
                     return
         self._queue(self._ack(Opcode.ACKNOWLEDGE, psn, _ACK_SYN))
@@ -651,8 +649,8 @@ class Responder:
             if (
                 res is not None
                 and res.kind is kind
-                and _sdiff(psn, res.first_psn) >= 0
-                and _sdiff(psn, res.last_psn) <= 0
+                and psn_diff(psn, res.first_psn) >= 0
+                and psn_diff(psn, res.last_psn) <= 0
             ):
                 return res
         return None
