@@ -8,8 +8,9 @@ and Linux ``rdma_rxe``, which it interoperates with.
 from .cq import CompletionQueue
 from .errors import EngineError, ErrorCode
 from .memory import MemoryRegion, ProtectionDomain
-from .qp import QpAttrs, QpStats, QueuePair
+from .qp import QpAttrs, QueuePair
 from .states import TRANSITIONS, QpState, Transition
+from .stats import QpStats
 from .timers import INFINITE_RETRY, RNR_TIMER_USEC, rnr_delay, transport_timeout
 from .types import (
     SGE,

@@ -15,7 +15,6 @@ FATAL_ERR) and the QP moves to the error state.
 """
 
 import sys
-from typing import TYPE_CHECKING
 
 from rdmakit.wire import (
     PSN_HALF,
@@ -30,11 +29,9 @@ from rdmakit.wire import (
     psn_diff,
 )
 
+from .context import QpContext
 from .requester import ATOMIC, POSTED, READ, SEND_WRITE, Requester, SendWqe, scatter
 from .types import WcStatus
-
-if TYPE_CHECKING:
-    from .qp import QueuePair
 
 _MASK = PSN_MASK
 _HALF = PSN_HALF
@@ -122,7 +119,7 @@ def read_run_done(req: Requester, count: int, now: float) -> None:
     req.restart_timer(now)
 
 
-def on_response(qp: "QueuePair", req: Requester, pkt: Packet, info: OpInfo, now: float) -> None:
+def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: float) -> None:
     """Process one response packet (ACKNOWLEDGE, ATOMIC_ACKNOWLEDGE, READ responses)."""
     stats = qp.stats
     sq = req.sq

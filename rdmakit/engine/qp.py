@@ -20,8 +20,7 @@ of registered memory: encode them before the memory changes.
 """
 
 import random
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 from rdmakit.wire import (
@@ -29,7 +28,6 @@ from rdmakit.wire import (
     OPCODE_INFO,
     PSN_HALF,
     PSN_MASK,
-    NakCode,
     Opcode,
     OpInfo,
     Packet,
@@ -44,6 +42,7 @@ from .memory import ProtectionDomain
 from .requester import WC_OPCODE, Requester, SendWqe
 from .responder import RecvWqe, Responder
 from .states import QpState, check_transition
+from .stats import QpStats
 from .timers import IB_MTUS, MAX_LARGE_MTU, MAX_MSG_SIZE, MAX_RD_ATOMIC, round_rd_atomic
 from .types import Access, Completion, QpCaps, RecvWR, SendWR, WcOpcode, WcStatus, WrOpcode
 
@@ -79,47 +78,6 @@ _SEND_MIDDLE = Opcode.SEND_MIDDLE
 _MIDDLE_OPS = MIDDLE_OPCODES
 #: Packet fields reth .. ieth, all None on a MIDDLE packet.
 _NO_EXT_HEADERS = (None,) * 6
-#: Tests turn the fast paths off to prove they change nothing.
-_fast_path_enabled = True
-
-
-@dataclass(slots=True)
-class QpStats:
-    """Counters for one QP (plain integers and ``Counter``s; read them freely)."""
-
-    packets_in: int = 0
-    packets_out: int = 0
-    #: Request packets sent again (go-back-N).
-    retransmits: int = 0
-    #: Go-back-N sequences started (timeouts, NAK-sequence errors, implied NAKs).
-    retries: int = 0
-    timeouts: int = 0
-    implied_naks: int = 0
-    #: Duplicate requests received.
-    duplicates: int = 0
-    rnr_naks_sent: int = 0
-    rnr_naks_received: int = 0
-    #: NAKs by ``NakCode`` name.
-    naks_sent: Counter[str] = field(default_factory=Counter)
-    naks_received: Counter[str] = field(default_factory=Counter)
-    #: Packets dropped, by reason.
-    dropped: Counter[str] = field(default_factory=Counter)
-
-    def drop(self, reason: str) -> None:
-        self.dropped[reason] += 1
-
-    def count_nak_sent(self, code: int) -> None:
-        self.naks_sent[_nak_name(code)] += 1
-
-    def count_nak_received(self, code: int) -> None:
-        self.naks_received[_nak_name(code)] += 1
-
-
-def _nak_name(code: int) -> str:
-    try:
-        return NakCode(code).name
-    except ValueError:
-        return f"RESERVED_{code:#x}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,8 +205,10 @@ class QueuePair:
         #: ``access`` as a plain int for the per-packet check.
         self.access_bits = 0
         self.remote: object = None
-        self.req = Requester(self, caps.max_unacked_psns)
-        self.resp = Responder(self)
+        #: The fast paths of MIDDLE packets are on (``QpCaps.fast_paths``).
+        self._fast = caps.fast_paths
+        self.req = Requester(self, caps.max_unacked_psns, caps.fast_paths)
+        self.resp = Responder(self, caps.fast_paths)
 
     def __repr__(self) -> str:
         return f"<QueuePair qpn={self.qpn:#x} {self._state.name} dest_qpn={self.dest_qpn:#x}>"
@@ -545,7 +505,7 @@ class QueuePair:
             stats.drop("pkey")
             return
         op = pkt.opcode
-        if op in _MIDDLE_OPS and _fast_path_enabled and pkt[9:15] == _NO_EXT_HEADERS:
+        if op in _MIDDLE_OPS and self._fast and pkt[9:15] == _NO_EXT_HEADERS:
             if op == _RR_MIDDLE:
                 if self._tx and fast_read_middle(self.req, pkt.psn, pkt.payload, now):
                     return
@@ -587,7 +547,7 @@ class QueuePair:
         ``receive``. Otherwise nothing happens and False is returned: decode
         it and call ``receive``.
         """
-        if not _fast_path_enabled or not self._rx:
+        if not self._fast or not self._rx:
             return False
         if opcode == _RR_MIDDLE:
             if not self._tx or not fast_read_middle(self.req, psn, payload, now):
@@ -608,7 +568,7 @@ class QueuePair:
         call ``rx_run_done``: the effect is that of ``receive_middle`` for each.
         None: such packets take the per-packet path now.
         """
-        if not _fast_path_enabled or not self._rx:
+        if not self._fast or not self._rx:
             return None
         if opcode == _WRITE_MIDDLE:
             return self.resp.write_run()
@@ -621,7 +581,7 @@ class QueuePair:
     def rx_place(self, pkt: Packet, plen: int) -> memoryview | None:
         """Where ``plen`` payload bytes of the request ``pkt`` (headers only) will land, for
         transports that receive a payload straight into place (see ``Responder.write_target``)."""
-        if not _fast_path_enabled or not self._rx:
+        if not self._fast or not self._rx:
             return None
         return self.resp.write_target(pkt, plen)
 

@@ -42,7 +42,6 @@ Invariants:
 
 import sys
 from collections import deque
-from typing import TYPE_CHECKING
 
 from rdmakit.wire import (
     AETH,
@@ -63,12 +62,10 @@ from rdmakit.wire import (
     rnr_syndrome,
 )
 
+from .context import QpContext
 from .requester import scatter
 from .timers import MAX_MSG_SIZE
 from .types import Access, Completion, WcOpcode, WcStatus
-
-if TYPE_CHECKING:
-    from .qp import QueuePair
 
 _MASK = PSN_MASK
 _HALF = PSN_HALF
@@ -90,8 +87,6 @@ _RWQE_OPS = frozenset(op for op, i in OPCODE_INFO.items() if i.consumes_rwqe)
 _WRITE_MIDDLE = Opcode.RDMA_WRITE_MIDDLE
 _RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
 _new_packet = tuple.__new__
-#: Tests turn the READ-response fast path off to prove it changes nothing.
-_fast_path_enabled = True
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)
 _REMOTE_READ = int(Access.REMOTE_READ)
 _REMOTE_ATOMIC = int(Access.REMOTE_ATOMIC)
@@ -153,6 +148,7 @@ class Responder:
     __slots__ = (
         "ack_psn",
         "cur_recv",
+        "fast",
         "in_msg",
         "min_rnr_timer",
         "msn",
@@ -175,8 +171,10 @@ class Responder:
         "w_view",
     )  # fmt: skip
 
-    def __init__(self, qp: "QueuePair") -> None:
+    def __init__(self, qp: QpContext, fast: bool = True) -> None:
         self.qp = qp
+        #: Runs of READ response MIDDLE packets take the tight loop (``QpCaps.fast_paths``).
+        self.fast = fast
         self.rq: deque[RecvWqe] = deque()
         self.out: deque[Packet | ReadReply] = deque()
         self.reset()
@@ -259,7 +257,7 @@ class Responder:
             assert isinstance(item, ReadReply)
             view = item.view
             while n < budget:
-                if not item.new and view is not None and item.resid > mtu and _fast_path_enabled:
+                if not item.new and view is not None and item.resid > mtu and self.fast:
                     # A run of MIDDLE responses (no AETH): only the PSN and
                     # the payload slice change. Same packets as the step below.
                     off, resid, psn = item.off, item.resid, item.psn

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from engine_harness import Faults, Workload, fill, make_pair
 
-from rdmakit.engine import completer, qp, requester, responder
+from rdmakit.engine import QpCaps, completer, qp, responder
 from rdmakit.wire import Packet, Train
 
 CONFIGS = {
@@ -25,11 +25,11 @@ CONFIGS = {
 }
 
 
-def fingerprint(seed: int, faults: Faults, bulk: bool = False) -> tuple[Any, ...]:
+def fingerprint(seed: int, faults: Faults, bulk: bool = False, fast: bool = True) -> tuple[Any, ...]:
     # Messages of up to 80 packets: some MIDDLE packets carry AckReq (every 65th).
     n, max_len, mtu = 8, 20000, 256
     half = 1 << max(14, (2 * n * (max_len + 16)).bit_length())
-    p = make_pair(seed, faults, mtu=mtu, mem_size=2 * half, bulk=bulk)
+    p = make_pair(seed, faults, mtu=mtu, mem_size=2 * half, bulk=bulk, caps=QpCaps(fast_paths=fast))
     rng = random.Random(seed ^ 0xFA57)
     fill(p.a.mem, rng)
     fill(p.b.mem, rng)
@@ -80,14 +80,10 @@ def test_fast_path_equals_generic_path(name: str, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(qp, "fast_read_middle", counting_read)
     for seed in range(12):
         print(f"seed={seed} faults={name}")
-        monkeypatch.setattr(qp, "_fast_path_enabled", True)
-        monkeypatch.setattr(requester, "_fast_path_enabled", True)
-        monkeypatch.setattr(responder, "_fast_path_enabled", True)
         fast = fingerprint(seed, CONFIGS[name])
-        monkeypatch.setattr(qp, "_fast_path_enabled", False)
-        monkeypatch.setattr(requester, "_fast_path_enabled", False)
-        monkeypatch.setattr(responder, "_fast_path_enabled", False)
-        slow = fingerprint(seed, CONFIGS[name])
+        off = dict(taken)
+        slow = fingerprint(seed, CONFIGS[name], fast=False)
+        assert taken == off  # QpCaps(fast_paths=False): no fast path at all
         assert fast == slow
     assert taken["middle"] > 0
     assert taken["read"] > 0
