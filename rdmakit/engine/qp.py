@@ -20,7 +20,6 @@ of registered memory: encode them before the memory changes.
 """
 
 import random
-from dataclasses import dataclass
 from typing import Any, cast
 
 from rdmakit.wire import (
@@ -35,6 +34,7 @@ from rdmakit.wire import (
     Train,
 )
 
+from .attrs import ATTRS, ModifyAttrs, QpAttrs
 from .completer import fast_read_middle, on_response, read_run, read_run_done
 from .cq import CompletionQueue
 from .errors import EngineError
@@ -43,7 +43,7 @@ from .requester import WC_OPCODE, Requester, SendWqe
 from .responder import RecvWqe, Responder
 from .states import QpState, check_transition
 from .stats import QpStats
-from .timers import IB_MTUS, MAX_LARGE_MTU, MAX_MSG_SIZE, MAX_RD_ATOMIC, round_rd_atomic
+from .timers import MAX_MSG_SIZE
 from .types import Access, Completion, QpCaps, RecvWR, SendWR, WcOpcode, WcStatus, WrOpcode
 
 #: QPNs and PSNs are 24-bit (IBTA §9.2 BTH).
@@ -78,91 +78,6 @@ _SEND_MIDDLE = Opcode.SEND_MIDDLE
 _MIDDLE_OPS = MIDDLE_OPCODES
 #: Packet fields reth .. ieth, all None on a MIDDLE packet.
 _NO_EXT_HEADERS = (None,) * 6
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class QpAttrs:
-    """The QP's attributes as last modified (``ibv_query_qp``); None where never set."""
-
-    state: QpState
-    port: int | None = None
-    pkey_index: int | None = None
-    access: Access | None = None
-    remote: object = None
-    path_mtu: int | None = None
-    dest_qpn: int | None = None
-    rq_psn: int | None = None
-    max_dest_rd_atomic: int | None = None
-    min_rnr_timer: int | None = None
-    timeout: int | None = None
-    retry_cnt: int | None = None
-    rnr_retry: int | None = None
-    sq_psn: int | None = None
-    max_rd_atomic: int | None = None
-    en_sqd_async_notify: bool | None = None
-    sq_draining: bool = False
-
-
-def _int_range(name: str, lo: int, hi: int) -> Any:
-    def check(qp: "QueuePair", v: Any) -> Any:
-        if type(v) is bool or not isinstance(v, int) or not lo <= v <= hi:
-            raise EngineError("INVALID_VALUE", f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
-        return int(v)
-
-    return check
-
-
-def _check_mtu(qp: "QueuePair", v: Any) -> int:
-    ok = isinstance(v, int) and type(v) is not bool
-    if ok and qp.caps.large_mtu:
-        ok = 256 <= v <= MAX_LARGE_MTU and v & (v - 1) == 0
-    elif ok:
-        ok = v in IB_MTUS
-    if not ok:
-        allowed = "a power of two in [256, 2**20]" if qp.caps.large_mtu else f"one of {IB_MTUS}"
-        raise EngineError("INVALID_VALUE", f"path_mtu is in bytes, {allowed}; got {v!r}")
-    return int(v)
-
-
-def _check_access(qp: "QueuePair", v: Any) -> Access:
-    if type(v) is bool or not isinstance(v, int) or int(v) & ~int(_ALL_ACCESS):
-        raise EngineError("INVALID_VALUE", f"access must be Access flags, got {v!r}")
-    return Access(v)
-
-
-def _check_cur_state(qp: "QueuePair", v: Any) -> QpState:
-    if v != qp.state:
-        raise EngineError("INVALID_VALUE", f"cur_state {v!r} is not the QP's state {qp.state.name}")
-    return QpState(v)
-
-
-def _check_rd_atomic(name: str) -> Any:
-    inner = _int_range(name, 0, MAX_RD_ATOMIC)
-
-    def check(qp: "QueuePair", v: Any) -> int:
-        return round_rd_atomic(inner(qp, v))
-
-    return check
-
-
-_VALIDATORS: dict[str, Any] = {
-    "port": _int_range("port", 1, 255),
-    "pkey_index": _int_range("pkey_index", 0, 63),
-    "access": _check_access,
-    "remote": lambda qp, v: v,
-    "path_mtu": _check_mtu,
-    "dest_qpn": _int_range("dest_qpn", 1, _U24),
-    "rq_psn": _int_range("rq_psn", 0, _U24),
-    "sq_psn": _int_range("sq_psn", 0, _U24),
-    "max_dest_rd_atomic": _check_rd_atomic("max_dest_rd_atomic"),
-    "max_rd_atomic": _check_rd_atomic("max_rd_atomic"),
-    "min_rnr_timer": _int_range("min_rnr_timer", 0, 31),
-    "timeout": _int_range("timeout", 0, 31),
-    "retry_cnt": _int_range("retry_cnt", 0, 7),
-    "rnr_retry": _int_range("rnr_retry", 0, 7),
-    "cur_state": _check_cur_state,
-    "en_sqd_async_notify": lambda qp, v: bool(v),
-}
 
 
 class QueuePair:
@@ -247,54 +162,64 @@ class QueuePair:
         """In SQD, True once no started send work request is outstanding (IBTA §10.3.1.3)."""
         return self._state is QpState.SQD and not any(w.started for w in self.req.sq)
 
-    def modify(self, state: QpState, **attrs: Any) -> None:
+    def modify(
+        self,
+        state: QpState,
+        attrs: ModifyAttrs | None = None,
+        /,
+        *,
+        port: int | None = None,
+        pkey_index: int | None = None,
+        access: int | None = None,
+        remote: object = None,
+        path_mtu: int | None = None,
+        dest_qpn: int | None = None,
+        rq_psn: int | None = None,
+        max_dest_rd_atomic: int | None = None,
+        min_rnr_timer: int | None = None,
+        timeout: int | None = None,
+        retry_cnt: int | None = None,
+        rnr_retry: int | None = None,
+        sq_psn: int | None = None,
+        max_rd_atomic: int | None = None,
+        cur_state: QpState | None = None,
+        en_sqd_async_notify: bool | None = None,
+    ) -> None:
         """Move to ``state`` setting ``attrs`` (``ibv_modify_qp``; table in :mod:`.states`).
 
-        All-or-nothing: a bad pair, a missing or extra attribute or a bad
-        value raises EngineError and changes nothing.
+        The attributes come as a :class:`ModifyAttrs` or as its fields'
+        keywords, not both. All-or-nothing: a bad pair, a missing or extra
+        attribute or a bad value raises EngineError and changes nothing.
         """
+        kw = ModifyAttrs(
+            port=port, pkey_index=pkey_index, access=access, remote=remote, path_mtu=path_mtu,
+            dest_qpn=dest_qpn, rq_psn=rq_psn, max_dest_rd_atomic=max_dest_rd_atomic,
+            min_rnr_timer=min_rnr_timer, timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry,
+            sq_psn=sq_psn, max_rd_atomic=max_rd_atomic, cur_state=cur_state,
+            en_sqd_async_notify=en_sqd_async_notify,
+        )  # fmt: skip
+        if attrs is None:
+            attrs = kw
+        elif kw.given():
+            raise EngineError("INVALID_VALUE", "give the attributes as ModifyAttrs or as keywords, not both")
         try:
             to = QpState(state)
         except ValueError:
             raise EngineError("INVALID_VALUE", f"not a QP state: {state!r}") from None
-        check_transition(self._state, to, set(attrs))
-        values = {name: _VALIDATORS[name](self, v) for name, v in attrs.items()}
+        given = attrs.given()
+        check_transition(self._state, to, set(given))
+        values = [(ATTRS[name], name, ATTRS[name].check(self, getattr(attrs, name))) for name in given]
         if to is QpState.RESET:
             self._reset()
             return
         if to is QpState.ERR:
             self.enter_error()
             return
-        req, resp = self.req, self.resp
-        for name, v in values.items():
-            if name == "path_mtu":
-                req.mtu = resp.mtu = v
-            elif name == "dest_qpn":
-                self.dest_qpn = v
-            elif name == "access":
-                self.access = v
-                self.access_bits = int(v)
-            elif name == "remote":
-                self.remote = v
-            elif name == "rq_psn":
-                resp.configure(rq_psn=v)
-            elif name == "sq_psn":
-                req.req_psn = req.comp_psn = req.sent_hwm = v
-            elif name == "max_dest_rd_atomic":
-                resp.set_max_dest_rd_atomic(v)
-            elif name == "max_rd_atomic":
-                req.max_rd_atomic = v
-            elif name == "min_rnr_timer":
-                resp.min_rnr_timer = v
-            elif name == "timeout":
-                req.set_timeout(v)
-            elif name == "retry_cnt":
-                req.retry_cnt = req.retry_left = v
-            elif name == "rnr_retry":
-                req.rnr_retry = req.rnr_left = v
-            if name != "cur_state":
+        for attr, name, v in values:
+            attr.apply(self, v)
+            if attr.reported:
                 self._attrs[name] = v
-        req.draining = to is QpState.SQD
+        self.req.draining = to is QpState.SQD
         self._set_state(to)
 
     def _reset(self) -> None:

@@ -1,13 +1,14 @@
 """The RC queue pair state machine as data (IBTA Vol. 1 §10.3.1, §11.2.5.2).
 
 ``TRANSITIONS`` maps ``(from_state, to_state)`` to the attributes that
-``QueuePair.modify`` requires and those it accepts. It is the RC column of
+``QueuePair.modify`` requires and those it accepts (fields of
+``attrs.ModifyAttrs``, applied by the table ``attrs.ATTRS``). It is the RC column of
 Linux's ``qp_state_table`` (``drivers/infiniband/core/verbs.c``,
 ``ib_modify_qp_is_ok()``; pyverbs ``qp.pyx`` ``_get_comp_mask``), with
 attribute names of this API:
 
 =====================  =====================================
-verbs mask             ``modify()`` keyword
+verbs mask             ``ModifyAttrs`` field
 =====================  =====================================
 IBV_QP_PORT            ``port``
 IBV_QP_PKEY_INDEX      ``pkey_index``
