@@ -184,7 +184,7 @@ def _set_sq_psn(qp: Modifiable, v: int) -> None:
 
 
 def _set_max_dest_rd_atomic(qp: Modifiable, v: int) -> None:
-    qp.resp.set_max_dest_rd_atomic(v)
+    qp.resp.res.configure(v)
 
 
 def _set_max_rd_atomic(qp: Modifiable, v: int) -> None:

@@ -40,6 +40,7 @@ from .cq import CompletionQueue
 from .errors import EngineError
 from .memory import ProtectionDomain
 from .requester import WC_OPCODE, Requester, SendWqe
+from .resp_runs import fast_middle, send_run, send_run_done, write_run, write_run_done, write_target
 from .responder import RecvWqe, Responder
 from .states import QpState, check_transition
 from .stats import QpStats
@@ -434,7 +435,7 @@ class QueuePair:
             if op == _RR_MIDDLE:
                 if self._tx and fast_read_middle(self.req, pkt.psn, pkt.payload, now):
                     return
-            elif self.resp.fast_middle(op, pkt.psn, pkt.ackreq, pkt.payload):
+            elif fast_middle(self.resp, op, pkt.psn, pkt.ackreq, pkt.payload):
                 return
         row = _ROWS.get(op)
         if row is None:
@@ -477,7 +478,7 @@ class QueuePair:
         if opcode == _RR_MIDDLE:
             if not self._tx or not fast_read_middle(self.req, psn, payload, now):
                 return False
-        elif opcode not in _MIDDLE_OPS or not self.resp.fast_middle(opcode, psn, ackreq, payload):
+        elif opcode not in _MIDDLE_OPS or not fast_middle(self.resp, opcode, psn, ackreq, payload):
             return False
         self.stats.packets_in += 1
         return True
@@ -496,28 +497,28 @@ class QueuePair:
         if not self._fast or not self._rx:
             return None
         if opcode == _WRITE_MIDDLE:
-            return self.resp.write_run()
+            return write_run(self.resp)
         if opcode == _SEND_MIDDLE:
-            return self.resp.send_run()
+            return send_run(self.resp)
         if opcode == _RR_MIDDLE and self._tx:
             return read_run(self.req)
         return None
 
     def rx_place(self, pkt: Packet, plen: int) -> memoryview | None:
         """Where ``plen`` payload bytes of the request ``pkt`` (headers only) will land, for
-        transports that receive a payload straight into place (see ``Responder.write_target``)."""
+        transports that receive a payload straight into place (see ``resp_runs.write_target``)."""
         if not self._fast or not self._rx:
             return None
-        return self.resp.write_target(pkt, plen)
+        return write_target(self.resp, pkt, plen)
 
     def rx_run_done(self, opcode: int, count: int, last_ackreq: int, now: float) -> None:
         """``count`` packets of the run ``rx_run`` described were placed (``last_ackreq``: see Train)."""
         if opcode == _RR_MIDDLE:
             read_run_done(self.req, count, now)
         elif opcode == _SEND_MIDDLE:
-            self.resp.send_run_done(count, last_ackreq)
+            send_run_done(self.resp, count, last_ackreq)
         else:
-            self.resp.write_run_done(count, last_ackreq)
+            write_run_done(self.resp, count, last_ackreq)
         self.stats.packets_in += count
 
     def get_timer(self) -> float | None:

@@ -1,7 +1,7 @@
 """The MIDDLE-packet fast paths change nothing: hostile runs replay identically without them.
 
 ``QueuePair.receive`` places in-order WRITE/SEND MIDDLE packets and READ
-RESPONSE MIDDLE packets through ``Responder.fast_middle`` and
+RESPONSE MIDDLE packets through ``resp_runs.fast_middle`` and
 ``completer.fast_read_middle``, skipping the generic dispatch; the requester
 and the READ responder emit runs of MIDDLE packets in tight loops of their own. Each seeded
 hostile workload here runs twice, with the fast paths on and off; the two runs
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from engine_harness import Faults, Workload, fill, make_pair
 
-from rdmakit.engine import QpCaps, completer, qp, responder
+from rdmakit.engine import QpCaps, completer, qp, resp_runs
 from rdmakit.wire import Packet, Train
 
 CONFIGS = {
@@ -64,10 +64,10 @@ def fingerprint(seed: int, faults: Faults, bulk: bool = False, fast: bool = True
 @pytest.mark.parametrize("name", CONFIGS)
 def test_fast_path_equals_generic_path(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     taken = {"middle": 0, "read": 0}
-    real_middle, real_read = responder.Responder.fast_middle, completer.fast_read_middle
+    real_middle, real_read = resp_runs.fast_middle, completer.fast_read_middle
 
-    def counting_middle(self: responder.Responder, *a: Any) -> bool:
-        ok = real_middle(self, *a)
+    def counting_middle(*a: Any) -> bool:
+        ok = real_middle(*a)
         taken["middle"] += ok
         return ok
 
@@ -76,7 +76,7 @@ def test_fast_path_equals_generic_path(name: str, monkeypatch: pytest.MonkeyPatc
         taken["read"] += ok
         return ok
 
-    monkeypatch.setattr(responder.Responder, "fast_middle", counting_middle)
+    monkeypatch.setattr(qp, "fast_middle", counting_middle)
     monkeypatch.setattr(qp, "fast_read_middle", counting_read)
     for seed in range(12):
         print(f"seed={seed} faults={name}")

@@ -283,7 +283,7 @@ def test_modify_applies_each_attribute_where_it_belongs() -> None:
     assert qp.req.mtu == qp.resp.mtu == VALUES["path_mtu"]
     assert qp.resp.psn == qp.resp.ack_psn == VALUES["rq_psn"]
     assert qp.req.req_psn == qp.req.comp_psn == qp.req.sent_hwm == VALUES["sq_psn"]
-    assert len(qp.resp.resources) == 4
+    assert len(qp.resp.res.ring) == 4
     assert qp.req.max_rd_atomic == 8
     assert qp.resp.min_rnr_timer == VALUES["min_rnr_timer"]
     assert qp.req.timeout == pytest.approx(4.096e-6 * (1 << VALUES["timeout"]))
