@@ -9,7 +9,9 @@ the peer and by ``handle_timer(now)`` at ``get_timer()``; it answers with
 monotonic clock the transport likes.
 
 The send side is :mod:`.requester` and :mod:`.completer`, the receive side
-:mod:`.responder`, the state machine :mod:`.states`.
+:mod:`.responder`, the state machine :mod:`.states`, the attributes of
+``modify`` :mod:`.attrs`; the receive interfaces of transports that place
+MIDDLE packets in bulk are :mod:`.bulk` (the base class).
 
 Packets are never trusted: whatever the peer sends (wrong QP, wrong state,
 missing headers, bad PSNs, lengths, keys), ``receive`` drops and counts it in
@@ -30,17 +32,17 @@ from rdmakit.wire import (
     Opcode,
     OpInfo,
     Packet,
-    Payload,
     Train,
 )
 
 from .attrs import ATTRS, ModifyAttrs, QpAttrs
-from .completer import fast_read_middle, on_response, read_run, read_run_done
+from .bulk import BulkReceive
+from .completer import fast_read_middle, on_response
 from .cq import CompletionQueue
 from .errors import EngineError
 from .memory import ProtectionDomain
 from .requester import WC_OPCODE, Requester, SendWqe
-from .resp_runs import fast_middle, send_run, send_run_done, write_run, write_run_done, write_target
+from .resp_runs import fast_middle
 from .responder import RecvWqe, Responder
 from .states import QpState, check_transition
 from .stats import QpStats
@@ -74,14 +76,12 @@ _ROWS: dict[int, tuple[OpInfo, bool, tuple[int, ...], bool]] = {
 
 #: The MIDDLE opcodes (``MIDDLE_OPCODES``) each have a fast path.
 _RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
-_WRITE_MIDDLE = Opcode.RDMA_WRITE_MIDDLE
-_SEND_MIDDLE = Opcode.SEND_MIDDLE
 _MIDDLE_OPS = MIDDLE_OPCODES
 #: Packet fields reth .. ieth, all None on a MIDDLE packet.
 _NO_EXT_HEADERS = (None,) * 6
 
 
-class QueuePair:
+class QueuePair(BulkReceive):
     """One Reliable Connection queue pair (``ibv_qp`` of type RC)."""
 
     def __init__(
@@ -462,64 +462,6 @@ class QueuePair:
                 self.req.restart_timer(now)
         else:
             stats.drop("qp_state")
-
-    def receive_middle(self, opcode: int, psn: int, ackreq: bool, payload: Payload, now: float) -> bool:
-        """The fast path of ``receive`` for a MIDDLE packet (WRITE, SEND, READ response).
-
-        For transports that have not built a ``Packet``: the packet is
-        addressed to this QP, has a valid P_Key and TVer, no extension headers
-        and no pad. If it is the next in-order packet of the message under
-        way, it is placed and True returned, with the same effect as
-        ``receive``. Otherwise nothing happens and False is returned: decode
-        it and call ``receive``.
-        """
-        if not self._fast or not self._rx:
-            return False
-        if opcode == _RR_MIDDLE:
-            if not self._tx or not fast_read_middle(self.req, psn, payload, now):
-                return False
-        elif opcode not in _MIDDLE_OPS or not fast_middle(self.resp, opcode, psn, ackreq, payload):
-            return False
-        self.stats.packets_in += 1
-        return True
-
-    def rx_run(self, opcode: int) -> tuple[int, memoryview, int, int, int] | None:
-        """Where a run of in-order MIDDLE packets of ``opcode`` would go, for bulk placement.
-
-        For transports that check and place many packets in one step (the
-        native UDP data plane): ``(first PSN, target memory, offset, most
-        packets, MTU)``. Packet ``i`` of the run must be the MIDDLE with PSN
-        ``first + i``, a P_Key, TVer, pad and length as ``receive_middle``
-        takes them, and its payload goes to ``memory[offset + i*MTU:]``. Then
-        call ``rx_run_done``: the effect is that of ``receive_middle`` for each.
-        None: such packets take the per-packet path now.
-        """
-        if not self._fast or not self._rx:
-            return None
-        if opcode == _WRITE_MIDDLE:
-            return write_run(self.resp)
-        if opcode == _SEND_MIDDLE:
-            return send_run(self.resp)
-        if opcode == _RR_MIDDLE and self._tx:
-            return read_run(self.req)
-        return None
-
-    def rx_place(self, pkt: Packet, plen: int) -> memoryview | None:
-        """Where ``plen`` payload bytes of the request ``pkt`` (headers only) will land, for
-        transports that receive a payload straight into place (see ``resp_runs.write_target``)."""
-        if not self._fast or not self._rx:
-            return None
-        return write_target(self.resp, pkt, plen)
-
-    def rx_run_done(self, opcode: int, count: int, last_ackreq: int, now: float) -> None:
-        """``count`` packets of the run ``rx_run`` described were placed (``last_ackreq``: see Train)."""
-        if opcode == _RR_MIDDLE:
-            read_run_done(self.req, count, now)
-        elif opcode == _SEND_MIDDLE:
-            send_run_done(self.resp, count, last_ackreq)
-        else:
-            write_run_done(self.resp, count, last_ackreq)
-        self.stats.packets_in += count
 
     def get_timer(self) -> float | None:
         """The earliest deadline (retransmit or RNR wait) at which to call ``handle_timer``."""
