@@ -5,11 +5,13 @@ sockets, no clock, no global randomness. Behaviour follows IBTA Vol. 1 ch. 9
 and Linux ``rdma_rxe``, which it interoperates with.
 """
 
+from .attrs import ModifyAttrs, QpAttrs
 from .cq import CompletionQueue
 from .errors import EngineError, ErrorCode
 from .memory import MemoryRegion, ProtectionDomain
-from .qp import QpAttrs, QpStats, QueuePair
+from .qp import QueuePair
 from .states import TRANSITIONS, QpState, Transition
+from .stats import QpStats
 from .timers import INFINITE_RETRY, RNR_TIMER_USEC, rnr_delay, transport_timeout
 from .types import (
     SGE,
@@ -25,7 +27,7 @@ from .types import (
 
 __all__ = [
     "INFINITE_RETRY", "RNR_TIMER_USEC", "SGE", "TRANSITIONS", "Access", "Completion",
-    "CompletionQueue", "EngineError", "ErrorCode", "MemoryRegion", "ProtectionDomain", "QpAttrs",
-    "QpCaps", "QpState", "QpStats", "QueuePair", "RecvWR", "SendWR", "Transition", "WcOpcode",
+    "CompletionQueue", "EngineError", "ErrorCode", "MemoryRegion", "ModifyAttrs", "ProtectionDomain",
+    "QpAttrs", "QpCaps", "QpState", "QpStats", "QueuePair", "RecvWR", "SendWR", "Transition", "WcOpcode",
     "WcStatus", "WrOpcode", "rnr_delay", "transport_timeout",
 ]  # fmt: skip

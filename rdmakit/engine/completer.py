@@ -15,18 +15,26 @@ FATAL_ERR) and the QP moves to the error state.
 """
 
 import sys
-from typing import TYPE_CHECKING
 
-from rdmakit.wire import AckKind, NakCode, Opcode, OpInfo, Packet, Payload, Position
+from rdmakit.wire import (
+    PSN_HALF,
+    PSN_MASK,
+    AckKind,
+    NakCode,
+    Opcode,
+    OpInfo,
+    Packet,
+    Payload,
+    Position,
+    psn_diff,
+)
 
+from .context import QpContext
 from .requester import ATOMIC, POSTED, READ, SEND_WRITE, Requester, SendWqe, scatter
 from .types import WcStatus
 
-if TYPE_CHECKING:
-    from .qp import QueuePair
-
-_MASK = 0xFFFFFF
-_HALF = 0x800000
+_MASK = PSN_MASK
+_HALF = PSN_HALF
 _BYTEORDER = sys.byteorder
 
 _FIRST, _MIDDLE, _LAST, _ONLY = Position.FIRST, Position.MIDDLE, Position.LAST, Position.ONLY
@@ -43,11 +51,6 @@ NAK_STATUS = {
     NakCode.REMOTE_ACCESS_ERROR: WcStatus.REM_ACCESS_ERR,
     NakCode.REMOTE_OPERATIONAL_ERROR: WcStatus.REM_OP_ERR,
 }
-
-
-def _sdiff(a: int, b: int) -> int:
-    d = (a - b) & _MASK
-    return d - 0x1000000 if d >= _HALF else d
 
 
 def _middle_read(req: Requester) -> SendWqe | None:
@@ -116,7 +119,7 @@ def read_run_done(req: Requester, count: int, now: float) -> None:
     req.restart_timer(now)
 
 
-def on_response(qp: "QueuePair", req: Requester, pkt: Packet, info: OpInfo, now: float) -> None:
+def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: float) -> None:
     """Process one response packet (ACKNOWLEDGE, ATOMIC_ACKNOWLEDGE, READ responses)."""
     stats = qp.stats
     sq = req.sq
@@ -143,7 +146,7 @@ def on_response(qp: "QueuePair", req: Requester, pkt: Packet, info: OpInfo, now:
             req.error_retry(False)
             return
         req.reset_retry_counters()
-        if _sdiff(wqe.last_psn, req.comp_psn) >= 0:
+        if psn_diff(wqe.last_psn, req.comp_psn) >= 0:
             req.comp_psn = (wqe.last_psn + 1) & _MASK
             req.comp_opcode = None
         qp.complete_send_head(WcStatus.SUCCESS)

@@ -9,7 +9,9 @@ the peer and by ``handle_timer(now)`` at ``get_timer()``; it answers with
 monotonic clock the transport likes.
 
 The send side is :mod:`.requester` and :mod:`.completer`, the receive side
-:mod:`.responder`, the state machine :mod:`.states`.
+:mod:`.responder`, the state machine :mod:`.states`, the attributes of
+``modify`` :mod:`.attrs`; the receive interfaces of transports that place
+MIDDLE packets in bulk are :mod:`.bulk` (the base class).
 
 Packets are never trusted: whatever the peer sends (wrong QP, wrong state,
 missing headers, bad PSNs, lengths, keys), ``receive`` drops and counts it in
@@ -20,23 +22,35 @@ of registered memory: encode them before the memory changes.
 """
 
 import random
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, cast
 
-from rdmakit.wire import OPCODE_INFO, NakCode, Opcode, OpInfo, Packet, Payload, Train
+from rdmakit.wire import (
+    MIDDLE_OPCODES,
+    OPCODE_INFO,
+    PSN_HALF,
+    PSN_MASK,
+    Opcode,
+    OpInfo,
+    Packet,
+    Train,
+)
 
-from .completer import fast_read_middle, on_response, read_run, read_run_done
+from .attrs import ATTRS, ModifyAttrs, QpAttrs
+from .bulk import BulkReceive
+from .completer import fast_read_middle, on_response
 from .cq import CompletionQueue
 from .errors import EngineError
 from .memory import ProtectionDomain
 from .requester import WC_OPCODE, Requester, SendWqe
+from .resp_runs import fast_middle
 from .responder import RecvWqe, Responder
 from .states import QpState, check_transition
-from .timers import IB_MTUS, MAX_LARGE_MTU, MAX_MSG_SIZE, MAX_RD_ATOMIC, round_rd_atomic
+from .stats import QpStats
+from .timers import MAX_MSG_SIZE
 from .types import Access, Completion, QpCaps, RecvWR, SendWR, WcOpcode, WcStatus, WrOpcode
 
-_PSN_MAX = 0xFFFFFF
+#: QPNs and PSNs are 24-bit (IBTA §9.2 BTH).
+_U24 = PSN_MASK
 _ALL_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
@@ -60,142 +74,14 @@ _ROWS: dict[int, tuple[OpInfo, bool, tuple[int, ...], bool]] = {
 }
 
 
-#: MIDDLE opcodes with a fast path (no extension headers, the bulk of a long message).
+#: The MIDDLE opcodes (``MIDDLE_OPCODES``) each have a fast path.
 _RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
-_WRITE_MIDDLE = Opcode.RDMA_WRITE_MIDDLE
-_SEND_MIDDLE = Opcode.SEND_MIDDLE
-_MIDDLE_OPS = frozenset((Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, _RR_MIDDLE))
+_MIDDLE_OPS = MIDDLE_OPCODES
 #: Packet fields reth .. ieth, all None on a MIDDLE packet.
 _NO_EXT_HEADERS = (None,) * 6
-#: Tests turn the fast paths off to prove they change nothing.
-_fast_path_enabled = True
 
 
-@dataclass(slots=True)
-class QpStats:
-    """Counters for one QP (plain integers and ``Counter``s; read them freely)."""
-
-    packets_in: int = 0
-    packets_out: int = 0
-    #: Request packets sent again (go-back-N).
-    retransmits: int = 0
-    #: Go-back-N sequences started (timeouts, NAK-sequence errors, implied NAKs).
-    retries: int = 0
-    timeouts: int = 0
-    implied_naks: int = 0
-    #: Duplicate requests received.
-    duplicates: int = 0
-    rnr_naks_sent: int = 0
-    rnr_naks_received: int = 0
-    #: NAKs by ``NakCode`` name.
-    naks_sent: Counter[str] = field(default_factory=Counter)
-    naks_received: Counter[str] = field(default_factory=Counter)
-    #: Packets dropped, by reason.
-    dropped: Counter[str] = field(default_factory=Counter)
-
-    def drop(self, reason: str) -> None:
-        self.dropped[reason] += 1
-
-    def count_nak_sent(self, code: int) -> None:
-        self.naks_sent[_nak_name(code)] += 1
-
-    def count_nak_received(self, code: int) -> None:
-        self.naks_received[_nak_name(code)] += 1
-
-
-def _nak_name(code: int) -> str:
-    try:
-        return NakCode(code).name
-    except ValueError:
-        return f"RESERVED_{code:#x}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class QpAttrs:
-    """The QP's attributes as last modified (``ibv_query_qp``); None where never set."""
-
-    state: QpState
-    port: int | None = None
-    pkey_index: int | None = None
-    access: Access | None = None
-    remote: object = None
-    path_mtu: int | None = None
-    dest_qpn: int | None = None
-    rq_psn: int | None = None
-    max_dest_rd_atomic: int | None = None
-    min_rnr_timer: int | None = None
-    timeout: int | None = None
-    retry_cnt: int | None = None
-    rnr_retry: int | None = None
-    sq_psn: int | None = None
-    max_rd_atomic: int | None = None
-    en_sqd_async_notify: bool | None = None
-    sq_draining: bool = False
-
-
-def _int_range(name: str, lo: int, hi: int) -> Any:
-    def check(qp: "QueuePair", v: Any) -> Any:
-        if type(v) is bool or not isinstance(v, int) or not lo <= v <= hi:
-            raise EngineError("INVALID_VALUE", f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
-        return int(v)
-
-    return check
-
-
-def _check_mtu(qp: "QueuePair", v: Any) -> int:
-    ok = isinstance(v, int) and type(v) is not bool
-    if ok and qp.caps.large_mtu:
-        ok = 256 <= v <= MAX_LARGE_MTU and v & (v - 1) == 0
-    elif ok:
-        ok = v in IB_MTUS
-    if not ok:
-        allowed = "a power of two in [256, 2**20]" if qp.caps.large_mtu else f"one of {IB_MTUS}"
-        raise EngineError("INVALID_VALUE", f"path_mtu is in bytes, {allowed}; got {v!r}")
-    return int(v)
-
-
-def _check_access(qp: "QueuePair", v: Any) -> Access:
-    if type(v) is bool or not isinstance(v, int) or int(v) & ~int(_ALL_ACCESS):
-        raise EngineError("INVALID_VALUE", f"access must be Access flags, got {v!r}")
-    return Access(v)
-
-
-def _check_cur_state(qp: "QueuePair", v: Any) -> QpState:
-    if v != qp.state:
-        raise EngineError("INVALID_VALUE", f"cur_state {v!r} is not the QP's state {qp.state.name}")
-    return QpState(v)
-
-
-def _check_rd_atomic(name: str) -> Any:
-    inner = _int_range(name, 0, MAX_RD_ATOMIC)
-
-    def check(qp: "QueuePair", v: Any) -> int:
-        return round_rd_atomic(inner(qp, v))
-
-    return check
-
-
-_VALIDATORS: dict[str, Any] = {
-    "port": _int_range("port", 1, 255),
-    "pkey_index": _int_range("pkey_index", 0, 63),
-    "access": _check_access,
-    "remote": lambda qp, v: v,
-    "path_mtu": _check_mtu,
-    "dest_qpn": _int_range("dest_qpn", 1, _PSN_MAX),
-    "rq_psn": _int_range("rq_psn", 0, _PSN_MAX),
-    "sq_psn": _int_range("sq_psn", 0, _PSN_MAX),
-    "max_dest_rd_atomic": _check_rd_atomic("max_dest_rd_atomic"),
-    "max_rd_atomic": _check_rd_atomic("max_rd_atomic"),
-    "min_rnr_timer": _int_range("min_rnr_timer", 0, 31),
-    "timeout": _int_range("timeout", 0, 31),
-    "retry_cnt": _int_range("retry_cnt", 0, 7),
-    "rnr_retry": _int_range("rnr_retry", 0, 7),
-    "cur_state": _check_cur_state,
-    "en_sqd_async_notify": lambda qp, v: bool(v),
-}
-
-
-class QueuePair:
+class QueuePair(BulkReceive):
     """One Reliable Connection queue pair (``ibv_qp`` of type RC)."""
 
     def __init__(
@@ -208,7 +94,7 @@ class QueuePair:
         caps: QpCaps = QpCaps(),  # noqa: B008 (frozen)
         rng: random.Random,
     ) -> None:
-        if type(qpn) is bool or not isinstance(qpn, int) or not 2 <= qpn <= _PSN_MAX:
+        if type(qpn) is bool or not isinstance(qpn, int) or not 2 <= qpn <= _U24:
             raise EngineError(
                 "INVALID_VALUE", f"qpn must be in [2, 2**24) (0 and 1 are special), got {qpn!r}"
             )
@@ -235,8 +121,10 @@ class QueuePair:
         #: ``access`` as a plain int for the per-packet check.
         self.access_bits = 0
         self.remote: object = None
-        self.req = Requester(self, caps.max_unacked_psns)
-        self.resp = Responder(self)
+        #: The fast paths of MIDDLE packets are on (``QpCaps.fast_paths``).
+        self._fast = caps.fast_paths
+        self.req = Requester(self, caps.max_unacked_psns, caps.fast_paths)
+        self.resp = Responder(self, caps.fast_paths)
 
     def __repr__(self) -> str:
         return f"<QueuePair qpn={self.qpn:#x} {self._state.name} dest_qpn={self.dest_qpn:#x}>"
@@ -275,54 +163,64 @@ class QueuePair:
         """In SQD, True once no started send work request is outstanding (IBTA §10.3.1.3)."""
         return self._state is QpState.SQD and not any(w.started for w in self.req.sq)
 
-    def modify(self, state: QpState, **attrs: Any) -> None:
+    def modify(
+        self,
+        state: QpState,
+        attrs: ModifyAttrs | None = None,
+        /,
+        *,
+        port: int | None = None,
+        pkey_index: int | None = None,
+        access: int | None = None,
+        remote: object = None,
+        path_mtu: int | None = None,
+        dest_qpn: int | None = None,
+        rq_psn: int | None = None,
+        max_dest_rd_atomic: int | None = None,
+        min_rnr_timer: int | None = None,
+        timeout: int | None = None,
+        retry_cnt: int | None = None,
+        rnr_retry: int | None = None,
+        sq_psn: int | None = None,
+        max_rd_atomic: int | None = None,
+        cur_state: QpState | None = None,
+        en_sqd_async_notify: bool | None = None,
+    ) -> None:
         """Move to ``state`` setting ``attrs`` (``ibv_modify_qp``; table in :mod:`.states`).
 
-        All-or-nothing: a bad pair, a missing or extra attribute or a bad
-        value raises EngineError and changes nothing.
+        The attributes come as a :class:`ModifyAttrs` or as its fields'
+        keywords, not both. All-or-nothing: a bad pair, a missing or extra
+        attribute or a bad value raises EngineError and changes nothing.
         """
+        kw = ModifyAttrs(
+            port=port, pkey_index=pkey_index, access=access, remote=remote, path_mtu=path_mtu,
+            dest_qpn=dest_qpn, rq_psn=rq_psn, max_dest_rd_atomic=max_dest_rd_atomic,
+            min_rnr_timer=min_rnr_timer, timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry,
+            sq_psn=sq_psn, max_rd_atomic=max_rd_atomic, cur_state=cur_state,
+            en_sqd_async_notify=en_sqd_async_notify,
+        )  # fmt: skip
+        if attrs is None:
+            attrs = kw
+        elif kw.given():
+            raise EngineError("INVALID_VALUE", "give the attributes as ModifyAttrs or as keywords, not both")
         try:
             to = QpState(state)
         except ValueError:
             raise EngineError("INVALID_VALUE", f"not a QP state: {state!r}") from None
-        check_transition(self._state, to, set(attrs))
-        values = {name: _VALIDATORS[name](self, v) for name, v in attrs.items()}
+        given = attrs.given()
+        check_transition(self._state, to, set(given))
+        values = [(ATTRS[name], name, ATTRS[name].check(self, getattr(attrs, name))) for name in given]
         if to is QpState.RESET:
             self._reset()
             return
         if to is QpState.ERR:
             self.enter_error()
             return
-        req, resp = self.req, self.resp
-        for name, v in values.items():
-            if name == "path_mtu":
-                req.mtu = resp.mtu = v
-            elif name == "dest_qpn":
-                self.dest_qpn = v
-            elif name == "access":
-                self.access = v
-                self.access_bits = int(v)
-            elif name == "remote":
-                self.remote = v
-            elif name == "rq_psn":
-                resp.configure(rq_psn=v)
-            elif name == "sq_psn":
-                req.req_psn = req.comp_psn = req.sent_hwm = v
-            elif name == "max_dest_rd_atomic":
-                resp.set_max_dest_rd_atomic(v)
-            elif name == "max_rd_atomic":
-                req.max_rd_atomic = v
-            elif name == "min_rnr_timer":
-                resp.min_rnr_timer = v
-            elif name == "timeout":
-                req.set_timeout(v)
-            elif name == "retry_cnt":
-                req.retry_cnt = req.retry_left = v
-            elif name == "rnr_retry":
-                req.rnr_retry = req.rnr_left = v
-            if name != "cur_state":
+        for attr, name, v in values:
+            attr.apply(self, v)
+            if attr.reported:
                 self._attrs[name] = v
-        req.draining = to is QpState.SQD
+        self.req.draining = to is QpState.SQD
         self._set_state(to)
 
     def _reset(self) -> None:
@@ -381,7 +279,7 @@ class QueuePair:
             # The head was being resent when a late cumulative ACK covered it:
             # the next WQE starts after it, at comp_psn.
             req.req_off = 0
-            if (req.req_psn - req.comp_psn) & 0xFFFFFF >= 0x800000:
+            if (req.req_psn - req.comp_psn) & PSN_MASK >= PSN_HALF:
                 req.req_psn = req.comp_psn
         if wqe.has_rd:
             req.rd_out -= 1
@@ -533,11 +431,11 @@ class QueuePair:
             stats.drop("pkey")
             return
         op = pkt.opcode
-        if op in _MIDDLE_OPS and _fast_path_enabled and pkt[9:15] == _NO_EXT_HEADERS:
+        if op in _MIDDLE_OPS and self._fast and pkt[9:15] == _NO_EXT_HEADERS:
             if op == _RR_MIDDLE:
                 if self._tx and fast_read_middle(self.req, pkt.psn, pkt.payload, now):
                     return
-            elif self.resp.fast_middle(op, pkt.psn, pkt.ackreq, pkt.payload):
+            elif fast_middle(self.resp, op, pkt.psn, pkt.ackreq, pkt.payload):
                 return
         row = _ROWS.get(op)
         if row is None:
@@ -564,64 +462,6 @@ class QueuePair:
                 self.req.restart_timer(now)
         else:
             stats.drop("qp_state")
-
-    def receive_middle(self, opcode: int, psn: int, ackreq: bool, payload: Payload, now: float) -> bool:
-        """The fast path of ``receive`` for a MIDDLE packet (WRITE, SEND, READ response).
-
-        For transports that have not built a ``Packet``: the packet is
-        addressed to this QP, has a valid P_Key and TVer, no extension headers
-        and no pad. If it is the next in-order packet of the message under
-        way, it is placed and True returned, with the same effect as
-        ``receive``. Otherwise nothing happens and False is returned: decode
-        it and call ``receive``.
-        """
-        if not _fast_path_enabled or not self._rx:
-            return False
-        if opcode == _RR_MIDDLE:
-            if not self._tx or not fast_read_middle(self.req, psn, payload, now):
-                return False
-        elif opcode not in _MIDDLE_OPS or not self.resp.fast_middle(opcode, psn, ackreq, payload):
-            return False
-        self.stats.packets_in += 1
-        return True
-
-    def rx_run(self, opcode: int) -> tuple[int, memoryview, int, int, int] | None:
-        """Where a run of in-order MIDDLE packets of ``opcode`` would go, for bulk placement.
-
-        For transports that check and place many packets in one step (the
-        native UDP data plane): ``(first PSN, target memory, offset, most
-        packets, MTU)``. Packet ``i`` of the run must be the MIDDLE with PSN
-        ``first + i``, a P_Key, TVer, pad and length as ``receive_middle``
-        takes them, and its payload goes to ``memory[offset + i*MTU:]``. Then
-        call ``rx_run_done``: the effect is that of ``receive_middle`` for each.
-        None: such packets take the per-packet path now.
-        """
-        if not _fast_path_enabled or not self._rx:
-            return None
-        if opcode == _WRITE_MIDDLE:
-            return self.resp.write_run()
-        if opcode == _SEND_MIDDLE:
-            return self.resp.send_run()
-        if opcode == _RR_MIDDLE and self._tx:
-            return read_run(self.req)
-        return None
-
-    def rx_place(self, pkt: Packet, plen: int) -> memoryview | None:
-        """Where ``plen`` payload bytes of the request ``pkt`` (headers only) will land, for
-        transports that receive a payload straight into place (see ``Responder.write_target``)."""
-        if not _fast_path_enabled or not self._rx:
-            return None
-        return self.resp.write_target(pkt, plen)
-
-    def rx_run_done(self, opcode: int, count: int, last_ackreq: int, now: float) -> None:
-        """``count`` packets of the run ``rx_run`` described were placed (``last_ackreq``: see Train)."""
-        if opcode == _RR_MIDDLE:
-            read_run_done(self.req, count, now)
-        elif opcode == _SEND_MIDDLE:
-            self.resp.send_run_done(count, last_ackreq)
-        else:
-            self.resp.write_run_done(count, last_ackreq)
-        self.stats.packets_in += count
 
     def get_timer(self) -> float | None:
         """The earliest deadline (retransmit or RNR wait) at which to call ``handle_timer``."""

@@ -30,31 +30,37 @@ count. One difference: the retransmit timer is stopped while an RNR wait runs
 """
 
 from collections import deque
-from typing import TYPE_CHECKING
+from enum import IntEnum
 
-from rdmakit.wire import RETH, AtomicETH, Opcode, Packet, Train
+from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet, Train
 
+from .context import QpContext
 from .timers import INFINITE_RETRY, MAX_PKT_PER_ACK, rnr_delay, transport_timeout
 from .types import SendWR, WcOpcode, WcStatus, WrOpcode
 
-if TYPE_CHECKING:
-    from .qp import QueuePair
-
-_MASK = 0xFFFFFF
-_HALF = 0x800000
+_MASK = PSN_MASK
+_HALF = PSN_HALF
 _new_packet = tuple.__new__
-#: Tests turn the MIDDLE-run fast path off to prove it changes nothing.
-_fast_path_enabled = True
 
-# WQE kinds
-SEND_WRITE = 0
-READ = 1
-ATOMIC = 2
 
-# WQE states (rxe ``enum wqe_state``)
-POSTED = 0  # not (re)started since the last rewind
-PROCESSING = 1  # some packets sent
-PENDING = 2  # wholly sent, waiting for its response
+class WqeKind(IntEnum):
+    """What answers a send WQE (rxe ``wr_opcode_mask()``; IBTA §9.7.5.1)."""
+
+    SEND_WRITE = 0  # WR_SEND_MASK / WR_WRITE_MASK: ACKs, cumulative (§9.7.5.1.1)
+    READ = 1  # WR_READ_MASK: RDMA READ responses (§9.7.5.1.3)
+    ATOMIC = 2  # WR_ATOMIC_MASK: an ATOMIC ACKNOWLEDGE (§9.7.5.1.2)
+
+
+class WqeState(IntEnum):
+    """A send WQE's progress (rxe ``enum wqe_state``)."""
+
+    POSTED = 0  # wqe_state_posted: not (re)started since the last rewind
+    PROCESSING = 1  # wqe_state_processing: some packets sent
+    PENDING = 2  # wqe_state_pending: wholly sent, waiting for its response
+
+
+SEND_WRITE, READ, ATOMIC = WqeKind
+POSTED, PROCESSING, PENDING = WqeState
 
 _O = Opcode
 #: WrOpcode -> (MIDDLE, LAST, FIRST, ONLY), indexed by ``first << 1 | last``
@@ -177,15 +183,17 @@ class Requester:
     """Send-side state of one QP; transmit, rewind and the retry counters."""
 
     __slots__ = (
-        "comp_opcode", "comp_psn", "draining", "max_rd_atomic", "mtu", "need_retry", "next_idx",
+        "comp_opcode", "comp_psn", "draining", "fast", "max_rd_atomic", "mtu", "need_retry", "next_idx",
         "noack", "qp", "rd_out", "req_off", "req_psn", "retry_cnt", "retry_left", "rexmit_deadline",
         "rnr_deadline", "rnr_left", "rnr_retry", "sent_hwm", "sq", "started_retry", "timeout",
         "window",
     )  # fmt: skip
 
-    def __init__(self, qp: "QueuePair", window: int) -> None:
+    def __init__(self, qp: QpContext, window: int, fast: bool = True) -> None:
         self.qp = qp
         self.window = window
+        #: Runs of MIDDLE packets take the tight loop (``QpCaps.fast_paths``).
+        self.fast = fast
         self.sq: deque[SendWqe] = deque()
         self.reset()
 
@@ -327,7 +335,7 @@ class Requester:
             wqe = sq[idx]
             off = self.req_off
             seg0 = wqe.seg0
-            if off and seg0 is not None and wqe.kind == SEND_WRITE and _fast_path_enabled and not wqe.status:
+            if off and seg0 is not None and wqe.kind == SEND_WRITE and self.fast and not wqe.status:
                 # A run of MIDDLE packets of the message under way (rxe
                 # next_opcode_rc()): only the PSN, AckReq and payload change.
                 # Same packets as the generic loop below (tests/engine prove it).

@@ -7,11 +7,11 @@ flags), ``check_resource`` (receive WQE or RNR NAK; responder resources),
 ``check_length`` (MTU rules), ``check_rkey`` (R_Key, range, permission), then
 ``execute`` and ``acknowledge``.
 
-Responses leave in request order through ``Responder.out``: ACK/NAK packets
-and ``ReadReply`` cursors that ``transmit`` turns into READ response packets
-lazily (payloads are zero-copy slices of the registered memory, read when the
-transport encodes them). Plain ACKs waiting in ``out`` are cumulative, so a
-newer one replaces an older one queued behind the same responses.
+Responses leave in request order through ``Responder.out``
+(:mod:`.resp_output`, the ``Responder``'s base class); READ and atomic
+requests leave a responder resource behind for duplicates to replay
+(:mod:`.rdatomic`). In-order MIDDLE packets may skip this module's generic
+dispatch through the fast paths of :mod:`.resp_runs`, with the same effect.
 
 Class A/C errors (IBTA §9.9.3.1, rxe ``do_class_ac_error()``) send a NAK with
 the offending PSN, complete the receive WQE in use with an error, and move the
@@ -42,11 +42,11 @@ Invariants:
 
 import sys
 from collections import deque
-from typing import TYPE_CHECKING
 
 from rdmakit.wire import (
-    AETH,
     OPCODE_INFO,
+    PSN_HALF,
+    PSN_MASK,
     Kind,
     NakCode,
     Opcode,
@@ -54,27 +54,22 @@ from rdmakit.wire import (
     Packet,
     Payload,
     Position,
-    Train,
     ack_syndrome,
-    nak_syndrome,
     rnr_syndrome,
 )
 
+from .context import QpContext
+from .rdatomic import RdAtomicResources
 from .requester import scatter
+from .resp_output import ReadReply, ResponseOutput
 from .timers import MAX_MSG_SIZE
 from .types import Access, Completion, WcOpcode, WcStatus
 
-if TYPE_CHECKING:
-    from .qp import QueuePair
-
-_MASK = 0xFFFFFF
-_HALF = 0x800000
+_MASK = PSN_MASK
+_HALF = PSN_HALF
 _U64 = 0xFFFFFFFFFFFFFFFF
 _BYTEORDER = sys.byteorder
 _ACK_SYN = ack_syndrome()
-#: Responses waiting to be sent beyond which new ones are dropped (a peer
-#: flooding duplicates cannot grow memory without bound; it will retry).
-MAX_QUEUED_RESPONSES = 1024
 
 _FIRST, _MIDDLE, _LAST, _ONLY = Position.FIRST, Position.MIDDLE, Position.LAST, Position.ONLY
 _SEND, _WRITE, _READ, _ATOMIC = Kind.SEND, Kind.WRITE, Kind.READ_REQUEST, Kind.ATOMIC
@@ -84,11 +79,6 @@ _QP_ACCESS = {
 }  # fmt: skip
 #: Opcodes that take a receive WQE (rxe ``RXE_RWR_MASK``).
 _RWQE_OPS = frozenset(op for op, i in OPCODE_INFO.items() if i.consumes_rwqe)
-_WRITE_MIDDLE = Opcode.RDMA_WRITE_MIDDLE
-_RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
-_new_packet = tuple.__new__
-#: Tests turn the READ-response fast path off to prove it changes nothing.
-_fast_path_enabled = True
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)
 _REMOTE_READ = int(Access.REMOTE_READ)
 _REMOTE_ATOMIC = int(Access.REMOTE_ATOMIC)
@@ -105,37 +95,6 @@ class RecvWqe:
         self.length = length
 
 
-class ReadReply:
-    """READ response packets still to send for one (possibly replayed) READ."""
-
-    __slots__ = ("msn", "new", "off", "psn", "resid", "view")
-
-    def __init__(self, view: memoryview | None, length: int, psn: int, new: bool, msn: int) -> None:
-        self.view = view
-        self.off = 0
-        self.resid = length
-        self.psn = psn
-        #: Start with FIRST/ONLY (a new request) rather than MIDDLE/LAST (a replay
-        #: from inside the range, rxe ``rdatm_res_state_replay``).
-        self.new = new
-        self.msn = msn
-
-
-class RdAtomicResource:
-    """A responder resource (rxe ``struct resp_res``): what a duplicate READ or atomic replays."""
-
-    __slots__ = ("first_psn", "kind", "last_psn", "length", "orig", "rkey", "va")
-
-    def __init__(self, kind: Kind, first_psn: int, last_psn: int) -> None:
-        self.kind = kind
-        self.first_psn = first_psn
-        self.last_psn = last_psn
-        self.va = 0
-        self.length = 0
-        self.rkey = 0
-        self.orig = 0
-
-
 class _Fatal(Exception):
     """Internal: a class A/C responder error (never leaves this module)."""
 
@@ -144,17 +103,13 @@ class _Fatal(Exception):
         self.status = status
 
 
-def _sdiff(a: int, b: int) -> int:
-    d = (a - b) & _MASK
-    return d - 0x1000000 if d >= _HALF else d
-
-
-class Responder:
+class Responder(ResponseOutput):
     """Receive-side state of one QP."""
 
     __slots__ = (
         "ack_psn",
         "cur_recv",
+        "fast",
         "in_msg",
         "min_rnr_timer",
         "msn",
@@ -164,8 +119,7 @@ class Responder:
         "psn",
         "qp",
         "recv_off",
-        "res_head",
-        "resources",
+        "res",
         "rq",
         "sent_psn_nak",
         "w_gen",
@@ -177,8 +131,11 @@ class Responder:
         "w_view",
     )  # fmt: skip
 
-    def __init__(self, qp: "QueuePair") -> None:
+    def __init__(self, qp: QpContext, fast: bool = True) -> None:
         self.qp = qp
+        self.res = RdAtomicResources()
+        #: Runs of READ response MIDDLE packets take the tight loop (``QpCaps.fast_paths``).
+        self.fast = fast
         self.rq: deque[RecvWqe] = deque()
         self.out: deque[Packet | ReadReply] = deque()
         self.reset()
@@ -203,242 +160,13 @@ class Responder:
         self.placed: tuple[Payload, tuple[int, int, int, int]] | None = None
         self.mtu = 1024
         self.min_rnr_timer = 0
-        self.resources: list[RdAtomicResource | None] = []
-        self.res_head = 0
+        self.res.configure(0)
 
     def configure(self, *, rq_psn: int) -> None:
         self.psn = self.ack_psn = rq_psn
 
-    def set_max_dest_rd_atomic(self, n: int) -> None:
-        self.resources = [None] * n
-        self.res_head = 0
-
     # -- output --
-
-    def _queue(self, pkt: Packet) -> None:
-        out = self.out
-        if len(out) >= MAX_QUEUED_RESPONSES:
-            self.qp.stats.drop("response_queue_full")
-            return
-        out.append(pkt)
-
-    def _queue_ack(self, psn: int) -> None:
-        out = self.out
-        if out:
-            prev = out[-1]
-            if type(prev) is Packet and prev.opcode is Opcode.ACKNOWLEDGE:
-                aeth = prev.aeth
-                if aeth is not None and aeth.syndrome == _ACK_SYN:
-                    if _sdiff(psn, prev.psn) >= 0:
-                        out[-1] = self._ack(Opcode.ACKNOWLEDGE, psn, _ACK_SYN)
-                    return
-        self._queue(self._ack(Opcode.ACKNOWLEDGE, psn, _ACK_SYN))
-
-    def _ack(self, op: Opcode, psn: int, syndrome: int, orig: int | None = None) -> Packet:
-        return Packet(
-            op, self.qp.dest_qpn, psn, False, False, False, 0xFFFF, False, False, None,
-            AETH(syndrome, self.msn), None, orig,
-        )  # fmt: skip
-
-    def queue_nak(self, code: NakCode, psn: int) -> None:
-        self.qp.stats.count_nak_sent(code)
-        self._queue(self._ack(Opcode.ACKNOWLEDGE, psn, nak_syndrome(code)))
-
-    def transmit(self, out: list[Packet | Train], budget: int, trains: bool = False) -> int:
-        """Append up to ``budget`` response packets to ``out`` (runs of READ response
-        MIDDLE packets as one ``Train`` each with ``trains``); return how many."""
-        q = self.out
-        n = 0
-        dqpn = self.qp.dest_qpn
-        mtu = self.mtu
-        while q and n < budget:
-            item = q[0]
-            if type(item) is Packet:
-                q.popleft()
-                out.append(item)
-                n += 1
-                continue
-            assert isinstance(item, ReadReply)
-            view = item.view
-            while n < budget:
-                if not item.new and view is not None and item.resid > mtu and _fast_path_enabled:
-                    # A run of MIDDLE responses (no AETH): only the PSN and
-                    # the payload slice change. Same packets as the step below.
-                    off, resid, psn = item.off, item.resid, item.psn
-                    if trains:
-                        m = min(budget - n, (resid - 1) // mtu)
-                        out.append(Train(_RR_MIDDLE, dqpn, psn, m, view[off : off + m * mtu], mtu))
-                        n += m
-                        off += m * mtu
-                        resid -= m * mtu
-                        psn = (psn + m) & _MASK
-                    while n < budget and resid > mtu:
-                        out.append(_new_packet(Packet, (
-                            _RR_MIDDLE, dqpn, psn, False, False, False, 0xFFFF, False, False,
-                            None, None, None, None, None, None, view[off : off + mtu],
-                        )))  # fmt: skip
-                        n += 1
-                        off += mtu
-                        resid -= mtu
-                        psn = (psn + 1) & _MASK
-                    item.off, item.resid, item.psn = off, resid, psn
-                    if n >= budget:
-                        break
-                resid = item.resid
-                last = resid <= mtu
-                size = resid if last else mtu
-                if item.new:
-                    item.new = False
-                    op = Opcode.RDMA_READ_RESPONSE_ONLY if last else Opcode.RDMA_READ_RESPONSE_FIRST
-                else:
-                    op = Opcode.RDMA_READ_RESPONSE_LAST if last else Opcode.RDMA_READ_RESPONSE_MIDDLE
-                off = item.off
-                payload = view[off : off + size] if size and view is not None else b""
-                aeth = None if op is Opcode.RDMA_READ_RESPONSE_MIDDLE else AETH(_ACK_SYN, item.msn)
-                pkt = Packet(
-                    op, dqpn, item.psn, False, False, False, 0xFFFF, False, False, None, aeth, None,
-                    None, None, None, payload,
-                )  # fmt: skip
-                out.append(pkt)
-                n += 1
-                item.off = off + size
-                item.resid = resid - size
-                item.psn = (item.psn + 1) & _MASK
-                if last:
-                    q.popleft()
-                    break
-        return n
-
     # -- requests --
-
-    def fast_middle(self, op: int, psn: int, ackreq: bool, payload: Payload) -> bool:
-        """Place an in-order WRITE or SEND MIDDLE packet of the message being received.
-
-        Does exactly what ``on_request`` does for such a packet (PSN, opcode
-        sequence, access, MTU length and bounds checks, then the copy and the
-        ACK if asked), without the generic dispatch. Returns False, having
-        done nothing, for any packet that needs more than that: the caller
-        then takes the generic path, which sorts out errors and edge cases.
-        """
-        plen = len(payload)
-        if psn != self.psn or plen != self.mtu:
-            return False
-        if op == _WRITE_MIDDLE:
-            run = self.write_run()
-            if run is None:
-                return False
-            view, off = run[1], run[2]
-            view[off : off + plen] = payload
-            self.write_run_done(1, 0 if ackreq else -1)
-        else:
-            r = self.cur_recv
-            if self.in_msg is not _SEND or r is None or r.segs is None:
-                return False
-            off = self.recv_off
-            if off + plen > r.length:
-                return False
-            segs = r.segs
-            if len(segs) == 1:
-                segs[0][off : off + plen] = payload
-            else:
-                scatter(segs, off, payload)
-            self.send_run_done(1, 0 if ackreq else -1)
-        return True
-
-    def write_target(self, pkt: Packet, plen: int) -> memoryview | None:
-        """Where ``plen`` payload bytes of the WRITE request ``pkt`` (headers only) will land.
-
-        For transports that receive a large payload straight into the target
-        memory (the TCP stream reader): the packet must be the next in-order
-        one, a WRITE without immediate, and pass every check ``_send_write``
-        makes (opcode sequence, access, length, R_Key and bounds); None
-        otherwise. Handing ``receive`` the packet with the returned buffer as
-        its payload then skips the copy; it is checked as usual.
-        """
-        qp = self.qp
-        info = OPCODE_INFO.get(pkt.opcode)
-        if info is None or info.kind is not _WRITE or info.imm or pkt.psn != self.psn or not plen:
-            return None
-        if not qp.access_bits & _REMOTE_WRITE:
-            return None
-        pos = info.position
-        mtu = self.mtu
-        if ((pos is _FIRST or pos is _MIDDLE) and plen != mtu) or plen > mtu:
-            return None
-        reth = pkt.reth
-        if pos is _FIRST or pos is _ONLY:
-            if self.in_msg is not None or reth is None or not 0 < reth.dma_len <= MAX_MSG_SIZE:
-                return None
-            if (plen != reth.dma_len) if pos is _ONLY else (plen >= reth.dma_len):
-                return None
-            view = qp.pd.remote_slice(reth.rkey, reth.va, reth.dma_len, _REMOTE_WRITE)
-            key = (reth.rkey, reth.va, 0, plen)
-            off = 0
-        else:
-            if self.in_msg is not _WRITE or self.w_gen != qp.pd.generation:
-                return None
-            if (plen != self.w_resid) if pos is _LAST else (plen >= self.w_resid):
-                return None
-            view = self.w_view
-            off = self.w_off
-            key = (self.w_rkey, self.w_va, off, plen)
-        if view is None:
-            return None
-        target = view[off : off + plen]
-        self.placed = (target, key)
-        return target
-
-    def write_run(self) -> tuple[int, memoryview, int, int, int] | None:
-        """Where a run of in-order WRITE MIDDLE packets would go (see ``QueuePair.rx_run``).
-
-        The conditions are ``fast_middle``'s, for every packet of the run: the
-        WRITE under way has room for more than one MTU after each of them.
-        """
-        view = self.w_view
-        if self.in_msg is not _WRITE or view is None or self.w_gen != self.qp.pd.generation:
-            return None
-        if not self.qp.access_bits & _REMOTE_WRITE:
-            return None
-        mtu = self.mtu
-        most = (self.w_resid - 1) // mtu
-        if most <= 0:
-            return None
-        return self.psn, view, self.w_off, most, mtu
-
-    def send_run(self) -> tuple[int, memoryview, int, int, int] | None:
-        """Where a run of in-order SEND MIDDLE packets would go (see ``QueuePair.rx_run``).
-
-        ``fast_middle``'s conditions for every packet of the run: a SEND under
-        way into a receive WQE of one buffer with room for each.
-        """
-        r = self.cur_recv
-        if self.in_msg is not _SEND or r is None or r.segs is None or len(r.segs) != 1:
-            return None
-        mtu = self.mtu
-        off = self.recv_off
-        most = (r.length - off) // mtu
-        if most <= 0:
-            return None
-        return self.psn, r.segs[0], off, most, mtu
-
-    def send_run_done(self, count: int, last_ackreq: int) -> None:
-        """``count`` packets of the run placed (as ``count`` calls of ``fast_middle``)."""
-        self.recv_off += count * self.mtu
-        self._run_done(count, last_ackreq)
-
-    def write_run_done(self, count: int, last_ackreq: int) -> None:
-        """``count`` packets of the run placed; the last one asking for an ACK was number ``last_ackreq``."""
-        size = count * self.mtu
-        self.w_off += size
-        self.w_resid -= size
-        self._run_done(count, last_ackreq)
-
-    def _run_done(self, count: int, last_ackreq: int) -> None:
-        self.sent_psn_nak = False
-        psn = self.psn
-        self.psn = self.ack_psn = (psn + count) & _MASK
-        if last_ackreq >= 0:
-            self._queue_ack((psn + last_ackreq) & _MASK)
 
     def on_request(self, pkt: Packet, info: OpInfo) -> None:
         qp = self.qp
@@ -623,7 +351,7 @@ class Responder:
         psn = pkt.psn
         self.psn = self.ack_psn = (psn + 1) & _MASK
         if pkt.ackreq:
-            self._queue_ack(psn)
+            self.queue_ack(psn)
 
     def _fail_rwqe(self, rwqe: RecvWqe | None, status: WcStatus) -> None:
         """A WRITE with immediate failed: its receive WQE completes with ``status``."""
@@ -638,28 +366,9 @@ class Responder:
                 )
             )
 
-    def _new_resource(self, kind: Kind, first: int, last: int) -> RdAtomicResource:
-        """Take the next slot of the ring (rxe ``rxe_prepare_res()``: recycled, not enforced)."""
-        res = RdAtomicResource(kind, first, last)
-        ring = self.resources
-        ring[self.res_head] = res
-        self.res_head = (self.res_head + 1) % len(ring)
-        return res
-
-    def _find_resource(self, psn: int, kind: Kind) -> RdAtomicResource | None:
-        for res in self.resources:
-            if (
-                res is not None
-                and res.kind is kind
-                and _sdiff(psn, res.first_psn) >= 0
-                and _sdiff(psn, res.last_psn) <= 0
-            ):
-                return res
-        return None
-
     def _read(self, pkt: Packet) -> None:
         qp = self.qp
-        if not self.resources:
+        if not self.res.ring:
             raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
         reth = pkt.reth
         assert reth is not None
@@ -673,7 +382,7 @@ class Responder:
                 raise _Fatal(NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
         psn = pkt.psn
         npkts = max(length - 1, 0) // self.mtu + 1
-        res = self._new_resource(_READ, psn, (psn + npkts - 1) & _MASK)
+        res = self.res.new(_READ, psn, (psn + npkts - 1) & _MASK)
         res.va = reth.va
         res.length = length
         res.rkey = reth.rkey
@@ -681,14 +390,11 @@ class Responder:
         self.msn = (self.msn + 1) & _MASK
         self.psn = (psn + npkts) & _MASK
         self.in_msg = None
-        if len(self.out) >= MAX_QUEUED_RESPONSES:
-            qp.stats.drop("response_queue_full")
-            return
-        self.out.append(ReadReply(view, length, psn, True, self.msn))
+        self.queue_read(view, length, psn, True)
 
     def _atomic(self, pkt: Packet) -> None:
         qp = self.qp
-        if not self.resources:
+        if not self.res.ring:
             raise _Fatal(NakCode.INVALID_REQUEST, WcStatus.REM_INV_REQ_ERR)
         ae = pkt.atomic_eth
         assert ae is not None
@@ -706,7 +412,7 @@ class Responder:
         else:
             view[:] = ((orig + ae.swap_add) & _U64).to_bytes(8, _BYTEORDER)
         psn = pkt.psn
-        res = self._new_resource(_ATOMIC, psn, psn)
+        res = self.res.new(_ATOMIC, psn, psn)
         res.orig = orig
         self.msn = (self.msn + 1) & _MASK
         self.psn = self.ack_psn = (psn + 1) & _MASK
@@ -718,18 +424,18 @@ class Responder:
         kind = info.kind
         if kind is _SEND or kind is _WRITE:
             # C9-105: acknowledge again, up to the last request executed.
-            self._queue_ack((self.ack_psn - 1) & _MASK)
+            self.queue_ack((self.ack_psn - 1) & _MASK)
             return
         psn = pkt.psn
         if kind is _ATOMIC:
-            res = self._find_resource(psn, _ATOMIC)
+            res = self.res.find(psn, _ATOMIC)
             if res is None:
                 self.qp.stats.drop("duplicate_without_resource")
                 return
             # Replay the cached original value; never execute twice.
             self._queue(self._ack(Opcode.ATOMIC_ACKNOWLEDGE, psn, _ACK_SYN, res.orig))
             return
-        res = self._find_resource(psn, _READ)
+        res = self.res.find(psn, _READ)
         reth = pkt.reth
         assert reth is not None
         va, length = reth.va, reth.dma_len
@@ -742,10 +448,7 @@ class Responder:
             if view is None:
                 self._fatal(psn, NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
                 return
-        if len(self.out) >= MAX_QUEUED_RESPONSES:
-            self.qp.stats.drop("response_queue_full")
-            return
-        self.out.append(ReadReply(view, length, psn, psn == res.first_psn, self.msn))
+        self.queue_read(view, length, psn, psn == res.first_psn)
 
     def flush(self) -> list[int]:
         """Drop all receive state; the wr_ids of the receive WQEs to flush, oldest first."""

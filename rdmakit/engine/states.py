@@ -1,13 +1,14 @@
 """The RC queue pair state machine as data (IBTA Vol. 1 §10.3.1, §11.2.5.2).
 
 ``TRANSITIONS`` maps ``(from_state, to_state)`` to the attributes that
-``QueuePair.modify`` requires and those it accepts. It is the RC column of
+``QueuePair.modify`` requires and those it accepts (fields of
+``attrs.ModifyAttrs``, applied by the table ``attrs.ATTRS``). It is the RC column of
 Linux's ``qp_state_table`` (``drivers/infiniband/core/verbs.c``,
 ``ib_modify_qp_is_ok()``; pyverbs ``qp.pyx`` ``_get_comp_mask``), with
 attribute names of this API:
 
 =====================  =====================================
-verbs mask             ``modify()`` keyword
+verbs mask             ``ModifyAttrs`` field
 =====================  =====================================
 IBV_QP_PORT            ``port``
 IBV_QP_PKEY_INDEX      ``pkey_index``
@@ -46,15 +47,15 @@ from .errors import EngineError
 
 
 class QpState(IntEnum):
-    """QP states (``ibv_qp_state``; IBTA §10.3.1 figure 124)."""
+    """QP states (``ibv_qp_state``, rxe's ``IB_QPS_*``; IBTA §10.3.1 figure 124)."""
 
-    RESET = 0
-    INIT = 1
-    RTR = 2  # Ready To Receive
-    RTS = 3  # Ready To Send
-    SQD = 4  # Send Queue Drain
-    SQE = 5  # Send Queue Error (UC/UD only: RC errors go to ERR)
-    ERR = 6
+    RESET = 0  # IB_QPS_RESET (§10.3.1.1)
+    INIT = 1  # IB_QPS_INIT, Initialized (§10.3.1.2)
+    RTR = 2  # IB_QPS_RTR, Ready To Receive (§10.3.1.3)
+    RTS = 3  # IB_QPS_RTS, Ready To Send (§10.3.1.4)
+    SQD = 4  # IB_QPS_SQD, Send Queue Drain (§10.3.1.5)
+    SQE = 5  # IB_QPS_SQE, Send Queue Error: UC/UD only, RC errors go to ERR (§10.3.1.6)
+    ERR = 6  # IB_QPS_ERR (§10.3.1.8)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

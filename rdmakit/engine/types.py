@@ -20,27 +20,27 @@ class Access(IntFlag):
 
 
 class WrOpcode(IntEnum):
-    """Send work request operations (``ibv_wr_opcode``; IBTA §10.8.2.1)."""
+    """Send work request operations (``ibv_wr_opcode``, rxe's ``IB_WR_*``; IBTA §10.8.2.1)."""
 
-    RDMA_WRITE = 0
-    RDMA_WRITE_WITH_IMM = 1
-    SEND = 2
-    SEND_WITH_IMM = 3
-    RDMA_READ = 4
-    ATOMIC_CMP_AND_SWP = 5
-    ATOMIC_FETCH_AND_ADD = 6
+    RDMA_WRITE = 0  # IB_WR_RDMA_WRITE (IBTA §9.4.2)
+    RDMA_WRITE_WITH_IMM = 1  # IB_WR_RDMA_WRITE_WITH_IMM
+    SEND = 2  # IB_WR_SEND (§9.4.1)
+    SEND_WITH_IMM = 3  # IB_WR_SEND_WITH_IMM
+    RDMA_READ = 4  # IB_WR_RDMA_READ (§9.4.3)
+    ATOMIC_CMP_AND_SWP = 5  # IB_WR_ATOMIC_CMP_AND_SWP (§9.4.5)
+    ATOMIC_FETCH_AND_ADD = 6  # IB_WR_ATOMIC_FETCH_AND_ADD (§9.4.5)
 
 
 class WcOpcode(IntEnum):
-    """Work completion operations (``ibv_wc_opcode``; IBTA §11.4.2.1)."""
+    """Work completion operations (``ibv_wc_opcode``, rxe's ``IB_WC_*``; IBTA §11.4.2.1)."""
 
-    SEND = 0
-    RDMA_WRITE = 1
-    RDMA_READ = 2
-    COMP_SWAP = 3
-    FETCH_ADD = 4
-    RECV = 128
-    RECV_RDMA_WITH_IMM = 129
+    SEND = 0  # IB_WC_SEND
+    RDMA_WRITE = 1  # IB_WC_RDMA_WRITE
+    RDMA_READ = 2  # IB_WC_RDMA_READ
+    COMP_SWAP = 3  # IB_WC_COMP_SWAP
+    FETCH_ADD = 4  # IB_WC_FETCH_ADD
+    RECV = 128  # IB_WC_RECV
+    RECV_RDMA_WITH_IMM = 129  # IB_WC_RECV_RDMA_WITH_IMM
 
 
 class WcStatus(IntEnum):
@@ -133,7 +133,10 @@ class QpCaps:
     ``large_mtu`` allows any power-of-two path MTU from 256 bytes to 1 MiB (for
     the TCP transport, where no RoCE peer is involved). ``max_unacked_psns``
     is the requester's window: at most that many PSNs sent and not yet
-    acknowledged (rxe ``RXE_MAX_UNACKED_PSNS``).
+    acknowledged (rxe ``RXE_MAX_UNACKED_PSNS``). ``fast_paths`` lets runs of
+    MIDDLE packets skip the generic per-packet dispatch, in both directions and
+    in bulk (``rx_run``, ``poll_transmit_trains``); off, every packet takes the
+    generic path, with the same packets, completions and states.
     """
 
     max_send_wr: int = 256
@@ -142,3 +145,4 @@ class QpCaps:
     max_recv_sge: int = 16
     large_mtu: bool = False
     max_unacked_psns: int = 128
+    fast_paths: bool = True

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol, cast
 
 from rdmakit.wire import (
+    MIDDLE_OPCODES,
     ROCE_UDP_PORT,
-    Opcode,
     Packet,
     Train,
     WireError,
@@ -72,10 +72,6 @@ class BulkSimQP(SimQP, Protocol):
     def poll_transmit_trains(self, now: float, max_packets: int | None = None) -> list[Packet | Train]: ...
     def rx_run(self, opcode: int) -> tuple[int, memoryview, int, int, int] | None: ...
     def rx_run_done(self, opcode: int, count: int, last_ackreq: int, now: float) -> None: ...
-
-
-#: MIDDLE opcodes a bulk receiver places through ``rx_run``.
-_RUN_OPS = frozenset((Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -261,7 +257,7 @@ class SimNet:
             self._record(src, dst, len(data), crc, "no_qp")
             return
         self._record(src, dst, len(data), crc, "delivered")
-        if self.bulk and pkt.opcode in _RUN_OPS and self._place(cast(BulkSimQP, qp), pkt):
+        if self.bulk and pkt.opcode in MIDDLE_OPCODES and self._place(cast(BulkSimQP, qp), pkt):
             return
         qp.receive(pkt, self.now)
 

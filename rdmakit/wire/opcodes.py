@@ -136,3 +136,9 @@ OPCODE_INFO: dict[int, OpInfo] = {
         _info(_O_.SEND_ONLY_WITH_INVALIDATE, Kind.SEND, _O, ieth=True, payload=True),
     )
 }
+
+#: Opcodes of MIDDLE packets: BTH only, a payload of exactly one MTU (IBTA §9.8.3.1);
+#: the bulk of a long message, which fast paths and native data planes take.
+MIDDLE_OPCODES: frozenset[Opcode] = frozenset(
+    Opcode(op) for op, i in OPCODE_INFO.items() if i.position is Position.MIDDLE
+)

@@ -1,7 +1,7 @@
 """The MIDDLE-packet fast paths change nothing: hostile runs replay identically without them.
 
 ``QueuePair.receive`` places in-order WRITE/SEND MIDDLE packets and READ
-RESPONSE MIDDLE packets through ``Responder.fast_middle`` and
+RESPONSE MIDDLE packets through ``resp_runs.fast_middle`` and
 ``completer.fast_read_middle``, skipping the generic dispatch; the requester
 and the READ responder emit runs of MIDDLE packets in tight loops of their own. Each seeded
 hostile workload here runs twice, with the fast paths on and off; the two runs
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from engine_harness import Faults, Workload, fill, make_pair
 
-from rdmakit.engine import completer, qp, requester, responder
+from rdmakit.engine import QpCaps, completer, qp, resp_runs
 from rdmakit.wire import Packet, Train
 
 CONFIGS = {
@@ -25,11 +25,11 @@ CONFIGS = {
 }
 
 
-def fingerprint(seed: int, faults: Faults, bulk: bool = False) -> tuple[Any, ...]:
+def fingerprint(seed: int, faults: Faults, bulk: bool = False, fast: bool = True) -> tuple[Any, ...]:
     # Messages of up to 80 packets: some MIDDLE packets carry AckReq (every 65th).
     n, max_len, mtu = 8, 20000, 256
     half = 1 << max(14, (2 * n * (max_len + 16)).bit_length())
-    p = make_pair(seed, faults, mtu=mtu, mem_size=2 * half, bulk=bulk)
+    p = make_pair(seed, faults, mtu=mtu, mem_size=2 * half, bulk=bulk, caps=QpCaps(fast_paths=fast))
     rng = random.Random(seed ^ 0xFA57)
     fill(p.a.mem, rng)
     fill(p.b.mem, rng)
@@ -64,10 +64,10 @@ def fingerprint(seed: int, faults: Faults, bulk: bool = False) -> tuple[Any, ...
 @pytest.mark.parametrize("name", CONFIGS)
 def test_fast_path_equals_generic_path(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     taken = {"middle": 0, "read": 0}
-    real_middle, real_read = responder.Responder.fast_middle, completer.fast_read_middle
+    real_middle, real_read = resp_runs.fast_middle, completer.fast_read_middle
 
-    def counting_middle(self: responder.Responder, *a: Any) -> bool:
-        ok = real_middle(self, *a)
+    def counting_middle(*a: Any) -> bool:
+        ok = real_middle(*a)
         taken["middle"] += ok
         return ok
 
@@ -76,18 +76,14 @@ def test_fast_path_equals_generic_path(name: str, monkeypatch: pytest.MonkeyPatc
         taken["read"] += ok
         return ok
 
-    monkeypatch.setattr(responder.Responder, "fast_middle", counting_middle)
+    monkeypatch.setattr(qp, "fast_middle", counting_middle)
     monkeypatch.setattr(qp, "fast_read_middle", counting_read)
     for seed in range(12):
         print(f"seed={seed} faults={name}")
-        monkeypatch.setattr(qp, "_fast_path_enabled", True)
-        monkeypatch.setattr(requester, "_fast_path_enabled", True)
-        monkeypatch.setattr(responder, "_fast_path_enabled", True)
         fast = fingerprint(seed, CONFIGS[name])
-        monkeypatch.setattr(qp, "_fast_path_enabled", False)
-        monkeypatch.setattr(requester, "_fast_path_enabled", False)
-        monkeypatch.setattr(responder, "_fast_path_enabled", False)
-        slow = fingerprint(seed, CONFIGS[name])
+        off = dict(taken)
+        slow = fingerprint(seed, CONFIGS[name], fast=False)
+        assert taken == off  # QpCaps(fast_paths=False): no fast path at all
         assert fast == slow
     assert taken["middle"] > 0
     assert taken["read"] > 0

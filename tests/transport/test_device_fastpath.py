@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rdmakit.engine import SGE, Access, CompletionQueue, RecvWR, SendWR, WcStatus, WrOpcode
+from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, RecvWR, SendWR, WcStatus, WrOpcode
 from rdmakit.engine import qp as qp_mod
 from rdmakit.transport import fastpath
 from rdmakit.transport.device import PeerAddress, SoftDevice, connect_qp, local_endpoint
@@ -70,7 +70,9 @@ def test_udp_send_is_byte_identical_to_the_generic_encoder(
     dev.close()
 
 
-def _transfer(ip_a: str, ip_b: str, op: WrOpcode, size: int, native: bool) -> tuple[bytes, bytes, Any, Any]:
+def _transfer(
+    ip_a: str, ip_b: str, op: WrOpcode, size: int, native: bool, fast: bool = True
+) -> tuple[bytes, bytes, Any, Any]:
     with (
         SoftDevice(ip_a, port=0, bulk=native) as a,
         SoftDevice(ip_b, port=0, bulk=native) as b,
@@ -79,8 +81,8 @@ def _transfer(ip_a: str, ip_b: str, op: WrOpcode, size: int, native: bool) -> tu
         drv.add(a)
         drv.add(b)
         cqa, cqb = CompletionQueue(64), CompletionQueue(64)
-        qa = a.create_qp(send_cq=cqa, recv_cq=cqa)
-        qb = b.create_qp(send_cq=cqb, recv_cq=cqb)
+        qa = a.create_qp(send_cq=cqa, recv_cq=cqa, caps=QpCaps(fast_paths=fast))
+        qb = b.create_qp(send_cq=cqb, recv_cq=cqb, caps=QpCaps(fast_paths=fast))
         rng = random.Random(size)
         ma, mb = bytearray(rng.randbytes(size)), bytearray(rng.randbytes(size))
         mra = a.pd.register(ma, 0x1000, ALL)
@@ -150,9 +152,7 @@ def test_udp_receive_fast_paths_end_like_the_generic_path(
     if mode == "native":
         monkeypatch.setattr(fastpath, "native", _Counting(fastpath.native, calls))
     size = 300 * 1024 + 3  # 76 packets at MTU 4096: AckReq inside, a padded last packet
-    with monkeypatch.context() as m:
-        m.setattr(qp_mod, "_fast_path_enabled", mode != "generic")
-        got = _transfer(new_ip(), new_ip(), op, size, native=mode == "native")
+    got = _transfer(new_ip(), new_ip(), op, size, native=mode == "native", fast=mode != "generic")
     if mode == "generic":
         assert taken == {"middle": 0, "run": 0}
     elif mode == "python":
@@ -162,8 +162,7 @@ def test_udp_receive_fast_paths_end_like_the_generic_path(
         assert taken["run"] > 0
         # every native entry point ran (the requests and ACKs: send_packet, check_decode)
         assert set(calls) == {"send_train", "place_run", "recv_runs", "send_packet", "check_decode"}
-    monkeypatch.setattr(qp_mod, "_fast_path_enabled", False)
-    ref = got if mode == "generic" else _transfer(new_ip(), new_ip(), op, size, native=False)
+    ref = got if mode == "generic" else _transfer(new_ip(), new_ip(), op, size, native=False, fast=False)
     assert got[0] == got[1]
     assert got[:2] == ref[:2]
     for f, s in zip(got[2:], ref[2:], strict=True):

@@ -1,7 +1,8 @@
 """The packet codec: a table of (Packet, bytes) checked both ways, and round-trip properties.
 
 The bytes in the table are written by hand from the IBTA Vol. 1 §9.2-§9.3
-layouts (reference: docs/../shared/reference/roce-wire-and-rxe.md §1), one
+layouts (the BTH and the extension headers, as Linux ``include/rdma/ib_pack.h``
+and ``rxe_hdr.h`` lay them out), one
 field per group, so a wrong offset, width, order or bit in the codec shows up
 as a byte that differs.
 """

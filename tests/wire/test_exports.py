@@ -8,7 +8,7 @@ from rdmakit.wire import errors, framing, icrc, opcodes, packet, psn
 #: What other layers code against (docs/architecture.md §1): it may grow, never shrink.
 STABLE = {
     "AETH", "BTH_LEN", "CRC32_IMPL", "CREDITS_UNLIMITED", "DEFAULT_PKEY", "FRAME_HEADER",
-    "ICRC_LEN", "MAX_FRAME", "OPCODE_INFO", "PSN_BITS", "PSN_HALF", "PSN_MASK", "RETH",
+    "ICRC_LEN", "MAX_FRAME", "MIDDLE_OPCODES", "OPCODE_INFO", "PSN_BITS", "PSN_HALF", "PSN_MASK", "RETH",
     "ROCE_UDP_PORT", "AckKind", "AtomicETH", "FrameDecoder", "Kind", "NakCode", "OpInfo",
     "Opcode", "Packet", "Payload", "Position", "WireError", "ack_syndrome", "crc32", "decode",
     "encode", "encode_headers", "frame_header", "icrc_ipv4", "icrc_ipv6", "icrc_of_ip_packet",

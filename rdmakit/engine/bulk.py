@@ -1,0 +1,92 @@
+"""``QueuePair``'s receive interfaces for transports that skip building ``Packet``s.
+
+A transport that checks headers itself (the native UDP data plane, the TCP
+stream reader) hands the engine an in-order MIDDLE packet's fields
+(``receive_middle``), asks where a run of them or a large payload goes
+(``rx_run``, ``rx_place``) and reports what it placed (``rx_run_done``). Each
+has exactly the effect of ``QueuePair.receive`` on the same packets, which
+``tests/engine/test_engine_fastpath.py`` proves on seeded hostile networks;
+with ``QpCaps.fast_paths`` off they decline everything.
+"""
+
+from rdmakit.wire import MIDDLE_OPCODES, Opcode, Packet, Payload
+
+from .completer import fast_read_middle, read_run, read_run_done
+from .requester import Requester
+from .resp_runs import fast_middle, send_run, send_run_done, write_run, write_run_done, write_target
+from .responder import Responder
+from .stats import QpStats
+
+_RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
+_WRITE_MIDDLE = Opcode.RDMA_WRITE_MIDDLE
+_SEND_MIDDLE = Opcode.SEND_MIDDLE
+
+
+class BulkReceive:
+    """The bulk receive interfaces of ``QueuePair`` (its base class)."""
+
+    req: Requester
+    resp: Responder
+    stats: QpStats
+    #: Receives requests / runs the requester / takes the fast paths (see ``QueuePair``).
+    _rx: bool
+    _tx: bool
+    _fast: bool
+
+    def receive_middle(self, opcode: int, psn: int, ackreq: bool, payload: Payload, now: float) -> bool:
+        """The fast path of ``receive`` for a MIDDLE packet (WRITE, SEND, READ response).
+
+        For transports that have not built a ``Packet``: the packet is
+        addressed to this QP, has a valid P_Key and TVer, no extension headers
+        and no pad. If it is the next in-order packet of the message under
+        way, it is placed and True returned, with the same effect as
+        ``receive``. Otherwise nothing happens and False is returned: decode
+        it and call ``receive``.
+        """
+        if not self._fast or not self._rx:
+            return False
+        if opcode == _RR_MIDDLE:
+            if not self._tx or not fast_read_middle(self.req, psn, payload, now):
+                return False
+        elif opcode not in MIDDLE_OPCODES or not fast_middle(self.resp, opcode, psn, ackreq, payload):
+            return False
+        self.stats.packets_in += 1
+        return True
+
+    def rx_run(self, opcode: int) -> tuple[int, memoryview, int, int, int] | None:
+        """Where a run of in-order MIDDLE packets of ``opcode`` would go, for bulk placement.
+
+        For transports that check and place many packets in one step (the
+        native UDP data plane): ``(first PSN, target memory, offset, most
+        packets, MTU)``. Packet ``i`` of the run must be the MIDDLE with PSN
+        ``first + i``, a P_Key, TVer, pad and length as ``receive_middle``
+        takes them, and its payload goes to ``memory[offset + i*MTU:]``. Then
+        call ``rx_run_done``: the effect is that of ``receive_middle`` for each.
+        None: such packets take the per-packet path now.
+        """
+        if not self._fast or not self._rx:
+            return None
+        if opcode == _WRITE_MIDDLE:
+            return write_run(self.resp)
+        if opcode == _SEND_MIDDLE:
+            return send_run(self.resp)
+        if opcode == _RR_MIDDLE and self._tx:
+            return read_run(self.req)
+        return None
+
+    def rx_place(self, pkt: Packet, plen: int) -> memoryview | None:
+        """Where ``plen`` payload bytes of the request ``pkt`` (headers only) will land, for
+        transports that receive a payload straight into place (see ``resp_runs.write_target``)."""
+        if not self._fast or not self._rx:
+            return None
+        return write_target(self.resp, pkt, plen)
+
+    def rx_run_done(self, opcode: int, count: int, last_ackreq: int, now: float) -> None:
+        """``count`` packets of the run ``rx_run`` described were placed (``last_ackreq``: see Train)."""
+        if opcode == _RR_MIDDLE:
+            read_run_done(self.req, count, now)
+        elif opcode == _SEND_MIDDLE:
+            send_run_done(self.resp, count, last_ackreq)
+        else:
+            write_run_done(self.resp, count, last_ackreq)
+        self.stats.packets_in += count
