@@ -16,7 +16,7 @@ from rdmakit.transport import fastpath
 from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
 from rdmakit.transport.driver import Driver
 from rdmakit.transport.udp import UdpLink
-from rdmakit.wire import Opcode, Packet, encode, icrc_ipv4, pack_icrc
+from rdmakit.wire import icrc_ipv4, pack_icrc
 
 from .test_two_process import Requester
 
@@ -131,7 +131,8 @@ class KernelIds:
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         link, real_send = self.dev.udp, UdpLink.send
         self.dev._native = None  # every packet through UdpLink.send
-        assert link is not None and not link.gso
+        assert link is not None
+        assert not link.gso
 
         def send(link_: UdpLink, parts: list[bytes], addr: tuple[str, int]) -> bool:
             if link_ is not link:
