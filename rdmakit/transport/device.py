@@ -9,6 +9,7 @@ import errno
 import ipaddress
 import os
 import random
+import socket
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -120,7 +121,7 @@ class DeviceCounters:
 
 
 def _addr_bytes(ip: str) -> bytes:
-    return ipaddress.ip_address(ip).packed
+    return socket.inet_pton(socket.AF_INET6 if ":" in ip else socket.AF_INET, ip)
 
 
 class _RxFlow:
