@@ -57,6 +57,10 @@
 #define GSO_MAX_SEGMENTS 64
 #define GSO_MAX_BYTES 65507
 #define PSN_MASK 0xFFFFFFu
+/* The most a UDP datagram carries over IPv4 (65535 - 20 - 8); segment and
+ * MTU sizes beyond it are refused, which also keeps every size sum below
+ * bounded by a few times 64 KiB. */
+#define UDP_MAX_PAYLOAD 65507
 
 /* -- CRC-32 (reflected 0xEDB88320, zlib's convention) ----------------------------------- */
 
@@ -269,8 +273,16 @@ static uint32_t crc32_update(uint32_t value, const unsigned char *p, size_t len)
 static int parse_addr(PyObject *addr, int v6, struct sockaddr_storage *ss, socklen_t *sl) {
     const char *host;
     int port;
+    if (!PyTuple_Check(addr)) {
+        PyErr_SetString(PyExc_TypeError, "an address is a (host, port) tuple");
+        return -1;
+    }
     if (!PyArg_ParseTuple(addr, "si", &host, &port))
         return -1;
+    if (port < 0 || port > 0xFFFF) {
+        PyErr_Format(PyExc_ValueError, "port %d is not a u16", port);
+        return -1;
+    }
     memset(ss, 0, sizeof *ss);
     if (v6) {
         struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
@@ -316,6 +328,13 @@ static void put_le32(unsigned char *p, uint32_t v) {
     p[3] = (unsigned char)(v >> 24);
 }
 
+/* A uint32 in native order at any alignment (the states buffers come from Python). */
+static uint32_t get_ne32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
 static uint32_t get_le32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
@@ -350,11 +369,11 @@ static PyObject *fp_crc32(PyObject *Py_UNUSED(self), PyObject *args) {
  */
 static PyObject *fp_send_train(PyObject *Py_UNUSED(self), PyObject *args) {
     int fd, v6, gso, op, ack_first, ack_every;
-    unsigned long dqpn, psn;
+    Py_ssize_t dqpn, psn;
     Py_ssize_t count, mtu;
     PyObject *addr;
     Py_buffer pl, st;
-    if (!PyArg_ParseTuple(args, "iOppikkny*niiy*:send_train", &fd, &addr, &v6, &gso, &op, &dqpn, &psn,
+    if (!PyArg_ParseTuple(args, "iOppinnny*niiy*:send_train", &fd, &addr, &v6, &gso, &op, &dqpn, &psn,
                           &count, &pl, &mtu, &ack_first, &ack_every, &st))
         return NULL;
     PyObject *result = NULL;
@@ -362,7 +381,13 @@ static PyObject *fp_send_train(PyObject *Py_UNUSED(self), PyObject *args) {
     socklen_t sl;
     if (parse_addr(addr, v6, &ss, &sl) < 0)
         goto out;
-    if (mtu <= 0 || (mtu & 3) || count < 0 || pl.len < count * mtu || ack_every <= 0) {
+    if (op < 0 || op > 0xFF || dqpn < 0 || dqpn > (Py_ssize_t)PSN_MASK || psn < 0 || psn > (Py_ssize_t)PSN_MASK) {
+        PyErr_SetString(PyExc_ValueError, "send_train: opcode, QPN or PSN out of range");
+        goto out;
+    }
+    /* count <= pl.len / mtu is count * mtu <= pl.len without the product (which could overflow). */
+    if (mtu <= 0 || (mtu & 3) || mtu > UDP_MAX_PAYLOAD - BTH_LEN - ICRC_LEN || count < 0 || count > pl.len / mtu ||
+        ack_every <= 0) {
         PyErr_SetString(PyExc_ValueError, "send_train: bad sizes");
         goto out;
     }
@@ -380,7 +405,7 @@ static PyObject *fp_send_train(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "send_train: too few ICRC states");
         goto out;
     }
-    const uint32_t *states = st.buf;
+    const unsigned char *states = st.buf;
     const unsigned char *src = pl.buf;
     unsigned char hdrs[GSO_MAX_SEGMENTS][BTH_LEN];
     unsigned char icrcs[GSO_MAX_SEGMENTS][ICRC_LEN];
@@ -400,7 +425,7 @@ static PyObject *fp_send_train(PyObject *Py_UNUSED(self), PyObject *args) {
             int ackreq = ack_first >= 0 && i >= ack_first && (i - ack_first) % ack_every == 0;
             const unsigned char *body = src + i * mtu;
             put_bth(hdrs[k], op, (uint32_t)dqpn, p, ackreq, 0xFF);  /* masked for the ICRC */
-            uint32_t c = crc32_update(states[k], hdrs[k], BTH_LEN);
+            uint32_t c = crc32_update(get_ne32(states + 4 * k), hdrs[k], BTH_LEN);
             c = crc32_update(c, body, (size_t)mtu);
             hdrs[k][4] = 0;
             put_le32(icrcs[k], c);
@@ -463,15 +488,16 @@ out:
  */
 /* The checks and copies of place_run; no Python objects (runs without the GIL). */
 static Py_ssize_t place_core(const unsigned char *base, Py_ssize_t nbytes, Py_ssize_t seg, Py_ssize_t k0,
-                             const uint32_t *states, Py_ssize_t nstates, int op, unsigned long qpn,
+                             const unsigned char *states, Py_ssize_t nstates, int op, unsigned long qpn,
                              unsigned long psn, Py_ssize_t mtu, unsigned char *out, Py_ssize_t out_len,
                              Py_ssize_t dst_off, Py_ssize_t max_count, Py_ssize_t *last_ack) {
     Py_ssize_t size = BTH_LEN + mtu + ICRC_LEN;
     Py_ssize_t count = 0;
     for (Py_ssize_t k = k0; count < max_count; k++, count++) {
-        Py_ssize_t off = k * seg;
-        if (off >= nbytes || k >= nstates)
+        /* k * seg < nbytes, tested without the product (which could overflow) */
+        if (nbytes <= 0 || k > (nbytes - 1) / seg || k >= nstates)
             break;
+        Py_ssize_t off = k * seg;
         Py_ssize_t len = nbytes - off < seg ? nbytes - off : seg;
         if (len != size)
             break;
@@ -489,20 +515,27 @@ static Py_ssize_t place_core(const unsigned char *base, Py_ssize_t nbytes, Py_ss
         unsigned char masked[BTH_LEN];
         memcpy(masked, s, BTH_LEN);
         masked[4] = 0xFF;
-        uint32_t c = crc32_update(states[k], masked, BTH_LEN);
+        uint32_t c = crc32_update(get_ne32(states + 4 * k), masked, BTH_LEN);
         c = crc32_update(c, s + BTH_LEN, (size_t)mtu);
         if (c != get_le32(s + BTH_LEN + mtu))
             break;
-        memcpy(out + at, s + BTH_LEN, (size_t)mtu);
+        memmove(out + at, s + BTH_LEN, (size_t)mtu); /* out may be the buffer itself */
         if (s[8] & 0x80)
             *last_ack = count;
     }
     return count;
 }
 
+/* The sizes place_core relies on: every sum and product it forms stays below a few times dst_len. */
 static int check_place_args(Py_ssize_t nbytes, Py_ssize_t blen, Py_ssize_t seg, Py_ssize_t k0, Py_ssize_t mtu,
-                            Py_ssize_t dst_off, Py_ssize_t max_count) {
-    if (nbytes < 0 || nbytes > blen || seg <= 0 || k0 < 0 || mtu <= 0 || dst_off < 0 || max_count < 0) {
+                            Py_ssize_t dst_off, Py_ssize_t dst_len, Py_ssize_t max_count, Py_ssize_t qpn,
+                            Py_ssize_t psn, int op) {
+    if (op < 0 || op > 0xFF || qpn < 0 || qpn > (Py_ssize_t)PSN_MASK || psn < 0 || psn > (Py_ssize_t)PSN_MASK) {
+        PyErr_SetString(PyExc_ValueError, "place_run: opcode, QPN or PSN out of range");
+        return -1;
+    }
+    if (nbytes < 0 || nbytes > blen || seg <= 0 || k0 < 0 || mtu <= 0 || mtu > UDP_MAX_PAYLOAD - BTH_LEN - ICRC_LEN ||
+        dst_off < 0 || dst_off > dst_len || max_count < 0) {
         PyErr_SetString(PyExc_ValueError, "place_run: bad sizes");
         return -1;
     }
@@ -513,17 +546,17 @@ static PyObject *fp_place_run(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer b, st, dst;
     Py_ssize_t nbytes, seg, k0, mtu, dst_off, max_count;
     int op;
-    unsigned long qpn, psn;
-    if (!PyArg_ParseTuple(args, "y*nnny*ikknw*nn:place_run", &b, &nbytes, &seg, &k0, &st, &op, &qpn, &psn,
+    Py_ssize_t qpn, psn;
+    if (!PyArg_ParseTuple(args, "y*nnny*innnw*nn:place_run", &b, &nbytes, &seg, &k0, &st, &op, &qpn, &psn,
                           &mtu, &dst, &dst_off, &max_count))
         return NULL;
     PyObject *result = NULL;
-    if (check_place_args(nbytes, b.len, seg, k0, mtu, dst_off, max_count) < 0)
+    if (check_place_args(nbytes, b.len, seg, k0, mtu, dst_off, dst.len, max_count, qpn, psn, op) < 0)
         goto out;
     Py_ssize_t count, last_ack = -1;
     Py_BEGIN_ALLOW_THREADS
-    count = place_core(b.buf, nbytes, seg, k0, st.buf, st.len / 4, op, qpn, psn, mtu, dst.buf, dst.len, dst_off,
-                       max_count, &last_ack);
+    count = place_core(b.buf, nbytes, seg, k0, st.buf, st.len / 4, op, (unsigned long)qpn, (unsigned long)psn, mtu,
+                       dst.buf, dst.len, dst_off, max_count, &last_ack);
     Py_END_ALLOW_THREADS
     result = Py_BuildValue("nn", count, last_ack);
 out:
@@ -553,9 +586,9 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     int fd, v6, op;
     PyObject *src;
     Py_buffer b, st, dst;
-    unsigned long qpn, psn;
+    Py_ssize_t qpn, psn;
     Py_ssize_t mtu, dst_off, max_count, max_reads;
-    if (!PyArg_ParseTuple(args, "iw*pOy*ikknw*nnn:recv_runs", &fd, &b, &v6, &src, &st, &op, &qpn, &psn, &mtu,
+    if (!PyArg_ParseTuple(args, "iw*pOy*innnw*nnn:recv_runs", &fd, &b, &v6, &src, &st, &op, &qpn, &psn, &mtu,
                           &dst, &dst_off, &max_count, &max_reads))
         return NULL;
     PyObject *result = NULL;
@@ -563,7 +596,7 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     socklen_t want_len;
     if (parse_addr(src, v6, &want, &want_len) < 0)
         goto out;
-    if (check_place_args(0, b.len, 1, 0, mtu, dst_off, max_count) < 0)
+    if (check_place_args(0, b.len, 1, 0, mtu, dst_off, dst.len, max_count, qpn, psn, op) < 0)
         goto out;
     Py_ssize_t placed = 0, last_ack = -1, reads = 0, datagrams = 0, gro = 0;
     Py_ssize_t p_nbytes = 0, p_seg = 0, p_k = 0;
@@ -620,8 +653,9 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
         }
         if (same && n > 0) {
             Py_ssize_t last = -1;
-            k = place_core(b.buf, n, seg, 0, st.buf, st.len / 4, op, qpn, (psn + (unsigned long)placed) & PSN_MASK,
-                           mtu, dst.buf, dst.len, dst_off + placed * mtu, max_count - placed, &last);
+            k = place_core(b.buf, n, seg, 0, st.buf, st.len / 4, op, (unsigned long)qpn,
+                           ((unsigned long)psn + (unsigned long)placed) & PSN_MASK, mtu, dst.buf, dst.len,
+                           dst_off + placed * mtu, max_count - placed, &last);
             if (last >= 0)
                 last_ack = placed + last;
             placed += k;
@@ -674,8 +708,10 @@ out:
  *       0: sent; > 0: the errno of sendmsg; -1: not sent, take the Python path
  *       (a field out of range, a header the opcode does not carry, ...).
  *   check_decode(seg, idx, states, flow) -> Packet | int
- *       The ICRC of GSO segment idx checked, then decode(seg[:-4]).
- *       0: the ICRC does not match; 1: it does, but decode it in Python.
+ *       The header checked as decode() checks it, then the ICRC of GSO
+ *       segment idx (IPv4 ID idx, 0 <= idx <= 0xFFFF), then decode(seg[:-4]).
+ *       1: the header fails (the ICRC is not computed), decode it in Python
+ *       to say why; 0: the header is good but the ICRC does not match.
  *
  * The ICRC state of an n-byte segment with index idx (BTH .. ICRC) is
  * states[n | idx << 16], or flow.state(n, idx) where it is missing.
@@ -714,6 +750,10 @@ static PyObject *fp_init_codec(PyObject *Py_UNUSED(self), PyObject *args) {
         int lay, off;
         if (op == -1 && PyErr_Occurred())
             return NULL;
+        if (!PyTuple_Check(value)) {
+            PyErr_SetString(PyExc_TypeError, "init_codec: a table entry is a (member, layout, length) tuple");
+            return NULL;
+        }
         if (!PyArg_ParseTuple(value, "Oii:init_codec", &m, &lay, &off))
             return NULL;
         /* BTH + extension headers of each layout: the decoder reads exactly these bytes. */
@@ -919,6 +959,10 @@ static PyObject *fp_send_packet(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     PyObject *result = NULL;
     unsigned char h[48], tail[8] = {0};
+    if (pl.len > UDP_MAX_PAYLOAD) {
+        result = PyLong_FromLong(-1); /* too long for a datagram: the Python encoder says so */
+        goto out;
+    }
     int hlen = encode_into(pkt, h, pl.len);
     if (hlen <= 0) {
         if (hlen == 0)
@@ -927,7 +971,7 @@ static PyObject *fp_send_packet(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     Py_ssize_t pad = -pl.len & 3;
     Py_ssize_t size = hlen + pl.len + pad + ICRC_LEN;
-    if (size > 0xFFFF - 8) {
+    if (size > UDP_MAX_PAYLOAD) {
         result = PyLong_FromLong(-1);
         goto out;
     }
@@ -1001,7 +1045,21 @@ static PyObject *fp_check_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *result = NULL;
     const unsigned char *p = b.buf;
     Py_ssize_t n = b.len;
+    if (n > UDP_MAX_PAYLOAD) {
+        PyErr_SetString(PyExc_ValueError, "check_decode: longer than a UDP datagram holds");
+        goto out;
+    }
     if (n < BTH_LEN + ICRC_LEN) {
+        result = PyLong_FromLong(1);
+        goto out;
+    }
+    /* The header checks first, as rxe_rcv() runs hdr_check() before the ICRC:
+     * what decode() refuses costs no CRC. */
+    Py_ssize_t m = n - ICRC_LEN;
+    int op = p[0], b1 = p[1], lay = codec_ready ? op_layout[op] : -1;
+    Py_ssize_t off = op_hlen[op], end = m - ((b1 >> 4) & 3);
+    if (lay < 0 || (b1 & 0x0F) || (m & 3) || end < off ||
+        (end != off && (lay == L_AETH_ONLY || lay == L_RETH_ONLY || lay == L_ATOMIC || lay == L_ATOMIC_ACK))) {
         result = PyLong_FromLong(1);
         goto out;
     }
@@ -1012,17 +1070,9 @@ static PyObject *fp_check_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     memcpy(h, p, BTH_LEN);
     h[4] = 0xFF;
     uint32_t c = crc32_update((uint32_t)st, h, BTH_LEN);
-    c = crc32_update(c, p + BTH_LEN, (size_t)(n - BTH_LEN - ICRC_LEN));
-    if (c != get_le32(p + n - ICRC_LEN)) {
+    c = crc32_update(c, p + BTH_LEN, (size_t)(m - BTH_LEN));
+    if (c != get_le32(p + m)) {
         result = PyLong_FromLong(0);
-        goto out;
-    }
-    Py_ssize_t m = n - ICRC_LEN;
-    int op = p[0], b1 = p[1], lay = codec_ready ? op_layout[op] : -1;
-    Py_ssize_t off = op_hlen[op], end = m - ((b1 >> 4) & 3);
-    if (lay < 0 || (b1 & 0x0F) || (m & 3) || end < off ||
-        (end != off && (lay == L_AETH_ONLY || lay == L_RETH_ONLY || lay == L_ATOMIC || lay == L_ATOMIC_ACK))) {
-        result = PyLong_FromLong(1);
         goto out;
     }
     uint32_t w1 = get_be32(p + 4), w2 = get_be32(p + 8);

@@ -9,6 +9,7 @@ import errno
 import ipaddress
 import os
 import random
+import socket
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
@@ -31,7 +32,7 @@ from rdmakit.wire import (
     max_frame_body,
     unpack_icrc,
 )
-from rdmakit.wire.ident import solve_ipv4_ident
+from rdmakit.wire.ident import IdentWindow, solve_ident_diff
 
 from . import fastpath
 from .tcp import SECRET_LEN, Placed, Route, TcpCounters, TcpLink
@@ -50,6 +51,14 @@ MAX_RX_BATCHES = 64
 #: Idle ``progress`` calls between full scans of the QPs' deadlines (the
 #: cached earliest deadline is refreshed after every busy call anyway).
 _DEADLINE_RESCAN = 64
+#: Receive state kept per source (address, port) at most; only sources that
+#: passed the header checks (a QP connected to that address) get any.
+MAX_RX_FLOWS = 256
+#: Source addresses whose IPv4 IDs are followed (kernel senders) at most.
+MAX_IDENT_PEERS = 256
+#: Bad ICRCs in a row a source that uses our IPv4 IDs may send before the
+#: solver is tried for it (a corrupted packet of ours is never "solved").
+_OURS_STRIKES = 4
 
 _BTH = struct.Struct(">BBHII")
 _ICRC = struct.Struct("<I")
@@ -97,8 +106,13 @@ class DeviceCounters(TcpCounters):
     packets_in: int = 0
     packets_out: int = 0
     icrc_ok: int = 0
+    #: Verified with the sender's own IPv4 ID (a kernel peer: predicted or solved).
     icrc_solved: int = 0
     bad_icrc: int = 0
+    #: IPv4-ID solver runs, runs refused by the rate bound, IDs solved outside the window.
+    solver_runs: int = 0
+    solver_limited: int = 0
+    solved_out_of_window: int = 0
     malformed: int = 0
     unknown_qp: int = 0
     wrong_source: int = 0
@@ -112,7 +126,22 @@ class DeviceCounters(TcpCounters):
 
 
 def _addr_bytes(ip: str) -> bytes:
-    return ipaddress.ip_address(ip).packed
+    return socket.inet_pton(socket.AF_INET6 if ":" in ip else socket.AF_INET, ip)
+
+
+class _RxFlow:
+    """What the receiver keeps about one source (address, port) of a connected peer."""
+
+    __slots__ = ("icrc", "kernel", "ours", "states")
+
+    def __init__(self, icrc: IcrcFlow) -> None:
+        self.icrc = icrc
+        #: ``icrc.states`` (cleared in place, never replaced).
+        self.states = icrc.states
+        #: Its packets carried our IPv4 IDs: bad ICRCs it may still send unsolved.
+        self.ours = 0
+        #: Its packets carried a kernel's IPv4 IDs (followed per address).
+        self.kernel = False
 
 
 def gid_of(ip: str) -> str:
@@ -175,10 +204,12 @@ class SoftDevice:
         self._hot: tuple[QueuePair, int, str, int, IcrcFlow] | None = None
         self.pd = ProtectionDomain(self.rng)
         self._qps: dict[int, QueuePair] = {}
-        self._peer_bytes: dict[str, bytes] = {}
         self._backlog: list[tuple[list[Payload], int, int, tuple[str, int]]] = []
-        #: ICRC header states per peer flow: (source ip, source port) in, (ip, port) out.
-        self._rx_flows: dict[tuple[str, int], IcrcFlow] = {}
+        #: Receive state per source (ip, port), at most ``MAX_RX_FLOWS`` (oldest dropped).
+        self._rx_flows: dict[tuple[str, int], _RxFlow] = {}
+        #: The IPv4 IDs of kernel senders per source ip, at most ``MAX_IDENT_PEERS``.
+        self._idents: dict[str, IdentWindow] = {}
+        #: ICRC header states per destination (ip, port).
         self._tx_flows: dict[tuple[str, int], IcrcFlow] = {}
         #: Earliest QP deadline as of the last busy ``progress`` (see ``_DEADLINE_RESCAN``).
         self._deadline: float | None = None
@@ -410,8 +441,33 @@ class SoftDevice:
             self._hot = None  # the run is complete (or the socket is quiet): the plain reader decides
         return int(reads)
 
+    def receive_datagram(self, data: Payload, src: tuple[str, int], now: float, segsize: int = 0) -> None:
+        """Take ``data`` as if a read of the socket had returned it from ``src``.
+
+        The receive path without the socket, for tests and benchmarks that
+        feed it crafted input (``segsize``: a GRO batch of segments of that
+        size; 0: one datagram). ``progress`` does the same with what it reads.
+        """
+        link = self.udp
+        if link is None:
+            raise EngineError("BAD_STATE", "receive_datagram: not a UDP device")
+        n = len(data)
+        view = link.view
+        if n > len(view):
+            raise EngineError("INVALID_VALUE", f"receive_datagram: {n} bytes, more than the buffer holds")
+        view[:n] = data
+        seg = segsize if 0 < segsize < n else max(n, 1)
+        self.counters.packets_in += (n + seg - 1) // seg if n else 1
+        self._rx_batch(n, seg, src[0], src[1], 0, now)
+
     def _rx_batch(self, nbytes: int, segsize: int, src_ip: str, sport: int, k: int, now: float) -> None:
-        """Segments ``k`` .. of the datagrams in the link's buffer (see ``UdpLink.recv_raw``)."""
+        """Segments ``k`` .. of the datagrams in the link's buffer (see ``UdpLink.recv_raw``).
+
+        In rxe's order (``rxe_rcv()``, rxe_recv.c): the cheap header checks
+        first (``hdr_check()``: a QP of ours by that number, connected to the
+        source's address; the opcode, TVer, pad and length as ``decode`` takes
+        them), and the ICRC only for what passes them.
+        """
         c = self.counters
         if not nbytes:
             c.malformed += 1
@@ -421,108 +477,185 @@ class SoftDevice:
         view = link.view
         verify, qps, fast = self.verify_icrc, self._qps, self._native
         unpack_bth, pack_bth, unpack_ic = _BTH.unpack_from, _BTH.pack, _ICRC.unpack_from
-        flow = self._rx_flows.get((src_ip, sport))
-        if flow is None:
-            flow = self._rx_flow(src_ip, sport)
-        states = flow.states
+        rx: _RxFlow | None = None
+        ours = False  # a segment checked with our IPv4 IDs
+        pkt: Packet | None
         nsegs = (nbytes + segsize - 1) // segsize
         while k < nsegs:
-            pos = k * segsize
+            idx = k
+            k += 1
+            pos = idx * segsize
             seg = view[pos : min(pos + segsize, nbytes)]
             n = len(seg)
             if n < BTH_LEN + ICRC_LEN:
                 c.malformed += 1
-                k += 1
                 continue
             end = n - ICRC_LEN
             op, b1, pkey, w1, w2 = unpack_bth(seg)
-            if fast is not None and op in _RUN_OPS and verify:
-                # A run of in-order MIDDLE packets: checked (ICRC included) and
-                # placed in one native call; the first that needs more stops it.
-                qp = qps.get(w1 & _U24)
-                if qp is not None and type(r := qp.remote) is PeerAddress and r.ip == src_ip:
+            qp = qps.get(w1 & _U24)
+            if qp is None:
+                c.unknown_qp += 1
+                continue
+            if type(r := qp.remote) is not PeerAddress or r.ip != src_ip:
+                c.wrong_source += 1  # rxe check_addr(): only the connected peer's address
+                continue
+            if not verify:
+                try:
+                    pkt = decode(seg[:end])
+                except WireError:
+                    c.malformed += 1
+                    continue
+                qp.receive(pkt, now)
+                continue
+            if rx is None:
+                rx = self._rx_flows.get((src_ip, sport))
+                if rx is None:
+                    rx = self._rx_flow(src_ip, sport)
+            if fast is not None:
+                if op in _RUN_OPS:
+                    # A run of in-order MIDDLE packets: checked (header, then ICRC)
+                    # and placed in one native call; the first that needs more stops it.
                     run = qp.rx_run(op)
                     if run is not None and n == run[4] + BTH_LEN + ICRC_LEN:
                         got_n, last_ack = fast.place_run(
-                            view, nbytes, segsize, k, flow.seg_states(n, nsegs), op, qp.qpn,
+                            view, nbytes, segsize, idx, rx.icrc.seg_states(n, nsegs), op, qp.qpn,
                             run[0], run[4], run[1], run[2], run[3],
                         )  # fmt: skip
                         if got_n:
                             qp.rx_run_done(op, got_n, last_ack, now)
                             c.icrc_ok += got_n
-                            k += got_n
+                            ours = True
+                            k = idx + got_n
                             if k >= nsegs and got_n < run[3]:
-                                self._hot = (qp, op, src_ip, sport, flow)
+                                self._hot = (qp, op, src_ip, sport, rx.icrc)
                             continue
-            idx = k
-            k += 1
-            if verify:
-                if fast is not None:
-                    # One native call checks the ICRC and decodes: 1 is a good ICRC on
-                    # bytes for the Python decoder, 0 an ICRC that IP ID idx does not explain.
-                    got = fast.check_decode(seg, idx, states, flow)
-                    if type(got) is Packet:
-                        c.icrc_ok += 1
-                        self._deliver(got, src_ip, now)
-                        continue
-                    good = got == 1
-                else:
-                    # ICRC (Annex A17.3.3) of GSO segment idx: IPv4 ID idx, BTH byte 4 masked.
-                    st = states.get(n | idx << 16)
-                    if st is None:
-                        st = flow.state(n, idx)
-                    ic = crc32(seg[BTH_LEN:end], crc32(pack_bth(op, b1, pkey, w1 | _MASK_BYTE4, w2), st))
-                    good = ic == unpack_ic(seg, end)[0]
-                if good:
+                # One native call: the header checks, then the ICRC, then decode.
+                got = fast.check_decode(seg, idx, rx.states, rx.icrc)
+                if type(got) is Packet:
                     c.icrc_ok += 1
-                elif not self._icrc_other_ident(flow, seg, idx, src_ip, sport):
+                    ours = True
+                    qp.receive(got, now)
+                    continue
+                if not got:  # 0: the header is good, its ICRC does not check with IPv4 ID idx
+                    pkt = self._other_ident(rx, seg, idx, src_ip, now)
+                    if pkt is None:
+                        c.bad_icrc += 1
+                    else:
+                        qp.receive(pkt, now)
+                    continue
+                # 1: the header checks failed; the Python codec says why.
+            # BTH only, TVer 0, no pad, whole words: what decode takes for a MIDDLE.
+            middle = op in _MIDDLE and not b1 & 0x3F and not n & 3
+            pkt = None
+            if not middle:
+                try:
+                    pkt = decode(seg[:end])
+                except WireError:
+                    c.malformed += 1
+                    continue
+            # ICRC (Annex A17.3.3) of GSO segment idx: IPv4 ID idx, BTH byte 4 masked.
+            st = rx.states.get(n | idx << 16)
+            if st is None:
+                st = rx.icrc.state(n, idx)
+            ic = crc32(seg[BTH_LEN:end], crc32(pack_bth(op, b1, pkey, w1 | _MASK_BYTE4, w2), st))
+            if ic == unpack_ic(seg, end)[0]:
+                c.icrc_ok += 1
+                ours = True
+                if pkt is None:
+                    if pkey & 0x7FFF == 0x7FFF and qp.receive_middle(
+                        op, w2 & _U24, w2 >= 0x80000000, seg[BTH_LEN:end], now
+                    ):
+                        continue
+                    pkt = decode(seg[:end])
+            else:
+                pkt = self._other_ident(rx, seg, idx, src_ip, now)
+                if pkt is None:
                     c.bad_icrc += 1
                     continue
-            if op in _MIDDLE and not b1 & 0x3F:  # TVer 0, no pad
-                qp = qps.get(w1 & _U24)
-                if (
-                    qp is not None
-                    and pkey & 0x7FFF == 0x7FFF
-                    and type(r := qp.remote) is PeerAddress
-                    and r.ip == src_ip
-                    and qp.receive_middle(op, w2 & _U24, w2 >= 0x80000000, seg[BTH_LEN:end], now)
-                ):
-                    continue
-            try:
-                pkt = decode(seg[:end])
-            except WireError:
-                c.malformed += 1
-                continue
-            self._deliver(pkt, src_ip, now)
+            qp.receive(pkt, now)
+        if ours and rx is not None and not rx.kernel:
+            rx.ours = _OURS_STRIKES
 
-    def _rx_flow(self, src_ip: str, sport: int) -> IcrcFlow:
-        src = self._peer_bytes.get(src_ip)
-        if src is None:
-            src = self._peer_bytes[src_ip] = _addr_bytes(src_ip)
+    def _rx_flow(self, src_ip: str, sport: int) -> _RxFlow:
+        src = _addr_bytes(src_ip)
         if self._v6:
-            flow = IcrcFlow.ipv6(src, self._local, sport, self.port)
+            icrc = IcrcFlow.ipv6(src, self._local, sport, self.port)
         else:
-            flow = IcrcFlow.ipv4(src, self._local, sport, self.port)
-        if len(self._rx_flows) >= 1024:
-            self._rx_flows.clear()
-        self._rx_flows[(src_ip, sport)] = flow
-        return flow
+            icrc = IcrcFlow.ipv4(src, self._local, sport, self.port)
+        flows = self._rx_flows
+        if len(flows) >= MAX_RX_FLOWS:
+            del flows[next(iter(flows))]  # the oldest: bounded, whatever the sources do
+        rx = flows[(src_ip, sport)] = _RxFlow(icrc)
+        return rx
 
-    def _icrc_other_ident(self, flow: IcrcFlow, seg: memoryview, k: int, src_ip: str, sport: int) -> bool:
-        """Segment ``k``'s ICRC did not match with IPv4 ID ``k``: try the IDs other senders use."""
+    def _checked_with(self, rx: _RxFlow, seg: memoryview, ident: int) -> Packet | None:
+        """The segment decoded if its ICRC checks with IPv4 ID ``ident`` (its header passed), else None."""
+        fast = self._native
+        if fast is not None:
+            got = fast.check_decode(seg, ident, rx.states, rx.icrc)
+            return got if type(got) is Packet else None
+        end = len(seg) - ICRC_LEN
+        if rx.icrc.icrc_seg(ident, seg[:end]) != unpack_icrc(seg):
+            return None
+        try:
+            return decode(seg[:end])
+        except WireError:
+            return None
+
+    def _other_ident(self, rx: _RxFlow, seg: memoryview, idx: int, src_ip: str, now: float) -> Packet | None:
+        """Segment ``idx``'s ICRC does not check with IPv4 ID ``idx``: the IDs other senders use.
+
+        An rdmakit sender without GSO uses ID 0. A kernel sender (rxe) counts
+        its own: its next ID is tried, and the ID solved for (``IdentWindow``
+        says when, and whether to believe it). Not for a source whose packets
+        carried our IDs, unless its bad ICRCs go on.
+        """
         if self._v6:
-            return False
+            return None  # IPv6 has no Identification
         c = self.counters
-        body = seg[: len(seg) - ICRC_LEN]
-        received = unpack_icrc(seg)
-        if k != 0 and flow.icrc(body) == received:
-            c.icrc_ok += 1  # ID 0: a sender without GSO
-            return True
-        src = self._peer_bytes[src_ip]
-        if solve_ipv4_ident(src, self._local, sport, self.port, body, received) is not None:
-            c.icrc_solved += 1  # a peer with its own IP IDs (kernel rxe)
-            return True
-        return False
+        if idx and not rx.kernel:
+            pkt = self._checked_with(rx, seg, 0)
+            if pkt is not None:
+                c.icrc_ok += 1
+                rx.ours = _OURS_STRIKES
+                return pkt
+        if rx.ours:
+            rx.ours -= 1
+            return None
+        ids = self._idents.get(src_ip)
+        if ids is None:
+            ids = self._ident_window(src_ip, now)
+        nxt = ids.next()
+        if nxt is not None and nxt != idx:
+            pkt = self._checked_with(rx, seg, nxt)
+            if pkt is not None:
+                ids.accept(nxt, now)
+                rx.kernel = True
+                c.icrc_solved += 1
+                return pkt
+        if not ids.may_solve(now):
+            c.solver_limited += 1
+            return None
+        c.solver_runs += 1
+        end = len(seg) - ICRC_LEN
+        ident = solve_ident_diff(end, rx.icrc.icrc(seg[:end]) ^ unpack_icrc(seg))
+        if ident is None:
+            return None
+        if not ids.accept(ident, now):
+            c.solved_out_of_window += 1
+            return None
+        pkt = self._checked_with(rx, seg, ident)
+        if pkt is not None:
+            rx.kernel = True
+            c.icrc_solved += 1
+        return pkt
+
+    def _ident_window(self, src_ip: str, now: float) -> IdentWindow:
+        idents = self._idents
+        if len(idents) >= MAX_IDENT_PEERS:
+            del idents[next(iter(idents))]
+        ids = idents[src_ip] = IdentWindow(now)
+        return ids
 
     def _receive_tcp(self, now: float) -> bool:
         link = self.tcp
@@ -752,9 +885,7 @@ class SoftDevice:
         return train.tail(sent).packets()
 
     def _tx_flow(self, remote: PeerAddress) -> IcrcFlow:
-        dst = self._peer_bytes.get(remote.ip)
-        if dst is None:
-            dst = self._peer_bytes[remote.ip] = _addr_bytes(remote.ip)
+        dst = _addr_bytes(remote.ip)
         if self._v6:
             flow = IcrcFlow.ipv6(self._local, dst, self.port, remote.port)
         else:

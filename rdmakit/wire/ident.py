@@ -12,7 +12,15 @@ CRC-32 is affine over GF(2): for messages of equal length,
 depend only on the packet's length. Solving ``L(id) = icrc_received ^ icrc(id=0)``
 over that basis either finds the ID or proves that no ID explains the ICRC (a
 corrupted packet). A random corruption passes with probability 2^-16, the
-price of not seeing the header; count such packets as "verified by solving".
+price of not seeing the header.
+
+:class:`IdentWindow` narrows that down and bounds the work. Linux numbers the
+datagrams from one source to one destination with a counter
+(``ip_idents_reserve()`` in net/ipv4/route.c, which rxe's ``prepare_ipv4_hdr()``
+uses): each packet takes the next ID, and when the counter was idle it first
+jumps by a random amount below the number of jiffies that passed (HZ is at most
+1000). So a solved ID is believed only if it lies a little ahead of the last
+one, and the next ID is tried before any solving.
 """
 
 from functools import lru_cache
@@ -21,6 +29,8 @@ from .icrc import icrc_ipv4
 from .packet import Payload
 
 _ZERO4 = b"\0\0\0\0"
+#: The longest BTH .. pad an IPv4 UDP datagram holds (65535 - 20 - 8 - ICRC).
+_MAX_BODY = 65503
 _BTH = b"\0" * 12
 
 
@@ -54,12 +64,101 @@ def solve_ipv4_ident(
     """
     if len(body) < len(_BTH):
         return None
-    diff = icrc_ipv4(src, dst, sport, dport, body, ident=0, df=df) ^ received
+    return solve_ident_diff(len(body), icrc_ipv4(src, dst, sport, dport, body, ident=0, df=df) ^ received, df)
+
+
+def solve_ident_diff(body_len: int, diff: int, df: bool = True) -> int | None:
+    """The IPv4 Identification with ``icrc(id) ^ icrc(0) == diff`` for a ``body_len``-byte body, or None.
+
+    ``diff`` is the received ICRC XOR the ICRC the packet would have with ID 0.
+    The first call for a length computes its basis (17 CRCs of the packet's
+    length); later calls for that length are 16 steps.
+    """
+    if not len(_BTH) <= body_len <= _MAX_BODY or not 0 <= diff <= 0xFFFFFFFF:
+        return None
     if not diff:
         return 0
     ident = 0
-    for pivot, vec, combo in _solver(len(body), df):
+    for pivot, vec, combo in _solver(body_len, df):
         if diff >> pivot & 1:
             diff ^= vec
             ident ^= combo
     return ident if diff == 0 else None
+
+
+#: IDs past the last one believed without further ado: packets lost or sent
+#: elsewhere with the same counter in between (IBTA has no say; a guess).
+IDENT_WINDOW = 1024
+#: How fast the window widens while the sender is quiet: the kernel's jump is
+#: below the jiffies that passed, at most 1000 per second.
+IDENT_IDLE_RATE = 1000.0
+#: Solver runs per second one sender may cause, and the burst it may save up.
+SOLVE_RATE = 1000.0
+SOLVE_BURST = 32
+
+
+class IdentWindow:
+    """The IPv4 IDs one kernel sender uses towards us, and what solving for them may cost.
+
+    Sans-IO: the receiver hands in ``now`` (seconds). The receiver first tries
+    :meth:`next` (a plain ICRC check with that ID); only if that fails, and
+    :meth:`may_solve` grants a run (a token bucket of ``SOLVE_RATE`` per second,
+    ``SOLVE_BURST`` deep), does it solve, and it believes the ID only if
+    :meth:`accept` does.
+
+    A corrupted packet (a random ICRC) from a sender whose IDs are known is
+    accepted with probability ``2^-16 * w / 2^16``, where ``w`` is
+    ``IDENT_WINDOW`` plus ``IDENT_IDLE_RATE`` times the seconds since its last
+    packet (2^-22 for a busy sender); before its first packet is known, 2^-16.
+    An ID that jumped further (a long loss burst, another flow sharing the
+    kernel's counter) is remembered, and the sender is followed again from
+    the next packet that lies in the window after it: one packet is lost, and
+    retransmitted.
+    """
+
+    __slots__ = ("_at", "_last", "_pending", "_stamp", "_tokens")
+
+    def __init__(self, now: float) -> None:
+        self._last: int | None = None
+        self._at = now
+        self._pending: int | None = None
+        self._tokens = float(SOLVE_BURST)
+        self._stamp = now
+
+    @property
+    def last(self) -> int | None:
+        """The last ID believed (None before the first)."""
+        return self._last
+
+    def next(self) -> int | None:
+        """The ID the sender's next packet most likely carries (None before the first)."""
+        last = self._last
+        return None if last is None else (last + 1) & 0xFFFF
+
+    def may_solve(self, now: float) -> bool:
+        """Whether one solver run is allowed now (it is taken from the bucket if so)."""
+        tokens = self._tokens
+        if now > self._stamp:
+            tokens = min(float(SOLVE_BURST), tokens + (now - self._stamp) * SOLVE_RATE)
+            self._stamp = now
+        if tokens < 1.0:
+            self._tokens = tokens
+            return False
+        self._tokens = tokens - 1.0
+        return True
+
+    def accept(self, ident: int, now: float) -> bool:
+        """Whether a packet whose ICRC checks with ID ``ident`` is believed; it becomes the last if so."""
+        ident &= 0xFFFF
+        last = self._last
+        if last is not None:
+            width = IDENT_WINDOW + int(max(0.0, now - self._at) * IDENT_IDLE_RATE)
+            if not 0 < (ident - last) & 0xFFFF <= width:
+                pending = self._pending
+                if pending is None or not 0 < (ident - pending) & 0xFFFF <= IDENT_WINDOW:
+                    self._pending = ident
+                    return False
+        self._last = ident
+        self._pending = None
+        self._at = now
+        return True

@@ -16,7 +16,7 @@ from rdmakit.transport import fastpath
 from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
 from rdmakit.transport.driver import Driver
 from rdmakit.transport.udp import UdpLink
-from rdmakit.wire import Opcode, Packet, encode, icrc_ipv4, pack_icrc
+from rdmakit.wire import icrc_ipv4, pack_icrc
 
 from .test_two_process import Requester
 
@@ -109,28 +109,61 @@ def test_garbage_datagrams_are_counted_and_dropped(pair: tuple[SoftDevice, SoftD
     assert wc.status is WcStatus.SUCCESS
     assert dst == src
     c = b.counters
-    # Every junk datagram is refused before the engine: too short, or its ICRC fails.
-    assert c.malformed + c.bad_icrc == len(junk)
+    # Every junk datagram is refused before the engine: too short, for no QP of ours, a header
+    # decode refuses, or its ICRC fails.
+    assert c.malformed + c.unknown_qp + c.bad_icrc == len(junk)
     assert c.malformed >= 3
 
 
+class KernelIds:
+    """Makes a device's datagrams look like kernel rxe's: the ICRC covers an IPv4 ID of its own.
+
+    Linux numbers the datagrams to one destination with a counter
+    (``ip_idents_reserve()``): +1 per packet, with a random jump after a quiet
+    spell. The device's socket still sends ID 0 (what a UDP socket cannot
+    change), so the receiver must work out the ID from the ICRC.
+    """
+
+    def __init__(self, dev: SoftDevice, first: int, jumps: dict[int, int]) -> None:
+        self.dev, self.ident, self.jumps = dev, first, jumps
+        self.sent: list[int] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        link, real_send = self.dev.udp, UdpLink.send
+        self.dev._native = None  # every packet through UdpLink.send
+        assert link is not None
+        assert not link.gso
+
+        def send(link_: UdpLink, parts: list[bytes], addr: tuple[str, int]) -> bool:
+            if link_ is not link:
+                return real_send(link_, parts, addr)
+            body = b"".join(parts)[:-4]
+            self.ident = (self.ident + 1 + self.jumps.get(len(self.sent), 0)) & 0xFFFF
+            src, dst = socket.inet_aton(link.ip), socket.inet_aton(addr[0])
+            self.sent.append(self.ident)
+            ic = icrc_ipv4(src, dst, link.port, addr[1], body, ident=self.ident)
+            return real_send(link_, [body, pack_icrc(ic)], addr)
+
+        monkeypatch.setattr(UdpLink, "send", send)
+
+
 def test_a_peer_with_its_own_ip_ids_is_verified_by_solving_for_the_id(
-    pair: tuple[SoftDevice, SoftDevice, Driver],
+    pair: tuple[SoftDevice, SoftDevice, Driver], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A kernel rxe peer's IPv4 ID is not 0 (nor a GSO index): the ICRC is solved for it, counted."""
+    """A kernel rxe peer's IPv4 IDs (its own counter, wrapping, jumping) are followed and solved for."""
     a, b, drv = pair
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((a.ip, 0))
-        sport = s.getsockname()[1]
-        for qpn, ident in ((0x777777, 1234), (0x777778, 0xBEEF)):
-            body = encode(Packet(Opcode.SEND_ONLY, qpn, 5, ackreq=True, payload=b"rxe!"))
-            ic = icrc_ipv4(socket.inet_aton(a.ip), socket.inet_aton(b.ip), sport, b.port, body, ident=ident)
-            s.sendto(body + pack_icrc(ic), (b.ip, b.port))
-    wc, src, dst = _write(a, b, drv, 10_000)  # and the device goes on as before
+    rng = random.Random(7)
+    kernel = KernelIds(a, 0xFFE0, {i: rng.randrange(1, 900) for i in range(5, 200, 9)})
+    kernel.install(monkeypatch)
+    wc, src, dst = _write(a, b, drv, 300_000)
     assert wc.status is WcStatus.SUCCESS
     assert dst == src
     c = b.counters
-    assert (c.icrc_solved, c.bad_icrc, c.unknown_qp) == (2, 0, 2)  # verified, then refused for its QPN
+    assert len(kernel.sent) >= 70
+    assert kernel.sent[0] > kernel.sent[-1]  # the counter wrapped on the way
+    # Every packet verified with the sender's ID, solving only where it jumped.
+    assert (c.icrc_solved, c.bad_icrc, c.solved_out_of_window) == (len(kernel.sent), 0, 0)
+    assert 1 <= c.solver_runs <= 1 + len(kernel.jumps)
 
 
 class _SendFourNatively:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -336,3 +337,81 @@ def test_recv_runs_stops_at_max_count_and_max_reads(new_ip: Callable[[], str]) -
             s.rx.fileno(), s.rx.view, False, (s.tx.ip, s.tx.port), b"", WM, 0x10, 0, 0, s.dst, 0, 1, 1
         )
     s.close()
+
+
+def test_sizes_that_would_overflow_are_refused_by_every_function(new_ip: Callable[[], str]) -> None:
+    """Counts, offsets and lengths are checked without forming products or sums that could overflow."""
+    native: Any = fastpath.native
+    big, huge = 1 << 53, 1 << 62
+    b = _Batch()
+    # place_run: an index or segment size far past the data is nothing to place, not a wild read.
+    assert b.run(k0=huge) == (0, -1)
+    assert b.run(k0=3, seg=huge) == (0, -1)
+    assert b.run(max_count=huge) == (12, 7)
+    for kw in ({"mtu": huge}, {"mtu": 65508}, {"nbytes": -1}, {"k0": -1}):
+        with pytest.raises(ValueError):
+            b.run(**kw)  # type: ignore[arg-type]
+    buf, states, size = b"".join(b.segs), b.flow.seg_states(len(b.segs[0]), 64), len(b.segs[0])
+    for dst_off in (len(b.dst) + 1, huge):
+        with pytest.raises(ValueError):
+            native.place_run(buf, len(buf), size, 0, states, WM, 0x10, 100, b.mtu, b.dst, dst_off, 10)
+    for qpn, psn, op in ((1 << 24, 0, WM), (-1, 0, WM), (0x10, 1 << 24, WM), (0x10, 0, 256), (0x10, 0, -1)):
+        with pytest.raises(ValueError):
+            native.place_run(buf, len(buf), size, 0, states, op, qpn, psn, b.mtu, b.dst, 0, 10)
+    with pytest.raises(OverflowError):
+        native.place_run(buf, len(buf), size, 0, states, WM, 0x10, 1 << 64, b.mtu, b.dst, 0, 10)
+    # send_train: count * mtu would wrap to 0 and pass a plain "payload too short" test.
+    for count, mtu in ((big, 2048), (huge, 1024), (1, huge), (1, 65508)):
+        with pytest.raises(ValueError):
+            native.send_train(
+                -1, ("127.0.0.1", 1), False, True, WM, 1, 0, count, b"x" * 4096, mtu, -1, 1, states
+            )
+    for dqpn, psn, op in ((1 << 24, 0, WM), (-1, 0, WM), (1, 1 << 24, WM), (1, 0, 256)):
+        with pytest.raises(ValueError):
+            native.send_train(
+                -1, ("127.0.0.1", 1), False, True, op, dqpn, psn, 1, b"x" * 1024, 1024, -1, 1, states
+            )
+    with pytest.raises(ValueError, match="port"):
+        native.send_train(
+            -1, ("127.0.0.1", 1 << 16), False, True, WM, 1, 0, 1, b"x" * 1024, 1024, -1, 1, states
+        )
+    # recv_runs: the same argument checks before any read.
+    rx = UdpLink(new_ip(), 0, gro=False)
+    try:
+        for dst_off, qpn in ((len(b.dst) + 1, 0x10), (huge, 0x10), (0, 1 << 24)):
+            with pytest.raises(ValueError):
+                native.recv_runs(
+                    rx.fileno(),
+                    rx.view,
+                    False,
+                    ("127.0.0.1", 1),
+                    states,
+                    WM,
+                    qpn,
+                    0,
+                    1024,
+                    b.dst,
+                    dst_off,
+                    1,
+                    1,
+                )
+    finally:
+        rx.close()
+    # check_decode: a segment longer than any datagram; send_packet: a port out of range, a payload too long.
+    flow = b.flow
+    with pytest.raises(ValueError, match="UDP datagram"):
+        native.check_decode(memoryview(bytearray(70_000)), 0, flow.states, flow)
+    pkt = Packet(Opcode.SEND_ONLY, 1, 0, payload=b"abcd")
+    with pytest.raises(ValueError, match="port"):
+        native.send_packet(-1, ("127.0.0.1", -1), False, pkt, flow.states, flow)
+    assert (
+        native.send_packet(-1, ("127.0.0.1", 1), False, pkt._replace(payload=bytes(70_000)), {}, flow) == -1
+    )
+    with pytest.raises(TypeError):
+        native.send_packet(-1, "127.0.0.1:1", False, pkt, flow.states, flow)
+    # init_codec: an entry that is not a tuple.
+    from rdmakit.wire import AETH, CODEC_LAYOUTS, RETH, AtomicETH
+
+    with pytest.raises(TypeError):
+        native.init_codec(Packet, RETH, AETH, AtomicETH, {4: [Opcode.SEND_ONLY, 0, 12]})
+    native.init_codec(Packet, RETH, AETH, AtomicETH, CODEC_LAYOUTS)

@@ -179,12 +179,34 @@ def test_check_decode_is_decode_after_the_icrc(pkt: Packet, idx: int) -> None:
 @settings(max_examples=300, deadline=None)
 @given(pkt=packets(max_payload=64), bit=st.integers(0, 1 << 20))
 def test_check_decode_says_0_for_a_spoiled_icrc(pkt: Packet, bit: int) -> None:
+    """A flipped bit: 0 (the ICRC does not check), or 1 where the header no longer decodes."""
     seg = _segment(encode(pkt))
     bit %= len(seg) * 8
     if bit // 8 == 4:
         return  # FECN, BECN and resv6 are outside the ICRC (they count as ones)
     seg[bit // 8] ^= 1 << (bit % 8)
-    assert native.check_decode(seg, 0, FLOW.states, FLOW) == 0
+    try:
+        decode(seg[:-4])
+    except WireError:
+        assert native.check_decode(seg, 0, FLOW.states, FLOW) == 1  # refused before the ICRC
+    else:
+        assert native.check_decode(seg, 0, FLOW.states, FLOW) == 0
+
+
+def test_check_decode_checks_the_header_before_the_icrc() -> None:
+    """What decode refuses is 1 whatever its ICRC, and costs no ICRC state (rxe: hdr_check first)."""
+    ack = encode(Packet(Opcode.ACKNOWLEDGE, 1, 2, aeth=AETH(0x1F, 3)))
+    bad_tver = bytes((4, 1)) + bytes(10)
+    for body in (bad_tver, ack + b"abcd", b"\x64" + bytes(11)):
+        seg = memoryview(bytearray(body + b"\xde\xad\xbe\xef"))  # an ICRC no ID explains
+        flow = IcrcFlow.ipv4(bytes((127, 0, 0, 9)), bytes((127, 0, 0, 8)), 40000, 4791)
+        assert native.check_decode(seg, 0, flow.states, flow) == 1
+        assert flow.states == {}  # flow.state() was never asked for
+    good = _segment(ack)
+    good[-1] ^= 1
+    flow = IcrcFlow.ipv4(bytes((127, 0, 0, 9)), bytes((127, 0, 0, 8)), 40000, 4791)
+    assert native.check_decode(good, 0, flow.states, flow) == 0
+    assert len(flow.states) == 1
 
 
 def test_check_decode_leaves_what_decode_refuses_to_decode() -> None:
