@@ -19,6 +19,7 @@ from rdmakit.engine import CompletionQueue, EngineError, ProtectionDomain, QpCap
 from rdmakit.wire import (
     BTH_LEN,
     ICRC_LEN,
+    MIDDLE_OPCODES,
     ROCE_UDP_PORT,
     IcrcFlow,
     Opcode,
@@ -69,10 +70,6 @@ _PADCNT_BITS = (0x00, 0x30, 0x20, 0x10)
 #: Packet fields se .. ieth of a MIDDLE packet as the engine makes them.
 _PLAIN_MIDDLE = (False, False, 0xFFFF, False, False, None, None, None, None, None, None)
 _MASK_BYTE4 = 0xFF000000
-#: Opcodes of MIDDLE packets (BTH only, payload of exactly one MTU): the engine's fast path.
-_MIDDLE = frozenset(
-    int(op) for op in (Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE)
-)
 #: Header length (BTH and RETH) of the WRITE requests whose payload the TCP reader may
 #: receive straight into place (``QueuePair.rx_place``).
 _WRITE_HEADER_LEN = {
@@ -81,10 +78,6 @@ _WRITE_HEADER_LEN = {
     int(Opcode.RDMA_WRITE_MIDDLE): BTH_LEN,
     int(Opcode.RDMA_WRITE_LAST): BTH_LEN,
 }
-#: MIDDLE opcodes whose runs the native data plane places (``QueuePair.rx_run``).
-_RUN_OPS = frozenset(
-    int(op) for op in (Opcode.RDMA_WRITE_MIDDLE, Opcode.SEND_MIDDLE, Opcode.RDMA_READ_RESPONSE_MIDDLE)
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,7 +505,7 @@ class SoftDevice:
                 if rx is None:
                     rx = self._rx_flow(src_ip, sport)
             if fast is not None:
-                if op in _RUN_OPS:
+                if op in MIDDLE_OPCODES:
                     # A run of in-order MIDDLE packets: checked (header, then ICRC)
                     # and placed in one native call; the first that needs more stops it.
                     run = qp.rx_run(op)
@@ -545,7 +538,7 @@ class SoftDevice:
                     continue
                 # 1: the header checks failed; the Python codec says why.
             # BTH only, TVer 0, no pad, whole words: what decode takes for a MIDDLE.
-            middle = op in _MIDDLE and not b1 & 0x3F and not n & 3
+            middle = op in MIDDLE_OPCODES and not b1 & 0x3F and not n & 3
             pkt = None
             if not middle:
                 try:
@@ -807,7 +800,7 @@ class SoftDevice:
             pl = pkt[15]
             plen = len(pl)
             pad = _PADS[-plen & 3]
-            if op in _MIDDLE and pkt[4:15] == _PLAIN_MIDDLE and pkt[1] <= _U24 and pkt[2] <= _U24:
+            if op in MIDDLE_OPCODES and pkt[4:15] == _PLAIN_MIDDLE and pkt[1] <= _U24 and pkt[2] <= _U24:
                 # The bulk of a message: the BTH alone (IBTA §9.2), packed as
                 # encode_headers() would (tests/transport prove them equal).
                 w2 = pkt[2] | 0x80000000 if pkt[3] else pkt[2]
