@@ -4,7 +4,9 @@ Live from an interface (root), or from a pcap file (``-r``, e.g. from tcpdump).
 One line per packet: time, addresses, the BTH and extension headers, and
 whether the ICRC is right (``icrc ok``, ``icrc BAD``). ``-w FILE`` saves the
 RoCEv2 frames as pcap for Wireshark, which dissects UDP 4791 as InfiniBand.
-The exit status is 1 if any packet had a bad ICRC or did not decode.
+The exit status is 1 if any packet had a bad ICRC or did not decode. The
+summary line comes at the end however the capture stops (``-c``,
+``--duration``, the end of the file, Ctrl-C, SIGTERM).
 """
 
 import argparse
@@ -15,7 +17,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import BinaryIO
 
-from rdmakit.cli.common import CliError, add_general_flags, run
+from rdmakit.cli.common import CliError, Terminated, add_general_flags, float_in, int_in, run
 from rdmakit.transport.capture import CaptureError, PacketSocket, PcapWriter, read_pcap
 from rdmakit.wire import ROCE_UDP_PORT
 from rdmakit.wire.frames import RoceDatagram, describe, parse_frame
@@ -53,19 +55,27 @@ def _capture(args: argparse.Namespace) -> int:
             writer_file = stack.enter_context(open(args.write, "wb"))
             writer = PcapWriter(writer_file, linktype)
         seen = bad = 0
-        for ts, frame in frames:
-            d = parse_frame(linktype, frame, args.port)
-            if d is None:
-                continue
-            seen += 1
-            bad += d.icrc_ok is False or d.packet is None
-            if writer is not None:
-                writer.write(ts, frame)
-            if not args.quiet:
-                print(_line(ts, d), flush=sys.stdout.isatty())
-            if args.count and seen >= args.count:
-                break
-    print(f"{seen} RoCEv2 packets, {bad} with a bad ICRC or undecodable", file=sys.stderr)
+
+        def summary() -> None:
+            print(f"{seen} RoCEv2 packets, {bad} with a bad ICRC or undecodable", file=sys.stderr, flush=True)
+
+        try:
+            for ts, frame in frames:
+                d = parse_frame(linktype, frame, args.port)
+                if d is None:
+                    continue
+                seen += 1
+                bad += d.icrc_ok is False or d.packet is None
+                if writer is not None:
+                    writer.write(ts, frame)
+                if not args.quiet:
+                    print(_line(ts, d), flush=sys.stdout.isatty())
+                if args.count and seen >= args.count:
+                    break
+        except (KeyboardInterrupt, Terminated):
+            summary()
+            raise
+    summary()
     return 1 if bad else 0
 
 
@@ -75,8 +85,12 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("-i", "--interface", default="lo", help="interface to capture on (lo; 'any' for all)")
     p.add_argument("-r", "--read", metavar="PCAP", help="decode a pcap file instead of capturing")
     p.add_argument("-w", "--write", metavar="PCAP", help="also save the RoCEv2 frames to a pcap file")
-    p.add_argument("-c", "--count", type=int, default=0, help="stop after this many RoCEv2 packets")
-    p.add_argument("--duration", type=float, default=0.0, help="stop capturing after this many seconds")
-    p.add_argument("--port", type=int, default=ROCE_UDP_PORT, help="UDP destination port (4791)")
+    p.add_argument(
+        "-c", "--count", type=int_in(0, 1 << 62), default=0, help="stop after this many RoCEv2 packets"
+    )
+    p.add_argument(
+        "--duration", type=float_in(0.0, 1e9), default=0.0, help="stop capturing after this many seconds"
+    )
+    p.add_argument("--port", type=int_in(1, 65535), default=ROCE_UDP_PORT, help="UDP destination port (4791)")
     p.add_argument("-q", "--quiet", action="store_true", help="only the summary")
     p.set_defaults(handler=run(p, _capture))

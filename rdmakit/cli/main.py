@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from rdmakit.cli.common import EXIT_STATUS_HELP, EXIT_USAGE, main_errors, version_line
+from rdmakit.cli.common import EXIT_STATUS_HELP, EXIT_USAGE, main_errors, notice_pure_python, version_line
 
 #: Modules that contribute subcommands, in help order.
 COMMAND_MODULES = (
@@ -58,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return EXIT_USAGE
         args.argv = argv
+        notice_pure_python()
         return int(handler(args))
 
     return main_errors(argv[0] if argv and not argv[0].startswith("-") else "", body)
