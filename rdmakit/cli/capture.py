@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import BinaryIO
 
-from rdmakit.cli.common import CliError, Terminated, add_general_flags, float_in, int_in, run
+from rdmakit.cli.common import CliError, add_general_flags, float_in, int_in, log, run
 from rdmakit.transport.capture import CaptureError, PacketSocket, PcapWriter, read_pcap
 from rdmakit.wire import ROCE_UDP_PORT
 from rdmakit.wire.frames import RoceDatagram, describe, parse_frame
@@ -32,34 +32,28 @@ def _line(ts: float, d: RoceDatagram) -> str:
 
 
 def _capture(args: argparse.Namespace) -> int:
-    writer_file: BinaryIO | None = None
     frames: Iterator[tuple[float, bytes]]
-    sock: PacketSocket | None = None
-    try:
-        if args.read:
-            linktype, frames = read_pcap(args.read)
-        else:
-            sock = PacketSocket(args.interface)
-            linktype = sock.linktype
-            until = time.monotonic() + args.duration if args.duration else None
-            frames = sock.frames(until)
-    except CaptureError as e:
-        raise CliError(str(e)) from e
-    except OSError as e:
-        raise CliError(f"cannot read {args.read}: {e.strerror}") from e
     with contextlib.ExitStack() as stack:
-        if sock is not None:
-            stack.callback(sock.close)
+        try:
+            if args.read:
+                linktype, frames = read_pcap(args.read)
+            else:
+                sock = PacketSocket(args.interface)
+                stack.callback(sock.close)
+                linktype = sock.linktype
+                until = time.monotonic() + args.duration if args.duration else None
+                frames = sock.frames(until)
+        except CaptureError as e:
+            raise CliError(str(e)) from e
+        except OSError as e:
+            raise CliError(f"cannot read {args.read}: {e.strerror}") from e
         writer = None
         if args.write:
-            writer_file = stack.enter_context(open(args.write, "wb"))
+            writer_file: BinaryIO = stack.enter_context(open(args.write, "wb"))
             writer = PcapWriter(writer_file, linktype)
         seen = bad = 0
-
-        def summary() -> None:
-            print(f"{seen} RoCEv2 packets, {bad} with a bad ICRC or undecodable", file=sys.stderr, flush=True)
-
         try:
+            log.info("capturing on %s", args.read or args.interface)
             for ts, frame in frames:
                 d = parse_frame(linktype, frame, args.port)
                 if d is None:
@@ -72,10 +66,8 @@ def _capture(args: argparse.Namespace) -> int:
                     print(_line(ts, d), flush=sys.stdout.isatty())
                 if args.count and seen >= args.count:
                     break
-        except (KeyboardInterrupt, Terminated):
-            summary()
-            raise
-    summary()
+        finally:  # however it stops: the end, -c, --duration, an error, Ctrl-C, SIGTERM
+            print(f"{seen} RoCEv2 packets, {bad} with a bad ICRC or undecodable", file=sys.stderr, flush=True)
     return 1 if bad else 0
 
 

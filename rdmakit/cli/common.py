@@ -529,6 +529,9 @@ class StatusFile:
         self.run = run
         self.state: Literal["running", "failed"] = "running"
         self.reason = ""
+        self.failed_at = 0.0
+        #: The failure is the connection breaking (its cause may be the peer's failure).
+        self.broke = False
         self.files: list[tuple[int, int]] = []
         self._fd: int | None = None
         self._write()
@@ -544,6 +547,8 @@ class StatusFile:
                 "started": self.run.started,
                 "state": self.state,
                 "reason": self.reason[:1000],
+                "failed_at": self.failed_at,
+                "broke": self.broke,
                 "files": self.files,
             }
         ).encode()
@@ -576,11 +581,11 @@ class StatusFile:
         self.files.append((st.st_dev, st.st_ino))
         self._write()
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, broke: bool = False) -> None:
         """Tell a watching peer why this run ends (the file stays locked until :meth:`close`)."""
         if self._fd is None:
             return
-        self.state, self.reason = "failed", reason
+        self.state, self.reason, self.failed_at, self.broke = "failed", reason, time.time(), broke
         with contextlib.suppress(CliError):
             self._write()
 
@@ -608,6 +613,8 @@ class PeerStatus:
     pid: int = 0
     started: float = 0.0
     reason: str = ""
+    failed_at: float = 0.0
+    broke: bool = False
     files: tuple[tuple[int, int], ...] = ()
 
     def names(self, pf: PeerFile) -> bool:
@@ -628,7 +635,8 @@ def _status_of(data: bytes, state: Literal["running", "gone"]) -> PeerStatus:
         return PeerStatus(
             "failed" if failed else state, run=str(obj["run"])[:32], boot=str(obj.get("boot", ""))[:64],
             pid=int(obj.get("pid", 0)), started=float(obj.get("started", 0.0)),
-            reason=str(obj.get("reason", ""))[:1000], files=files,
+            reason=str(obj.get("reason", ""))[:1000], failed_at=float(obj.get("failed_at", 0.0)),
+            broke=obj.get("broke") is True, files=files,
         )  # fmt: skip
     except (ValueError, TypeError, KeyError, RecursionError):
         return PeerStatus("absent")
@@ -752,6 +760,15 @@ class PeerWatch:
             raise CliError(f"the peer failed ({who}): {now.reason}")
         if now.state == "gone":
             raise CliError(f"the peer died without a word ({who}; killed?)")
+
+    def cause(self) -> PeerStatus | None:
+        """The peer's status if it failed for a reason of its own (not the connection breaking)."""
+        if self.status.state == "absent":
+            return None
+        now = read_status(self.descriptor, self.allow_foreign)
+        if now.state == "failed" and now.run == self.status.run and not now.broke:
+            return now
+        return None
 
     def peer_alive(self) -> bool:
         if self.status.state == "absent":

@@ -40,7 +40,7 @@ from rdmakit.cli.common import (
     run,
     wait_for_descriptor,
 )
-from rdmakit.cli.session import Session
+from rdmakit.cli.session import ConnectionBroke, Session
 from rdmakit.doca import (
     AccessFlag,
     DocaError,
@@ -106,15 +106,30 @@ class Files:
         if self.peer is not None:
             self.peer.check()
 
-    def failed(self, reason: str) -> None:
-        """Tell the peer why this side ends; wait (bounded) while a live peer has yet to notice."""
+    def failed(self, reason: str, broke: bool = False) -> str:
+        """Tell the peer why this side ends, and return the reason to print.
+
+        A side whose connection broke (``broke``) first gives a live peer a
+        moment to say why (its reason is added); a side that failed for a
+        reason of its own keeps its status file while a live peer has yet
+        to read it. Both waits are bounded (``LINGER``).
+        """
         if self.status is None:
-            return
-        self.status.fail(reason)
-        if self.peer is None:
-            return
+            return reason
+        cause = None
+        if broke and self.peer is not None:
+            self._while_peer_runs()
+            cause = self.peer.cause()
+        self.status.fail(reason, broke)
+        if not broke:
+            self._while_peer_runs()
+        if cause is None:
+            return reason
+        return f"{reason}; the peer failed ({cause.who()}): {cause.reason}"
+
+    def _while_peer_runs(self) -> None:
         end = time.monotonic() + LINGER
-        while time.monotonic() < end and self.peer.peer_alive():
+        while self.peer is not None and time.monotonic() < end and self.peer.peer_alive():
             time.sleep(0.05)
 
 
@@ -203,7 +218,7 @@ def _post_done_recv(s: Session) -> tuple[RdmaRecvJob, bytearray]:
 def _wait_done(args: argparse.Namespace, s: Session, job: RdmaRecvJob, mem: bytearray) -> dict[str, object]:
     ev = s.wait([job], args.timeout, "the requester to finish")[0]
     if not ev.ok:
-        raise CliError(f"the connection failed before the requester finished: {ev.error}")
+        raise ConnectionBroke(f"the connection failed before the requester finished: {ev.error}")
     assert isinstance(ev.result, RdmaResult)
     try:
         note = json.loads(bytes(mem[: ev.result.length]))
@@ -307,7 +322,7 @@ def write_imm_responder(args: argparse.Namespace, files: Files) -> int:
         _start_and_connect(args, files, s, desc)
         ev = s.wait([job], args.timeout, "the write with immediate")[0]
         if not ev.ok:
-            raise CliError(f"the write with immediate failed: {ev.error}")
+            raise ConnectionBroke(f"the write with immediate failed: {ev.error}")
     r = ev.result
     assert isinstance(r, RdmaResult)
     if r.opcode is not RdmaOpcode.RECV_WRITE_WITH_IMM or r.immediate is None:
@@ -348,7 +363,7 @@ def _receiver(imm: bool) -> Callable[[argparse.Namespace, Files], int]:
             _start_and_connect(args, files, s, desc)
             ev = s.wait([job], args.timeout, "a message")[0]
             if not ev.ok:
-                raise CliError(f"the receive failed: {ev.error}")
+                raise ConnectionBroke(f"the receive failed: {ev.error}")
         r = ev.result
         assert isinstance(r, RdmaResult)
         text = mem[: r.length].decode(errors="replace")
@@ -460,9 +475,16 @@ def _runner(fn: Callable[[argparse.Namespace, Files], int]) -> Callable[[argpars
         files = Files(args)
         try:
             return fn(args, files)
-        except (CliError, DocaError) as e:
-            files.failed(str(e))
-            raise
+        except CliError as e:
+            message = files.failed(str(e), isinstance(e, ConnectionBroke))
+            if message == str(e):
+                raise
+            raise CliError(message, e.status) from e
+        except DocaError as e:
+            message = files.failed(str(e))
+            if message == str(e):
+                raise
+            raise CliError(message) from e
         except KeyboardInterrupt:
             files.failed("interrupted (Ctrl-C)")
             raise

@@ -53,6 +53,16 @@ def no_such_device(device: str) -> CliError:
     return CliError(f"no such device: {device!r} (see 'rdmakit devices'){hint}")
 
 
+class ConnectionBroke(CliError):
+    """A job failed because the connection went to the error state (the peer may say why)."""
+
+
+def job_failed(what: str, error: DocaError | None) -> CliError:
+    if error is not None and error.code is DocaErrorCode.SHUTDOWN:
+        return ConnectionBroke(f"{what} failed: {error}")
+    return CliError(f"{what} failed: {error}")
+
+
 class Session:
     """A device, an `Rdma` context on an event-driven `WorkQ`, an inventory, mmaps."""
 
@@ -124,7 +134,15 @@ class Session:
             if left <= 0:
                 raise CliError(f"timed out after {timeout:g} s waiting for {what}", status=3)
             if self.watch is not None:
-                self.watch()
+                try:
+                    self.watch()
+                except CliError:
+                    # What the peer did before it failed may have arrived meanwhile (an ACK, a NAK).
+                    while (ev := self.wq.progress_retrieve()) is not None:
+                        events[id(ev.job)] = ev
+                    if not want <= events.keys():
+                        raise
+                    break
             self.wq.arm()
             if wait_readable(self.wq.fileno(), min(left, WATCH_PERIOD)):
                 self.wq.clear()
@@ -135,7 +153,7 @@ class Session:
         self.submit(job)
         ev = self.wait([job], timeout, what)[0]
         if not ev.ok:
-            raise CliError(f"{what} failed: {ev.error}")
+            raise job_failed(what, ev.error)
         return ev
 
     def close(self) -> None:
