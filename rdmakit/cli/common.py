@@ -325,9 +325,13 @@ _STATUS: list["StatusFile"] = []
 
 
 def _writable_dir(p: Path, what: str) -> None:
+    """``p`` can be published: its directory exists, and it is not something other than a file."""
     parent = p.parent
     if not parent.is_dir():
         raise CliError(f"cannot write {what} {p}: the directory {parent} does not exist")
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(p.lstat().st_mode):
+            raise CliError(f"cannot write {what} {p}: something other than a file is there")
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:

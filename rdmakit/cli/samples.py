@@ -17,6 +17,7 @@ error, 3 on a timeout; errors are one line.
 import argparse
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -455,8 +456,8 @@ def _check_paths(args: argparse.Namespace, fn: Callable[[argparse.Namespace, Fil
         parent = Path(os.path.abspath(path)).parent
         if not parent.is_dir():
             raise CliError(f"{flag} {path}: the directory {parent} does not exist", EXIT_USAGE)
-        if Path(path).is_dir():
-            raise CliError(f"{flag} {path} is a directory", EXIT_USAGE)
+        if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+            raise CliError(f"{flag} {path}: something other than a file is there", EXIT_USAGE)
 
 
 def _check(args: argparse.Namespace, fn: Callable[[argparse.Namespace, Files], int]) -> None:
