@@ -774,6 +774,17 @@ class PeerWatch:
             return now
         return None
 
+    def ended(self) -> str | None:
+        """How the peer's run ended, when it did without saying why (a clause for a message)."""
+        if self.status.state == "absent":
+            return None
+        now = read_status(self.descriptor, self.allow_foreign)
+        if now.state == "gone" and now.run == self.status.run:
+            return f"the peer died without a word ({self.status.who()}; killed?)"
+        if now.state == "absent" or now.run != self.status.run:
+            return f"the peer exited ({self.status.who()})"
+        return None
+
     def peer_alive(self) -> bool:
         if self.status.state == "absent":
             return False

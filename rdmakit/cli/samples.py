@@ -120,13 +120,12 @@ class Files:
         cause = None
         if broke and self.peer is not None:
             self._while_peer_runs()
-            cause = self.peer.cause()
+            failed = self.peer.cause()
+            cause = f"the peer failed ({failed.who()}): {failed.reason}" if failed else self.peer.ended()
         self.status.fail(reason, broke)
         if not broke:
             self._while_peer_runs()
-        if cause is None:
-            return reason
-        return f"{reason}; the peer failed ({cause.who()}): {cause.reason}"
+        return reason if cause is None else f"{reason}; {cause}"
 
     def _while_peer_runs(self) -> None:
         end = time.monotonic() + LINGER

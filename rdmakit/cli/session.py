@@ -58,7 +58,8 @@ class ConnectionBroke(CliError):
 
 
 def job_failed(what: str, error: DocaError | None) -> CliError:
-    if error is not None and error.code is DocaErrorCode.SHUTDOWN:
+    # SHUTDOWN: flushed, the connection is in error; TIME_OUT: the peer stopped answering.
+    if error is not None and error.code in (DocaErrorCode.SHUTDOWN, DocaErrorCode.TIME_OUT):
         return ConnectionBroke(f"{what} failed: {error}")
     return CliError(f"{what} failed: {error}")
 

@@ -65,11 +65,13 @@ def test_a_killed_run_leaves_stale_files_that_are_named_and_skipped(tmp_path: Pa
     write_pair(tmp_path, new_ip, requester_first=True)
 
 
-def crossed_receivers(tmp: Path, new_ip: IPS) -> tuple[subprocess.Popen[str], subprocess.Popen[str]]:
+def crossed_receivers(
+    tmp: Path, new_ip: IPS, pre: str = ""
+) -> tuple[subprocess.Popen[str], subprocess.Popen[str]]:
     """Two receivers connected to each other: each waits for a message that never comes."""
     a, b = str(tmp / "a.json"), str(tmp / "b.json")
-    pa = spawn("rdma-receive", "-d", new_ip(), "-ld", a, "-re", b, "--timeout", "120", "-l", "50")
-    pb = spawn("rdma-receive", "-d", new_ip(), "-ld", b, "-re", a, "--timeout", "120", "-l", "50")
+    pa = spawn("rdma-receive", "-d", pre + new_ip(), "-ld", a, "-re", b, "--timeout", "120", "-l", "50")
+    pb = spawn("rdma-receive", "-d", pre + new_ip(), "-ld", b, "-re", a, "--timeout", "120", "-l", "50")
     for p in (pa, pb):
         assert p.stderr is not None
         for _ in range(20):
@@ -80,8 +82,9 @@ def crossed_receivers(tmp: Path, new_ip: IPS) -> tuple[subprocess.Popen[str], su
     return pa, pb
 
 
-def test_a_peer_killed_after_connecting_is_reported_at_once(tmp_path: Path, new_ip: IPS) -> None:
-    pa, pb = crossed_receivers(tmp_path, new_ip)
+@pytest.mark.parametrize("pre", ["", "tcp:"])
+def test_a_peer_killed_after_connecting_is_reported_at_once(pre: str, tmp_path: Path, new_ip: IPS) -> None:
+    pa, pb = crossed_receivers(tmp_path, new_ip, pre)
     pa.kill()
     finish(pa)
     rc, _out, err = finish(pb)
