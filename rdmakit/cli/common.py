@@ -799,7 +799,7 @@ def parse_json_file(data: bytes, path: str | os.PathLike[str]) -> Any:
         raise CliError(f"{path}: not a descriptor (not JSON: {e})") from e
 
 
-def main_errors(command: str, body: Callable[[], int]) -> int:
+def main_errors(body: Callable[[], int]) -> int:
     """Run ``body``: signals become exit statuses after clean-up, a closed stdout is not an error."""
     try:
         with signals_as_exceptions():
@@ -808,10 +808,10 @@ def main_errors(command: str, body: Callable[[], int]) -> int:
             finally:
                 cleanup_published()
     except KeyboardInterrupt:
-        error(command, "interrupted")
+        error("", "interrupted")
         return 128 + signal.SIGINT
     except Terminated as t:
-        error(command, f"stopped by {signal.Signals(t.signo).name}")
+        error("", f"stopped by {signal.Signals(t.signo).name}")
         return 128 + t.signo
     except BrokenPipeError:
         _quiet_stdout()

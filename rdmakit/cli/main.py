@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         notice_pure_python()
         return int(handler(args))
 
-    return main_errors(argv[0] if argv and not argv[0].startswith("-") else "", body)
+    return main_errors(body)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def test_a_signal_mid_wait_removes_the_files_then_a_fresh_pair_works(
     req.send_signal(signo)
     rc, _out, err = finish(req)
     assert rc == 128 + signo
-    assert err == f"rdmakit rdma-write-requester: stopped by {signo.name}"
+    assert err == f"rdmakit: stopped by {signo.name}"
     assert sorted(tmp_path.iterdir()) == []
     write_pair(tmp_path, new_ip)
 
@@ -203,7 +203,7 @@ def test_sigterm_to_bench_takes_its_far_side_along(new_ip: IPS) -> None:
     p.send_signal(signal.SIGTERM)
     rc, _out, err = finish(p)
     assert rc == 143
-    assert err.endswith("rdmakit bench: stopped by SIGTERM")
+    assert err.endswith("rdmakit: stopped by SIGTERM")
     wait_until(lambda: not any(alive(c) for c in far), 30, "the far side exits")
 
 
@@ -217,4 +217,4 @@ def test_ctrl_c_on_a_live_capture_prints_the_summary() -> None:
     rc, _out, err = finish(p)
     assert rc == 130
     assert "RoCEv2 packets," in err
-    assert err.endswith("rdmakit capture: interrupted")
+    assert err.endswith("rdmakit: interrupted")
