@@ -27,7 +27,9 @@ expects; between two rdmakit peers the receiver's socket buffer holds more).
 """
 
 import argparse
+import contextlib
 import dataclasses
+import ipaddress
 import json
 import random
 import statistics
@@ -38,7 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from rdmakit.cli.common import CliError, add_general_flags, run
+from rdmakit.cli.common import CliError, add_general_flags, float_in, int_in, run
 from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, SendWR, WcStatus, WrOpcode
 from rdmakit.transport import baseline, fastpath
 from rdmakit.transport.device import Endpoint, SoftDevice, TransportName, connect_qp, local_endpoint
@@ -131,8 +133,9 @@ def _serve(inp: TextIO, out: TextIO) -> int:
 
 class _Child:
     def __init__(self) -> None:
+        # -P: a folder named rdmakit in the current directory must not shadow the package.
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rdmakit", "bench", "--serve"],
+            [sys.executable, "-P", "-m", "rdmakit", "bench", "--serve"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
         )  # fmt: skip
 
@@ -153,7 +156,16 @@ class _Child:
             self.send(op="quit")
             self.proc.wait(5)
         except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
+            self.kill()
+
+    def kill(self) -> None:
+        """Stop the far side now (the measuring side is leaving on an error or a signal)."""
+        self.proc.kill()
+        self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 class _Requester:
@@ -273,6 +285,7 @@ def _measure(args: argparse.Namespace, emit: Callable[[Row], None]) -> None:
     runs = int(args.runs)
     opts = _Opts(window=int(args.window), spin=float(args.spin_us) * 1e-6)
     child = _Child()
+    ok = False
     try:
 
         def raw_tcp() -> float:
@@ -353,8 +366,12 @@ def _measure(args: argparse.Namespace, emit: Callable[[Row], None]) -> None:
         emit(Row("ATOMIC CMP_SWP 8 bytes, round trip", v * 1e6, "µs", ping * 1e6))
         v = _median(rdma_rtt(WrOpcode.RDMA_WRITE, how=dataclasses.replace(opts, spin=0.0)), runs)
         emit(Row("RDMA WRITE 8 bytes, round trip (event-driven)", v * 1e6, "µs", ping * 1e6))
+        ok = True
     finally:
-        child.close()
+        if ok:
+            child.close()
+        else:  # an error, Ctrl-C, SIGTERM or SIGHUP: the far side goes too, at once
+            child.kill()
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -379,26 +396,33 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _address(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
+
+
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("bench", help="benchmark the soft engine against raw sockets (loopback)")
     add_general_flags(p)
-    p.add_argument("--runs", type=int, default=3, help="runs per figure; the median is shown (3)")
-    p.add_argument("--total", type=int, default=256, help="MiB per throughput run (256)")
-    p.add_argument("--pings", type=int, default=2000, help="round trips per latency run (2000)")
+    p.add_argument("--runs", type=int_in(1, 1000), default=3, help="runs per figure; the median is shown (3)")
+    p.add_argument("--total", type=int_in(1, 1 << 20), default=256, help="MiB per throughput run (256)")
+    p.add_argument("--pings", type=int_in(1, 10**8), default=2000, help="round trips per latency run (2000)")
     p.add_argument(
         "--window",
-        type=int,
+        type=int_in(1, 1 << 22),
         default=1024,
         help="requester window in PSNs, rdmakit to rdmakit (1024; rxe 128)",
     )
     p.add_argument(
         "--spin-us",
-        type=float,
+        type=float_in(0.0, 1e6),
         default=200.0,
         help="µs of idle polling before blocking in epoll (200; 0: event-driven only)",
     )
-    p.add_argument("--ip-a", default="127.0.0.2", help="this side's loopback address")
-    p.add_argument("--ip-b", default="127.0.0.3", help="the far side's loopback address")
+    p.add_argument("--ip-a", type=_address, default="127.0.0.2", help="this side's loopback address")
+    p.add_argument("--ip-b", type=_address, default="127.0.0.3", help="the far side's loopback address")
     p.add_argument("--json-out", action="store_true", help="print the figures as JSON")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=run(p, _bench))

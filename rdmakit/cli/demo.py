@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rdmakit.cli.common import CliError, add_general_flags, run
+from rdmakit.cli.common import TIMEOUT, CliError, add_general_flags, int_in, run
 from rdmakit.cli.session import ALL_REMOTE, Session
 from rdmakit.doca import (
     AccessFlag,
@@ -229,7 +229,14 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("--transport", choices=("udp", "tcp"), default="udp", help="soft transport (udp)")
     p.add_argument("--device-a", default="127.0.0.2", help="requester device (127.0.0.2)")
     p.add_argument("--device-b", default="127.0.0.3", help="responder device (127.0.0.3)")
-    p.add_argument("--max-size", type=int, default=4 * MiB, help="largest message in bytes (4 MiB)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds any one operation may take")
-    p.add_argument("--seed", type=int, default=1, help="seed of the data and values used")
+    p.add_argument(
+        "--max-size",
+        type=int_in(1, SIZES[-1]),
+        default=SIZES[-1],
+        help=f"largest message in bytes, at most {_human(SIZES[-1])} (4 MiB)",
+    )
+    p.add_argument("--timeout", type=TIMEOUT, default=30.0, help="seconds any one operation may take")
+    p.add_argument(
+        "--seed", type=int_in(-(1 << 64), 1 << 64), default=1, help="seed of the data and values used"
+    )
     p.set_defaults(handler=run(p, _demo))

@@ -3,6 +3,7 @@
 Soft devices (RoCEv2 on UDP and the TCP transport) are listed for every local
 address; any address of 127.0.0.0/8 also opens, unlisted. Verbs devices (rxe,
 ConnectX) appear when pyverbs and a device are there; ``-l 60`` logs why not.
+``-V`` also says which UDP data plane runs (native or pure Python).
 """
 
 import argparse
@@ -10,7 +11,7 @@ import json
 import logging
 from ipaddress import IPv6Address
 
-from rdmakit.cli.common import CliError, add_general_flags, run
+from rdmakit.cli.common import CliError, add_general_flags, data_plane, run
 from rdmakit.doca import DevInfo, DocaError, JobType, devinfo_list, find_devinfo
 from rdmakit.verbs import pyverbs_missing
 
@@ -69,6 +70,7 @@ def _devices(args: argparse.Namespace) -> int:
             assert isinstance(gids, list)
             print(f"    {r['name']!s:<24} {r['kind']!s:<10} {r['mtu']!s:>7}  {gids[0] if gids else '-'}")
         return 0
+    print(f"UDP data plane: {data_plane()}\n")
     for r in rows:
         print(f"device: {r['name']}")
         for key, value in r.items():
@@ -83,7 +85,8 @@ def _devices(args: argparse.Namespace) -> int:
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("devices", help="list RDMA devices (soft and verbs), like ibv_devinfo")
-    add_general_flags(p, json_file=False)  # --json means JSON output here, as the issue's scripts expect
+    # Here --json switches the output to JSON: devices takes no options file.
+    add_general_flags(p, json_file=False)
     p.add_argument("name", nargs="?", help="only this device (a name or an address)")
     p.add_argument("--json", dest="json_out", action="store_true", help="machine-readable output")
     p.add_argument("-V", "--verbose", action="store_true", help="every attribute, one per line")

@@ -2,7 +2,9 @@
 
 Each module in :data:`COMMAND_MODULES` adds its subcommands with
 ``register(subparsers)``; a subcommand's handler takes the parsed arguments and
-returns the exit status. Errors a user can act on are one line on stderr.
+returns the exit status (:data:`rdmakit.cli.common.EXIT_STATUSES`). Errors a
+user can act on are one line on stderr; SIGINT, SIGTERM and SIGHUP remove
+what the program published and exit with 128 + the signal's number.
 """
 
 import argparse
@@ -10,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from rdmakit import __version__
+from rdmakit.cli.common import EXIT_STATUS_HELP, EXIT_USAGE, main_errors, notice_pure_python, version_line
 
 #: Modules that contribute subcommands, in help order.
 COMMAND_MODULES = (
@@ -27,8 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rdmakit",
         description="RDMA for Python: DOCA-style tools over rdmakit's soft-RoCE or rdma-core.",
+        epilog=EXIT_STATUS_HELP,
     )
-    parser.add_argument("-v", "--version", action="version", version=f"rdmakit {__version__}")
+    parser.add_argument("-v", "--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -42,19 +45,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help()
-        return 2
-    try:
+    argv = list(sys.argv[1:] if argv is None else argv)
+
+    def body() -> int:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help, --version (0) or a usage error (2, already printed)
+            return e.code if isinstance(e.code, int) else EXIT_USAGE
+        handler = getattr(args, "handler", None)
+        if handler is None:
+            parser.print_help()
+            return EXIT_USAGE
+        args.argv = argv
+        notice_pure_python()
         return int(handler(args))
-    except KeyboardInterrupt:
-        print("rdmakit: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 0
+
+    return main_errors(body)
 
 
 if __name__ == "__main__":

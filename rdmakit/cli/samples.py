@@ -15,15 +15,33 @@ error, 3 on a timeout; errors are one line.
 """
 
 import argparse
-import contextlib
 import json
+import os
+import stat
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from rdmakit.cli.common import CliError, add_general_flags, log, run, wait_for_file, write_atomic
-from rdmakit.cli.session import Session
+from rdmakit.cli.common import (
+    EXIT_USAGE,
+    TIMEOUT,
+    U32,
+    U64,
+    CliError,
+    PeerWatch,
+    Run,
+    StatusFile,
+    Terminated,
+    add_foreign_flag,
+    add_general_flags,
+    foreign_allowed,
+    int_in,
+    log,
+    run,
+    wait_for_descriptor,
+)
+from rdmakit.cli.session import ConnectionBroke, Session
 from rdmakit.doca import (
     AccessFlag,
     DocaError,
@@ -38,9 +56,9 @@ from rdmakit.doca import (
     RdmaSendJob,
     RdmaWriteImmJob,
     RdmaWriteJob,
-    read_connection_descriptor,
-    read_mmap_descriptor,
 )
+from rdmakit.doca.descriptor import MAX_DESCRIPTOR_SIZE, ConnectionDescriptor
+from rdmakit.doca.mmap import MmapDescriptor
 
 DEFAULT_STRING = "Hi DOCA RDMA!"
 #: DOCA's sample defaults (``rdma_common.h``).
@@ -53,23 +71,70 @@ DONE_MAX = 4096
 DEFAULT_IMMEDIATE = 0xABCD
 
 
-@dataclass
 class Files:
-    """The descriptor files of one side, and which of them it wrote."""
+    """The descriptor files of one side: what it publishes, what it reads, and its peer.
 
-    local: Path
-    remote: Path
-    resource: Path
-    written: list[Path]
+    Published files go through :func:`rdmakit.cli.common.publish` (removed on
+    any exit) and are listed in this side's status file beside ``-ld``, which
+    the peer watches; the peer's status file, beside ``-re``, is watched in
+    turn once connected (:class:`PeerWatch`).
+    """
 
-    def write(self, path: Path, data: bytes) -> None:
-        write_atomic(path, data)
-        self.written.append(path)
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.local = Path(args.local_descriptor_path)
+        self.remote = Path(args.remote_descriptor_path)
+        self.resource = Path(args.remote_resource_descriptor_path)
+        self.allow_foreign = foreign_allowed(args)
+        self.run = Run()
+        self.status: StatusFile | None = None
+        self.peer: PeerWatch | None = None
 
-    def cleanup(self) -> None:
-        for p in self.written:
-            with contextlib.suppress(OSError):
-                p.unlink()
+    def publish(self, path: Path, data: bytes, what: str) -> None:
+        if self.status is None:
+            self.status = StatusFile(self.local, self.run)
+        self.status.published(path, data, what)
+
+    def wait(self, path: Path, timeout: float, what: str, status_of: Path | None = None) -> bytes:
+        pf, status = wait_for_descriptor(
+            path, timeout, what, limit=MAX_DESCRIPTOR_SIZE, allow_foreign=self.allow_foreign,
+            me=self.run, status_of=status_of,
+        )  # fmt: skip
+        if self.peer is None and status_of is None:
+            self.peer = PeerWatch(path, status, self.allow_foreign)
+        return pf.data
+
+    def watch(self) -> None:
+        if self.peer is not None:
+            self.peer.check()
+
+    def failed(self, reason: str, broke: bool = False) -> str:
+        """Tell the peer why this side ends, and return the reason to print.
+
+        A side whose connection broke (``broke``) first gives a live peer a
+        moment to say why (its reason is added); a side that failed for a
+        reason of its own keeps its status file while a live peer has yet
+        to read it. Both waits are bounded (``LINGER``).
+        """
+        if self.status is None:
+            return reason
+        cause = None
+        if broke and self.peer is not None:
+            self._while_peer_runs()
+            failed = self.peer.cause()
+            cause = f"the peer failed ({failed.who()}): {failed.reason}" if failed else self.peer.ended()
+        self.status.fail(reason, broke)
+        if not broke:
+            self._while_peer_runs()
+        return reason if cause is None else f"{reason}; {cause}"
+
+    def _while_peer_runs(self) -> None:
+        end = time.monotonic() + LINGER
+        while self.peer is not None and time.monotonic() < end and self.peer.peer_alive():
+            time.sleep(0.05)
+
+
+#: Longest a failing side keeps its status file for a live peer to read (seconds).
+LINGER = 2.0
 
 
 def _device(args: argparse.Namespace) -> str:
@@ -78,33 +143,41 @@ def _device(args: argparse.Namespace) -> str:
     return str(args.device)
 
 
-def _session(args: argparse.Namespace, permissions: int) -> Session:
-    return Session(_device(args), permissions=permissions, gid_index=args.gid_index)
+def _session(args: argparse.Namespace, permissions: int, files: Files) -> Session:
+    s = Session(_device(args), permissions=permissions, gid_index=args.gid_index)
+    s.watch = files.watch
+    return s
 
 
 def _peer_descriptor(args: argparse.Namespace, files: Files) -> bytes:
     """Wait for the peer's connection descriptor; validate it (errors name file and field)."""
     if args.interactive:
-        input(f"Peer's connection descriptor expected in {files.remote}; press Enter when it is there ")
-    wait_for_file(files.remote, args.timeout, "the peer's connection descriptor")
+        try:
+            input(f"Peer's connection descriptor expected in {files.remote}; press Enter when it is there ")
+        except EOFError:
+            raise CliError("--interactive needs a terminal: standard input is closed") from None
+    raw = files.wait(files.remote, args.timeout, "the peer's connection descriptor")
     try:
-        return read_connection_descriptor(files.remote).to_bytes()
+        return ConnectionDescriptor.from_bytes(raw).to_bytes()
     except DocaError as e:
-        raise CliError(str(e)) from e
+        raise CliError(f"{files.remote}: {e}") from e
 
 
 def _remote_mmap(args: argparse.Namespace, files: Files, s: Session) -> Mmap:
-    wait_for_file(files.resource, args.timeout, "the peer's memory descriptor")
+    raw = files.wait(files.resource, args.timeout, "the peer's memory descriptor", status_of=files.remote)
     try:
-        desc = read_mmap_descriptor(files.resource).to_bytes()
+        desc = MmapDescriptor.from_bytes(raw).to_bytes()
+    except DocaError as e:
+        raise CliError(f"{files.resource}: {e}") from e
+    try:
         return s.import_mmap(desc)
     except DocaError as e:
-        raise CliError(str(e)) from e
+        raise CliError(f"cannot use the memory in {files.resource}: {e}") from e
 
 
 def _start_and_connect(args: argparse.Namespace, files: Files, s: Session, desc: bytes | None = None) -> None:
     """Publish this side's descriptor (starting the context unless ``desc`` is given) and connect."""
-    files.write(files.local, desc if desc is not None else s.start())
+    files.publish(files.local, desc if desc is not None else s.start(), "the connection descriptor")
     log.info("connection descriptor written to %s", files.local)
     peer = _peer_descriptor(args, files)
     try:
@@ -115,10 +188,14 @@ def _start_and_connect(args: argparse.Namespace, files: Files, s: Session, desc:
 
 
 def _string_bytes(text: str) -> bytes:
-    data = text.encode()
+    data = text.encode(errors="surrogateescape")  # argv bytes that are not UTF-8 go as they came
     if len(data) > MEM_SIZE:
-        raise CliError(f"the string is {len(data)} bytes; at most {MEM_SIZE} fit")
+        raise CliError(f"the string is {len(data)} bytes; at most {MEM_SIZE} fit", EXIT_USAGE)
     return data
+
+
+def _text(data: bytes | bytearray) -> str:
+    return bytes(data).decode(errors="replace")
 
 
 # -- the "done" note of one-sided pairs --------------------------------------------------------
@@ -141,7 +218,7 @@ def _post_done_recv(s: Session) -> tuple[RdmaRecvJob, bytearray]:
 def _wait_done(args: argparse.Namespace, s: Session, job: RdmaRecvJob, mem: bytearray) -> dict[str, object]:
     ev = s.wait([job], args.timeout, "the requester to finish")[0]
     if not ev.ok:
-        raise CliError(f"the connection failed before the requester finished: {ev.error}")
+        raise ConnectionBroke(f"the connection failed before the requester finished: {ev.error}")
     assert isinstance(ev.result, RdmaResult)
     try:
         note = json.loads(bytes(mem[: ev.result.length]))
@@ -157,14 +234,14 @@ def _wait_done(args: argparse.Namespace, s: Session, job: RdmaRecvJob, mem: byte
 
 def write_requester(args: argparse.Namespace, files: Files) -> int:
     data = _string_bytes(args.write_string)
-    with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
+    with _session(args, AccessFlag.LOCAL_READ_WRITE, files) as s:
         local, remote = _requester(args, files, s, bytearray(data))
         job = RdmaWriteJob(
             ctx=s.rdma, src_buf=s.data(local, 0, len(data)), dst_buf=s.room(remote, 0, len(data))
         )
         s.run(job, args.timeout, "the RDMA write")
         _send_done(args, s, {"done": "write", "length": len(data)})
-    print(f"Written to the responder: {args.write_string}")
+    print(f"Written to the responder: {_text(data)}")
     return 0
 
 
@@ -172,9 +249,9 @@ def _one_sided_responder(
     args: argparse.Namespace, files: Files, mem: bytearray, perms: int
 ) -> dict[str, object]:
     """Export ``mem`` with ``perms``, connect, and wait for the requester's completion note."""
-    with _session(args, perms) as s:
+    with _session(args, perms, files) as s:
         m = s.mmap(mem, perms)
-        files.write(files.resource, m.export_rdma(s.dev))
+        files.publish(files.resource, m.export_rdma(s.dev), "the memory descriptor")
         desc = s.start()
         job, note_mem = _post_done_recv(s)  # receives may be posted once started (INIT)
         _start_and_connect(args, files, s, desc)
@@ -197,7 +274,7 @@ def write_responder(args: argparse.Namespace, files: Files) -> int:
 
 
 def read_requester(args: argparse.Namespace, files: Files) -> int:
-    with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
+    with _session(args, AccessFlag.LOCAL_READ_WRITE, files) as s:
         mem = bytearray(MEM_SIZE)
         local, remote = _requester(args, files, s, mem)
         job = RdmaReadJob(
@@ -214,13 +291,13 @@ def read_requester(args: argparse.Namespace, files: Files) -> int:
 def read_responder(args: argparse.Namespace, files: Files) -> int:
     mem = bytearray(_string_bytes(args.read_string))
     note = _one_sided_responder(args, files, mem, AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ)
-    print(f"The requester read {note.get('length')} bytes: {args.read_string}")
+    print(f"The requester read {note.get('length')} bytes: {_text(mem)}")
     return 0
 
 
 def write_imm_requester(args: argparse.Namespace, files: Files) -> int:
     data = _string_bytes(args.write_string)
-    with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
+    with _session(args, AccessFlag.LOCAL_READ_WRITE, files) as s:
         local, remote = _requester(args, files, s, bytearray(data))
         job = RdmaWriteImmJob(
             ctx=s.rdma,
@@ -229,23 +306,23 @@ def write_imm_requester(args: argparse.Namespace, files: Files) -> int:
             immediate=args.immediate,
         )
         s.run(job, args.timeout, "the RDMA write with immediate")
-    print(f"Written to the responder with immediate {args.immediate:#010x}: {args.write_string}")
+    print(f"Written to the responder with immediate {args.immediate:#010x}: {_text(data)}")
     return 0
 
 
 def write_imm_responder(args: argparse.Namespace, files: Files) -> int:
     perms = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE
-    with _session(args, perms) as s:
+    with _session(args, perms, files) as s:
         mem = bytearray(MEM_SIZE)
         m = s.mmap(mem, perms)
-        files.write(files.resource, m.export_rdma(s.dev))
+        files.publish(files.resource, m.export_rdma(s.dev), "the memory descriptor")
         desc = s.start()
         job = RdmaRecvJob(ctx=s.rdma, dst_buf=None)
         s.submit(job)
         _start_and_connect(args, files, s, desc)
         ev = s.wait([job], args.timeout, "the write with immediate")[0]
         if not ev.ok:
-            raise CliError(f"the write with immediate failed: {ev.error}")
+            raise ConnectionBroke(f"the write with immediate failed: {ev.error}")
     r = ev.result
     assert isinstance(r, RdmaResult)
     if r.opcode is not RdmaOpcode.RECV_WRITE_WITH_IMM or r.immediate is None:
@@ -257,7 +334,7 @@ def write_imm_responder(args: argparse.Namespace, files: Files) -> int:
 def _sender(imm: bool) -> Callable[[argparse.Namespace, Files], int]:
     def sender(args: argparse.Namespace, files: Files) -> int:
         data = _string_bytes(args.send_string)
-        with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
+        with _session(args, AccessFlag.LOCAL_READ_WRITE, files) as s:
             mem = bytearray(data)
             local = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
             _start_and_connect(args, files, s)
@@ -269,7 +346,7 @@ def _sender(imm: bool) -> Callable[[argparse.Namespace, Files], int]:
             )
             s.run(job, args.timeout, "the send")
         extra = f" with immediate {args.immediate:#010x}" if imm else ""
-        print(f"Sent{extra}: {args.send_string}")
+        print(f"Sent{extra}: {_text(data)}")
         return 0
 
     return sender
@@ -277,7 +354,7 @@ def _sender(imm: bool) -> Callable[[argparse.Namespace, Files], int]:
 
 def _receiver(imm: bool) -> Callable[[argparse.Namespace, Files], int]:
     def receiver(args: argparse.Namespace, files: Files) -> int:
-        with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
+        with _session(args, AccessFlag.LOCAL_READ_WRITE, files) as s:
             mem = bytearray(MEM_SIZE)
             m = s.mmap(mem, AccessFlag.LOCAL_READ_WRITE)
             desc = s.start()
@@ -286,7 +363,7 @@ def _receiver(imm: bool) -> Callable[[argparse.Namespace, Files], int]:
             _start_and_connect(args, files, s, desc)
             ev = s.wait([job], args.timeout, "a message")[0]
             if not ev.ok:
-                raise CliError(f"the receive failed: {ev.error}")
+                raise ConnectionBroke(f"the receive failed: {ev.error}")
         r = ev.result
         assert isinstance(r, RdmaResult)
         text = mem[: r.length].decode(errors="replace")
@@ -302,7 +379,7 @@ def _receiver(imm: bool) -> Callable[[argparse.Namespace, Files], int]:
 
 
 def atomic_requester(args: argparse.Namespace, files: Files) -> int:
-    with _session(args, AccessFlag.LOCAL_READ_WRITE) as s:
+    with _session(args, AccessFlag.LOCAL_READ_WRITE, files) as s:
         result = bytearray(8)
         res, remote = _requester(args, files, s, result)
         if remote.length < 8:
@@ -352,27 +429,68 @@ SAMPLES: dict[str, tuple[str, Callable[[argparse.Namespace, Files], int], tuple[
     ),
     "rdma-atomic-responder": ("export one 8-byte word for atomics", atomic_responder, ("initial",)),
 }
+#: The sides that use no memory descriptor.
+_TWO_SIDED = {
+    SAMPLES[n][1] for n in ("rdma-send", "rdma-receive", "rdma-send-immediate", "rdma-receive-immediate")
+}
+#: The sides that publish a memory descriptor at -m.
+_EXPORTERS = {write_responder, read_responder, write_imm_responder, atomic_responder}
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+def _check_paths(args: argparse.Namespace, fn: Callable[[argparse.Namespace, Files], int]) -> None:
+    """Before anything is published: the paths this side writes can be written, and none is another."""
+    named = [("-ld", args.local_descriptor_path), ("-re", args.remote_descriptor_path)]
+    if fn not in _TWO_SIDED:
+        named.append(("-m", args.remote_resource_descriptor_path))
+    seen: dict[str, str] = {}
+    for flag, path in named:
+        if not path:
+            raise CliError(f"{flag}: an empty path", EXIT_USAGE)
+        where = os.path.abspath(path)
+        if where in seen:
+            raise CliError(f"{seen[where]} and {flag} name the same file {path}", EXIT_USAGE)
+        seen[where] = flag
+    writes = named[:1] + (named[2:] if fn in _EXPORTERS else [])
+    for flag, path in writes:
+        parent = Path(os.path.abspath(path)).parent
+        if not parent.is_dir():
+            raise CliError(f"{flag} {path}: the directory {parent} does not exist", EXIT_USAGE)
+        if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+            raise CliError(f"{flag} {path}: something other than a file is there", EXIT_USAGE)
+
+
+def _check(args: argparse.Namespace, fn: Callable[[argparse.Namespace, Files], int]) -> None:
+    """Everything that can be refused before publishing is refused here (exit status 2)."""
+    _device(args)
+    for name in ("send_string", "read_string", "write_string"):
+        _string_bytes(getattr(args, name))
+    if args.timeout is None or not (0 < args.timeout <= 365 * 86400):
+        raise CliError(f"--timeout {args.timeout}: not a number of seconds > 0", EXIT_USAGE)
+    _check_paths(args, fn)
 
 
 def _runner(fn: Callable[[argparse.Namespace, Files], int]) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        files = Files(
-            Path(args.local_descriptor_path),
-            Path(args.remote_descriptor_path),
-            Path(args.remote_resource_descriptor_path),
-            [],
-        )
+        _check(args, fn)
+        files = Files(args)
         try:
             return fn(args, files)
-        finally:
-            files.cleanup()
+        except CliError as e:
+            message = files.failed(str(e), isinstance(e, ConnectionBroke))
+            if message == str(e):
+                raise
+            raise CliError(message, e.status) from e
+        except DocaError as e:
+            message = files.failed(str(e))
+            if message == str(e):
+                raise
+            raise CliError(message) from e
+        except KeyboardInterrupt:
+            files.failed("interrupted (Ctrl-C)")
+            raise
+        except Terminated as t:
+            files.failed(f"stopped by {t}")
+            raise
 
     return handler
 
@@ -405,25 +523,26 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
             default=DEFAULT_RESOURCE,
             help=f"the exported memory descriptor ({DEFAULT_RESOURCE})",
         )
-        p.add_argument("-g", "--gid-index", type=int, default=0, help="GID index (0)")
+        p.add_argument("-g", "--gid-index", type=int_in(0, 255), default=0, help="GID index (0)")
         p.add_argument("-s", "--send-string", default=DEFAULT_STRING, help="string to send")
         p.add_argument("-r", "--read-string", default=DEFAULT_STRING, help="string the responder offers")
         p.add_argument("-w", "--write-string", default=DEFAULT_STRING, help="string to write")
-        p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the peer (30)")
+        p.add_argument("--timeout", type=TIMEOUT, default=30.0, help="seconds to wait for the peer (30)")
+        add_foreign_flag(p)
         p.add_argument(
             "--interactive", action="store_true", help="ask for Enter before reading the peer's file"
         )
         if "imm" in extras:
             p.add_argument(
-                "--immediate", type=_int, default=DEFAULT_IMMEDIATE, help="32-bit immediate (0xABCD)"
+                "--immediate", type=U32, default=DEFAULT_IMMEDIATE, help="32-bit immediate (0xABCD)"
             )
         if "atomic" in extras:
             p.add_argument(
                 "--op", choices=("cas", "faa"), default="faa", help="compare-and-swap or fetch-and-add"
             )
-            p.add_argument("--compare", type=_int, default=0, help="value to compare with (cas)")
-            p.add_argument("--swap", type=_int, default=1, help="value to swap in (cas)")
-            p.add_argument("--add", type=_int, default=1, help="value to add (faa)")
+            p.add_argument("--compare", type=U64, default=0, help="value to compare with (cas)")
+            p.add_argument("--swap", type=U64, default=1, help="value to swap in (cas)")
+            p.add_argument("--add", type=U64, default=1, help="value to add, modulo 2^64 (faa)")
         if "initial" in extras:
-            p.add_argument("--initial", type=_int, default=0, help="the word's initial value (0)")
+            p.add_argument("--initial", type=U64, default=0, help="the word's initial value (0)")
         p.set_defaults(handler=run(p, _runner(fn)))

@@ -7,8 +7,9 @@ events on the work queue's event handle (event-driven mode), with a deadline.
 """
 
 import contextlib
+import ipaddress
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from rdmakit.cli.common import CliError
 from rdmakit.doca import (
@@ -25,6 +26,42 @@ from rdmakit.doca import (
     WorkQ,
 )
 from rdmakit.transport.driver import wait_readable
+from rdmakit.verbs import pyverbs_missing
+
+#: How often a waiting side looks at its peer's status (seconds).
+WATCH_PERIOD = 0.1
+
+
+def _soft_spec(device: str) -> bool:
+    """Whether ``device`` names a soft device (an address, ``tcp:``/``udp:`` ADDR), not a verbs one."""
+    if device.startswith(("tcp:", "udp:")):
+        return True
+    try:
+        ipaddress.ip_address(device)
+    except ValueError:
+        return False
+    return True
+
+
+def no_such_device(device: str) -> CliError:
+    """The error for a device that did not open: for a verbs name, why verbs may be missing."""
+    hint = ""
+    if not _soft_spec(device):
+        missing = pyverbs_missing()
+        if missing is not None:
+            hint = f"; verbs devices need pyverbs: {missing}"
+    return CliError(f"no such device: {device!r} (see 'rdmakit devices'){hint}")
+
+
+class ConnectionBroke(CliError):
+    """A job failed because the connection went to the error state (the peer may say why)."""
+
+
+def job_failed(what: str, error: DocaError | None) -> CliError:
+    # SHUTDOWN: flushed, the connection is in error; TIME_OUT: the peer stopped answering.
+    if error is not None and error.code in (DocaErrorCode.SHUTDOWN, DocaErrorCode.TIME_OUT):
+        return ConnectionBroke(f"{what} failed: {error}")
+    return CliError(f"{what} failed: {error}")
 
 
 class Session:
@@ -37,7 +74,7 @@ class Session:
             self.dev = Dev.open(device)
         except DocaError as e:
             if e.code is DocaErrorCode.NOT_FOUND:
-                raise CliError(f"no such device: {device!r} (see 'rdmakit devices')") from e
+                raise no_such_device(device) from e
             raise
         self.rdma = Rdma()
         self.rdma.add_dev(self.dev)
@@ -50,6 +87,8 @@ class Session:
         self.inv.start()
         self.mmaps: list[Mmap] = []
         self._events: dict[int, Event] = {}
+        #: Called while waiting (every WATCH_PERIOD): raises when the peer is known to have failed.
+        self.watch: Callable[[], None] | None = None
 
     def mmap(self, memory: bytearray | memoryview, permissions: int) -> Mmap:
         m = Mmap()
@@ -95,8 +134,18 @@ class Session:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CliError(f"timed out after {timeout:g} s waiting for {what}", status=3)
+            if self.watch is not None:
+                try:
+                    self.watch()
+                except CliError:
+                    # What the peer did before it failed may have arrived meanwhile (an ACK, a NAK).
+                    while (ev := self.wq.progress_retrieve()) is not None:
+                        events[id(ev.job)] = ev
+                    if not want <= events.keys():
+                        raise
+                    break
             self.wq.arm()
-            if wait_readable(self.wq.fileno(), min(left, 1.0)):
+            if wait_readable(self.wq.fileno(), min(left, WATCH_PERIOD)):
                 self.wq.clear()
         return [events.pop(id(j)) for j in jobs]
 
@@ -105,7 +154,7 @@ class Session:
         self.submit(job)
         ev = self.wait([job], timeout, what)[0]
         if not ev.ok:
-            raise CliError(f"{what} failed: {ev.error}")
+            raise job_failed(what, ev.error)
         return ev
 
     def close(self) -> None:

@@ -56,8 +56,9 @@ def pair(
     )
     r = finish(req)
     s = finish(resp)
-    # Each side removes the descriptor files it wrote.
+    # Each side removes the descriptor files it wrote, and its status file.
     assert not any(Path(p).exists() for p in paths.values())
+    assert sorted(tmp.iterdir()) == []
     return r, s
 
 
@@ -247,7 +248,19 @@ def test_garbage_descriptor_is_one_line_naming_file_and_field(
 def test_a_device_that_does_not_exist(device: str) -> None:
     rc, _out, err = run_once("rdma-receive", "-d", device, "--timeout", "1")
     assert rc == 1
-    assert err == f"rdmakit rdma-receive: no such device: {device!r} (see 'rdmakit devices')"
+    assert err.startswith(f"rdmakit rdma-receive: no such device: {device!r} (see 'rdmakit devices')")
+    assert len(err.splitlines()) == 1
+
+
+def test_a_verbs_device_without_pyverbs_names_the_install_script() -> None:
+    from rdmakit.verbs import pyverbs_missing
+
+    if pyverbs_missing() is None:
+        pytest.skip("pyverbs is installed here")
+    rc, _out, err = run_once("rdma-receive", "-d", "rxe0", "--timeout", "1")
+    assert rc == 1
+    assert "pyverbs" in err
+    assert "scripts/install-verbs-deps.sh" in err
 
 
 def test_a_write_to_memory_not_exported_for_writing(tmp_path: Path, new_ip: IPS) -> None:
