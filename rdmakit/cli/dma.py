@@ -62,7 +62,16 @@ from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any, TextIO
 
-from rdmakit.cli.common import CliError, add_general_flags, run, wait_for_file, write_atomic
+from rdmakit.cli.common import (
+    TIMEOUT,
+    CliError,
+    add_foreign_flag,
+    add_general_flags,
+    foreign_allowed,
+    publish,
+    run,
+    wait_for_file,
+)
 from rdmakit.doca import (
     AccessFlag,
     Buf,
@@ -936,7 +945,6 @@ def _sample_service(args: argparse.Namespace) -> None:
 def _copy_host(args: argparse.Namespace) -> int:
     _sample_service(args)
     data = args.text.encode() + b"\0"
-    written: list[Path] = []
     with _cli_errors(), _Unwind() as stack:
         dev = stack.enter_context(_open_dev(_pci(args.pci_addr, "-p/--pci-addr")))
         server = stack.enter_context(CommChannelServer(args.service))
@@ -946,21 +954,9 @@ def _copy_host(args: argparse.Namespace) -> int:
         stack.callback(mmap.destroy)
         descriptor = mmap.export_dpu(dev)
 
-        def remove_written() -> None:
-            for path in written:
-                with suppress(FileNotFoundError):
-                    path.unlink()
-
-        stack.callback(remove_written)
-        for path, content in (
-            (Path(args.descriptor_path), descriptor),
-            (Path(args.buffer_path), f"{mmap.addr}\n{mmap.length}\n".encode()),
-        ):
-            try:
-                write_atomic(path, content)
-            except OSError as exc:
-                raise CliError(f"cannot write {path}: {exc.strerror}") from exc
-            written.append(path)
+        # Published files are removed however the program ends (SIGTERM and SIGHUP included).
+        publish(args.descriptor_path, descriptor, "the export descriptor")
+        publish(args.buffer_path, f"{mmap.addr}\n{mmap.length}\n".encode(), "the buffer information")
         log.info("wrote %s and %s; waiting for the DPU sample", args.descriptor_path, args.buffer_path)
         print(f"Exported {mmap.length} bytes at {mmap.addr:#x}; waiting for the DPU", flush=True)
         chan = stack.enter_context(server.accept(args.timeout))
@@ -1000,8 +996,11 @@ def _read_buffer_info(data: bytes, path: str) -> tuple[int, int]:
 
 def _copy_dpu(args: argparse.Namespace) -> int:
     _sample_service(args)
-    descriptor = wait_for_file(args.descriptor_path, args.timeout, "the export descriptor")
-    info = wait_for_file(args.buffer_path, args.timeout, "the buffer information")
+    foreign = foreign_allowed(args)
+    descriptor = wait_for_file(
+        args.descriptor_path, args.timeout, "the export descriptor", allow_foreign=foreign
+    )
+    info = wait_for_file(args.buffer_path, args.timeout, "the buffer information", allow_foreign=foreign)
     # The host sample listens before it writes the files: if it does not answer now, it is gone.
     with _cli_errors():
         try:
@@ -1080,13 +1079,6 @@ def _positive(value: str) -> int:
     return number
 
 
-def _seconds(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number of seconds")
-    return number
-
-
 def _add_service(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument(
         "--service", default=default, metavar="NAME",
@@ -1094,7 +1086,7 @@ def _add_service(p: argparse.ArgumentParser, default: str) -> None:
         f"(default {default})",
     )  # fmt: skip
     p.add_argument(
-        "--timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+        "--timeout", type=TIMEOUT, default=DEFAULT_TIMEOUT, metavar="SECONDS",
         help=f"how long to wait for the other side (default {DEFAULT_TIMEOUT:g})",
     )  # fmt: skip
     p.add_argument(
@@ -1128,6 +1120,8 @@ def _add_sample_flags(p: argparse.ArgumentParser, *, remote: bool, dpu: bool) ->
         )
     if remote:
         _add_service(p, SAMPLE_SERVICE)
+        if dpu:
+            add_foreign_flag(p)
 
 
 def register(subparsers: Any) -> None:
