@@ -1,6 +1,7 @@
 """The DOCA DMA samples through the real CLI: local copy, and the host/DPU pair."""
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -158,3 +159,21 @@ def test_samples_refuse_a_tcp_service(tmp_path: Path) -> None:
         assert err.startswith(f"rdmakit {program}: the DMA Copy samples share memory on one machine")
         assert err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("signo", [signal.SIGTERM, signal.SIGHUP])
+def test_host_sample_removes_its_files_on_a_signal(tmp_path: Path, service: str, signo: int) -> None:
+    """Closing the terminal or a SIGTERM leaves no export descriptor for the next DPU sample to find."""
+    host = rdmakit(tmp_path, "dma-copy-host", *sample_args(tmp_path, service))
+    desc, info = tmp_path / "export_desc.txt", tmp_path / "buffer_info.txt"
+    for _ in range(600):
+        if desc.exists() and info.exists():
+            break
+        time.sleep(0.05)
+    assert desc.exists(), "the host sample did not publish its descriptor"
+    assert info.exists(), "the host sample did not publish its buffer information"
+    host.send_signal(signo)
+    status, _, err = finish(host)
+    assert status == 128 + signo, err
+    assert not desc.exists()
+    assert not info.exists()
