@@ -171,6 +171,10 @@ class BackendQP(Protocol):
     def reset(self) -> None:
         """Back to RESET with a fresh PSN; outstanding work is dropped without completions."""
 
+    def transport_fault(self) -> str | None:
+        """Why the transport under the QP gave up on its peer, in words, when it knows more
+        than the completion status says (a refused TCP connection); None otherwise."""
+
     def close(self) -> None:
         """Destroy the QP; idempotent. Outstanding work requests are dropped."""
 

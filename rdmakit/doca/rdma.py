@@ -479,7 +479,8 @@ class Rdma(Ctx[Job]):
             return  # a job flushed by stop or WorkQ close: forgotten
         job = posted.job
         if wc.status != WcStatus.SUCCESS:
-            error = wc_error(posted, wc, self._error)
+            fault = self._qp.transport_fault() if self._qp is not None else None
+            error = wc_error(posted, wc, self._error, fault)
             if self._error is None and wc.status != WcStatus.WR_FLUSH_ERR:
                 self._error = error
             if self._qp is not None:

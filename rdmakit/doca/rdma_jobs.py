@@ -442,10 +442,11 @@ JOBS: dict[type[Job], JobSpec] = {
 }
 
 
-def wc_error(posted: Posted, wc: Completion, cause: DocaError | None) -> DocaError:
+def wc_error(posted: Posted, wc: Completion, cause: DocaError | None, fault: str | None = None) -> DocaError:
     """The `DocaError` of a failed work completion, saying what the job needed.
 
-    `cause` is the error that moved the connection to ERROR, for flushed ones.
+    `cause` is the error that moved the connection to ERROR, for flushed ones;
+    `fault` what the transport knows of a lost peer (``BackendQP.transport_fault``).
     """
     status = wc.status
     spec = JOBS.get(type(posted.job))
@@ -480,6 +481,8 @@ def wc_error(posted: Posted, wc: Completion, cause: DocaError | None) -> DocaErr
         hint = "the message is longer than the destination buffer's room"
     elif status in (WcStatus.LOC_PROT_ERR, WcStatus.LOC_ACCESS_ERR):
         hint = "a local buffer is not registered with the access the job needs"
+    elif status == WcStatus.RETRY_EXC_ERR and fault is not None:
+        hint = fault  # the transport knows better than the engine's retry count
     elif status in (WcStatus.RETRY_EXC_ERR, WcStatus.RNR_RETRY_EXC_ERR):
         hint = "the peer stopped answering (retries exhausted)"
     message = f"{posted.what.format(*posted.what_args)} failed" + (f": {hint}" if hint else "")

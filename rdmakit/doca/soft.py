@@ -211,6 +211,9 @@ class SoftBackendQP:
         if self._qp.state not in (QpState.RESET, QpState.ERR):
             self._qp.modify(QpState.ERR)
 
+    def transport_fault(self) -> str | None:
+        return self._dev.transport_fault(self._qp.qpn)
+
     def reset(self) -> None:
         """Back to RESET with a fresh PSN (the recovery flow re-exports)."""
         self._dev.reset_qp(self._qp)  # on TCP, the exported secret is void too

@@ -81,6 +81,9 @@ class VerbsBackendQP:
         with _doca_errors():
             self.verbs.connect(remote)
 
+    def transport_fault(self) -> str | None:
+        return None  # rdma-core reports a lost peer by completion status only
+
     def reset(self) -> None:
         with _doca_errors():
             self.verbs.reset()

@@ -209,6 +209,8 @@ class SoftDevice:
         self._idle = 0
         #: TCP: each connected QP's route (see ``connect_tcp``) and the longest frame it sends.
         self._routes: dict[int, tuple[Route, int]] = {}
+        #: Why the transport failed a QP (its TCP stream's fate), by QPN, for error messages.
+        self._faults: dict[int, str] = {}
         self.closed = False
 
     # -- resources -----------------------------------------------------------------
@@ -267,9 +269,14 @@ class SoftDevice:
         if self.tcp is None:
             return
         self.tcp.revoke(qp.qpn)
+        self._faults.pop(qp.qpn, None)
         old = self._routes.pop(qp.qpn, None)
         if old is not None:
             self.tcp.close_route(old[0])
+
+    def transport_fault(self, qpn: int) -> str | None:
+        """Why the transport failed QP ``qpn``, when it did (a refused or reset TCP stream)."""
+        return self._faults.get(qpn)
 
     @property
     def qps(self) -> Iterable[QueuePair]:
@@ -672,9 +679,11 @@ class SoftDevice:
             if dead is not None:
                 # The stream over that route is gone: TCP already retried for us (or
                 # the peer stopped reading).
+                why = link.pop_failure(dead)
                 for qpn, (route, _) in self._routes.items():
                     qp = self._qps.get(qpn)
                     if route == dead and qp is not None and qp.state is QpState.RTS:
+                        self._faults[qpn] = why
                         qp.transport_error(now)
         return busy
 

@@ -56,6 +56,7 @@ event loop that something is ready.
 import contextlib
 import errno
 import hmac
+import os
 import secrets
 import select
 import socket
@@ -195,8 +196,8 @@ class _Grant:
 
 class _Stream:
     __slots__ = (
-        "buf", "dead", "direct", "end", "grant", "large", "limit", "moved", "out", "peer", "pollout",
-        "queued", "remote16", "route", "since", "sock", "start",
+        "buf", "dead", "direct", "end", "error", "grant", "large", "limit", "moved", "out", "peer",
+        "pollout", "queued", "remote16", "route", "since", "sock", "start",
     )  # fmt: skip
 
     def __init__(self, sock: socket.socket, route: Route | None, now: float, remote16: bytes = b"") -> None:
@@ -221,10 +222,23 @@ class _Stream:
         self.end = 0
         self.limit = 0  # the longest frame body the grant allows
         self.dead = False
+        #: Outgoing: the errno that ended the stream (ECONNREFUSED …), 0 if none was seen.
+        self.error = 0
         #: The frame being received straight into place, if any.
         self.direct: _Direct | None = None
         #: The last frame was a large one (the next may be too: read its header first).
         self.large = False
+
+
+def _failure(s: _Stream, route: Route) -> str:
+    where = f"{route.ip}:{route.port}"
+    if s.error == errno.ECONNREFUSED:
+        return f"connection refused by {where} (nothing listens there: has the peer exited?)"
+    if s.error == errno.ETIMEDOUT:
+        return f"the peer at {where} stopped reading"
+    if s.error:
+        return f"the connection to {where} failed: {os.strerror(s.error)}"
+    return f"the peer at {where} closed the connection"
 
 
 class TcpLink:
@@ -250,6 +264,8 @@ class TcpLink:
         self._ep.register(self._lfd, select.EPOLLIN)
         self._by_fd: dict[int, _Stream] = {}
         self._out: dict[Route, _Stream] = {}
+        #: Why each route ``poll`` reported failed, until ``pop_failure`` takes it.
+        self._why: dict[Route, str] = {}
         #: Accepted connections without a whole preface, oldest first.
         self._pending: dict[int, _Stream] = {}
         self._grants: dict[int, _Grant] = {}
@@ -334,6 +350,7 @@ class TcpLink:
         s = _Stream(sock, route, 0.0)
         if err not in (0, errno.EINPROGRESS):
             s.dead = True
+            s.error = err
         s.out.append(memoryview(_PREFACE.pack(PREFACE_MAGIC, self._ip16, self.port, route.qpn, route.secret)))
         s.queued = PREFACE_LEN
         s.moved = True
@@ -371,8 +388,9 @@ class TcpLink:
                 sent = s.sock.sendmsg(iov)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
+            except OSError as e:
                 s.dead = True  # the queued packets are lost: poll() reports the peer
+                s.error = e.errno or 0
                 return
             if sent:
                 s.moved = True
@@ -413,6 +431,7 @@ class TcpLink:
                     failed = bool(s.out) and self._out.get(route) is s
                     self._drop(s)
                     if failed:
+                        self._why[route] = _failure(s, route)
                         yield [], route.ip, route
                 elif not s.out and s.pollout:
                     self._ep.modify(fd, select.EPOLLIN)
@@ -439,12 +458,18 @@ class TcpLink:
                 elif now - s.since >= STALL_TIMEOUT:
                     self.counters.tcp_stalled += 1
                     s.dead = True
+                    s.error = errno.ETIMEDOUT
             if s.dead:
                 self._drop(s)
+                self._why[route] = _failure(s, route)
                 yield [], route.ip, route
             elif s.out and not s.pollout:
                 self._ep.modify(s.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
                 s.pollout = True
+
+    def pop_failure(self, route: Route) -> str:
+        """Why the stream over ``route`` that ``poll`` just reported failed, in words."""
+        return self._why.pop(route, f"the connection to {route.ip}:{route.port} was lost")
 
     def deadline(self) -> float | None:
         """When the oldest connection without a preface times out (None: none waits)."""
@@ -557,8 +582,9 @@ class TcpLink:
             n = s.sock.recv_into(self._scratch)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:
+        except OSError as e:
             s.dead = True
+            s.error = e.errno or 0
             return
         if n:
             self.counters.tcp_unexpected_data += 1
