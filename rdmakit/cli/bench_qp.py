@@ -33,10 +33,12 @@ TCP_REFUSED = (
 )
 
 
-def open_device(spec: str | None, gid_index: int | None) -> BackendDevice:
-    """The device `spec` names (``-d``); `gid_index` selects a verbs device's GID (``-x``, ``-g``)."""
+def open_device(spec: str | None, gid_index: int | None, port: int | None = None) -> BackendDevice:
+    """The device `spec` names (``-d``); `gid_index` and `port` select a verbs device's GID and port."""
     if spec is None:
-        raise CliError("no device given: use -d with a soft device's address (e.g. -d 127.0.0.2) or a verbs device")
+        raise CliError(
+            "no device given: use -d with a soft device's address (e.g. -d 127.0.0.2) or a verbs device"
+        )
     if spec.startswith("tcp:"):
         raise CliError(TCP_REFUSED)
     try:
@@ -50,11 +52,13 @@ def open_device(spec: str | None, gid_index: int | None) -> BackendDevice:
     if info.kind == "soft-udp":
         if gid_index not in (None, 0):
             raise CliError(f"{info.name} has one GID, index 0, not {gid_index}")
+        if port not in (None, 1):
+            raise CliError(f"{info.name} has one port, 1, not {port}")
         return info.opener()
     if info.kind == "verbs":
         from rdmakit.verbs import VerbsDevice
 
-        return VerbsDevice(info.name, gid_index=gid_index)
+        return VerbsDevice(info.name, port=port, gid_index=gid_index)
     raise CliError(f"{info.name} is a {info.kind} device without RoCE")
 
 
@@ -110,7 +114,9 @@ class TestQp:
     def connect(self, *, gid: IPv6Address, qpn: int, psn: int, mtu: int) -> None:
         """RTR and RTS towards the peer the out-of-band exchange described."""
         if gid == IPv6Address(0):
-            raise CliError("the peer sent no GID: RoCE needs one (run the peer with -g/-x and a RoCE GID index)")
+            raise CliError(
+                "the peer sent no GID: RoCE needs one (run the peer with -g/-x and a RoCE GID index)"
+            )
         if (gid.ipv4_mapped is None) != (self.gid.ipv4_mapped is None):
             raise CliError(f"GID families differ: local {self.gid}, remote {gid} (use the same IP version)")
         ip = gid.ipv4_mapped or gid

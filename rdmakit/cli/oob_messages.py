@@ -80,12 +80,16 @@ class PingpongDest:
     @classmethod
     def decode(cls, msg: bytes) -> "PingpongDest":
         if len(msg) != PINGPONG_MSG_LEN:
-            raise OobFormatError(f"rc_pingpong address message: {len(msg)} bytes, expected {PINGPONG_MSG_LEN}")
+            raise OobFormatError(
+                f"rc_pingpong address message: {len(msg)} bytes, expected {PINGPONG_MSG_LEN}"
+            )
         m = _PINGPONG_RE.fullmatch(msg)
         if m is None:
             raise OobFormatError(f"rc_pingpong address message is not LID:QPN:PSN:GID: {_shown(msg)}")
         lid, qpn, psn, gid = m.groups()
-        return cls(lid=int(lid, 16), qpn=int(qpn, 16), psn=int(psn, 16), gid=IPv6Address(bytes.fromhex(gid.decode())))
+        return cls(
+            lid=int(lid, 16), qpn=int(qpn, 16), psn=int(psn, 16), gid=IPv6Address(bytes.fromhex(gid.decode()))
+        )
 
 
 # -- perftest -------------------------------------------------------------------------------
@@ -268,7 +272,11 @@ class BwReport:
             if not math.isfinite(values[name]) or values[name] < 0:
                 raise OobFormatError(f"perftest report: {name} {values[name]} is not a rate")
         return cls(
-            size=size, iters=iters, bw_peak=values["bw_peak"], bw_avg=values["bw_avg"], msg_rate=values["msg_rate"]
+            size=size,
+            iters=iters,
+            bw_peak=values["bw_peak"],
+            bw_avg=values["bw_avg"],
+            msg_rate=values["msg_rate"],
         )
 
 

@@ -18,7 +18,11 @@ bandwidth tests the report exchange (``xchg_bw_reports``). Timing follows
 ``run_iter_lat``, ``run_iter_lat_send``, ``run_iter_lat_write``) and the
 report arithmetic ``perftest_parameters.c`` (``print_report_bw``,
 ``print_report_lat``), with the monotonic clock in place of CPU cycles
-(``-F`` is accepted and changes nothing). Two differences: the peak
+(``-F`` is accepted and changes nothing). RTR/RTS attributes are
+``ctx_modify_qp_to_rtr``/``_rts``'s where they reach the wire or the peer
+(MTU, PSNs, ``max_rd_atomic`` from the peer's outstanding reads, RNR retry 7,
+``min_rnr_timer`` 12); ``retry_cnt`` and the soft engine's timeout stay
+rdmakit's (see ``rdmakit.cli.rc_pingpong``). Two differences: the peak
 bandwidth is searched over windows starting at up to 64 evenly spaced posts
 (perftest tries every post, quadratic in the iterations), and a requester
 does not cycle its remote address within the cycle buffer (the peer cannot
@@ -26,6 +30,8 @@ tell).
 """
 
 import argparse
+import functools
+import itertools
 import math
 import os
 import sys
@@ -109,7 +115,9 @@ RESULT_FMT_LAT = (
 )
 REPORT_FMT = " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f"
 REPORT_FMT_EXT = " %-7d    %d           %-7.6f            %-7.6f            %-7.6f"
-REPORT_FMT_LAT = " %-7d %d          %-7.2f        %-7.2f      %-7.2f  \t       %-7.2f     \t%-7.2f\t\t%-7.2f \t\t%-7.2f"
+REPORT_FMT_LAT = (
+    " %-7d %d          %-7.2f        %-7.2f      %-7.2f  \t       %-7.2f     \t%-7.2f\t\t%-7.2f \t\t%-7.2f"
+)
 LAT_MEASURE_TAIL = 2
 PEAK_SAMPLES = 64
 
@@ -165,7 +173,9 @@ def _int(text: str) -> int:
 
 def build_parser(name: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=name, allow_abbrev=False, description=f"{name}: perftest's test on rdmakit (perftest 6.06 exchange)"
+        prog=name,
+        allow_abbrev=False,
+        description=f"{name}: perftest's test on rdmakit (perftest 6.06 exchange)",
     )
     p.add_argument("server", nargs="?", help="the server's address (client); none: be the server")
     p.add_argument("-p", "--port", type=_int, default=DEF_PORT, help="TCP port of the exchange (18515)")
@@ -205,7 +215,11 @@ def parse(name: str, argv: Sequence[str]) -> Params:
         size = DEF_SIZE_LAT if kind.lat else DEF_SIZE_BW
     if not 1 <= size <= MAX_SIZE:
         raise CliError(f"message size {size} is outside 1..{MAX_SIZE}")
-    iters = a.iters if a.iters is not None else (DEF_ITERS_WB if (kind.verb == "write" and not kind.lat) else DEF_ITERS)
+    iters = (
+        a.iters
+        if a.iters is not None
+        else (DEF_ITERS_WB if (kind.verb == "write" and not kind.lat) else DEF_ITERS)
+    )
     if not MIN_ITER <= iters <= MAX_ITER:
         raise CliError(f"iterations must be {MIN_ITER}..{MAX_ITER}, not {iters}")
     tx_depth = a.tx_depth if a.tx_depth is not None else (DEF_TX_LAT if kind.lat else DEF_TX_BW)
@@ -316,11 +330,16 @@ def negotiate(ex: Exchange, own_mtu: int) -> Negotiated:
         "cycle buffer size", MAX_PEER_CYCLE_BUFFER,
     )  # fmt: skip
     line = decode_sys_int(
-        ex.xchg(encode_sys_int(CACHE_LINE), SYS_INT_LEN, "the cache line size"), "cache line size", MAX_PEER_CACHE_LINE
+        ex.xchg(encode_sys_int(CACHE_LINE), SYS_INT_LEN, "the cache line size"),
+        "cache line size",
+        MAX_PEER_CACHE_LINE,
     )
     peer_mtu = decode_mtu(ex.xchg(encode_mtu(own_mtu), MTU_MSG_LEN, "the MTU"))
     return Negotiated(
-        peer_version=peer, cycle_buffer=max(cycle, CYCLE_BUFFER), cache_line=max(line, CACHE_LINE), mtu_enum_peer=peer_mtu
+        peer_version=peer,
+        cycle_buffer=max(cycle, CYCLE_BUFFER),
+        cache_line=max(line, CACHE_LINE),
+        mtu_enum_peer=peer_mtu,
     )
 
 
@@ -440,7 +459,9 @@ class BwTiming:
     completions: list[tuple[int, float]] = field(default_factory=list)  # (completed so far, time)
 
 
-def run_bw(res: Resources, size: int, rem: list[PerftestDest], *, send: bool, recv: bool, recv_start: float) -> BwTiming:
+def run_bw(
+    res: Resources, size: int, rem: list[PerftestDest], *, send: bool, recv: bool, recv_start: float
+) -> BwTiming:
     """``run_iter_bw`` (requester), ``run_iter_bw_server`` (receiver) or both (``run_iter_bi``)."""
     p = res.p
     nq, iters, tx, cq_mod = p.num_qps, p.iters, p.tx_depth, p.cq_mod
@@ -457,9 +478,23 @@ def run_bw(res: Resources, size: int, rem: list[PerftestDest], *, send: bool, re
         if verb == "send":
             base = SendWR(wr_id=0, opcode=WrOpcode.SEND, sg_list=sge, signaled=False)
         elif verb == "write":
-            base = SendWR(wr_id=0, opcode=WrOpcode.RDMA_WRITE, sg_list=sge, remote_addr=r.vaddr, rkey=r.rkey, signaled=False)
+            base = SendWR(
+                wr_id=0,
+                opcode=WrOpcode.RDMA_WRITE,
+                sg_list=sge,
+                remote_addr=r.vaddr,
+                rkey=r.rkey,
+                signaled=False,
+            )
         elif verb == "read":
-            base = SendWR(wr_id=0, opcode=WrOpcode.RDMA_READ, sg_list=sge, remote_addr=r.vaddr, rkey=r.rkey, signaled=False)
+            base = SendWR(
+                wr_id=0,
+                opcode=WrOpcode.RDMA_READ,
+                sg_list=sge,
+                remote_addr=r.vaddr,
+                rkey=r.rkey,
+                signaled=False,
+            )
         elif p.atomic_cas:
             base = SendWR(
                 wr_id=0, opcode=WrOpcode.ATOMIC_CMP_AND_SWP, sg_list=sge, remote_addr=r.vaddr, rkey=r.rkey,
@@ -470,8 +505,11 @@ def run_bw(res: Resources, size: int, rem: list[PerftestDest], *, send: bool, re
                 wr_id=0, opcode=WrOpcode.ATOMIC_FETCH_AND_ADD, sg_list=sge, remote_addr=r.vaddr, rkey=r.rkey,
                 compare_add=1, signaled=False,
             )  # fmt: skip
-        wrs.append((base, lambda k, b=base: _signaled(b, k)))
-    recv_wrs = [RecvWR(wr_id=i, sg_list=(SGE(res.mem.addr + res.target_off(i), size, res.mem.lkey),)) for i in range(nq)]
+        wrs.append((base, functools.partial(_signaled, base)))
+    recv_wrs = [
+        RecvWR(wr_id=i, sg_list=(SGE(res.mem.addr + res.target_off(i), size, res.mem.lkey),))
+        for i in range(nq)
+    ]
     now = time.perf_counter
 
     def post_more() -> bool:
@@ -562,7 +600,7 @@ def post_receives(res: Resources, size: int) -> None:
 def lat_report(p: Params, size: int, posted: list[float]) -> str:
     """``print_report_lat``: deltas between consecutive posts, halved for round trips."""
     rtt = 1 if p.kind.verb in ("read", "atomic") else 2
-    delta = sorted((b - a) * 1e6 / rtt for a, b in zip(posted, posted[1:], strict=False))
+    delta = sorted((b - a) * 1e6 / rtt for a, b in itertools.pairwise(posted))
     m = len(delta) - LAT_MEASURE_TAIL
     if m < 1:
         raise CliError("too few iterations for a latency report")
@@ -591,11 +629,21 @@ def run_lat(res: Resources, size: int, rem: PerftestDest, *, server: bool) -> li
         wr = SendWR(wr_id=1, opcode=WrOpcode.RDMA_READ, sg_list=sge, remote_addr=rem.vaddr, rkey=rem.rkey)
     elif p.atomic_cas:
         wr = SendWR(
-            wr_id=1, opcode=WrOpcode.ATOMIC_CMP_AND_SWP, sg_list=sge, remote_addr=rem.vaddr, rkey=rem.rkey, swap=1
+            wr_id=1,
+            opcode=WrOpcode.ATOMIC_CMP_AND_SWP,
+            sg_list=sge,
+            remote_addr=rem.vaddr,
+            rkey=rem.rkey,
+            swap=1,
         )
     else:
         wr = SendWR(
-            wr_id=1, opcode=WrOpcode.ATOMIC_FETCH_AND_ADD, sg_list=sge, remote_addr=rem.vaddr, rkey=rem.rkey, compare_add=1
+            wr_id=1,
+            opcode=WrOpcode.ATOMIC_FETCH_AND_ADD,
+            sg_list=sge,
+            remote_addr=rem.vaddr,
+            rkey=rem.rkey,
+            compare_add=1,
         )
     recv_wr = RecvWR(wr_id=2, sg_list=(SGE(res.mem.addr + res.target_off(0), size, res.mem.lkey),))
     rposted = min(p.rx_depth, iters) if verb == "send" else 0
@@ -625,17 +673,25 @@ def run_lat(res: Resources, size: int, rem: PerftestDest, *, server: bool) -> li
             rcnt += 1
             if verb == "write":
                 want = rcnt & 0xFF
-                wait(lambda w=want: view[poll_byte] == w, "waiting for the peer's write")
+                wait(functools.partial(_byte_is, view, poll_byte, want), "waiting for the peer's write")
             else:
-                wait(lambda r=rcnt: state["recv_done"] >= r, "waiting for the peer's send")
+                wait(functools.partial(_reached, state, "recv_done", rcnt), "waiting for the peer's send")
         if scnt < iters:
             if verb == "write":
                 view[post_byte] = (scnt + 1) & 0xFF
             posted.append(time.perf_counter())
             q.post_send(wr)
             scnt += 1
-            wait(lambda s=scnt: state["send_done"] >= s, "waiting for a completion")
+            wait(functools.partial(_reached, state, "send_done", scnt), "waiting for a completion")
     return posted
+
+
+def _byte_is(view: memoryview, offset: int, value: int) -> bool:
+    return view[offset] == value
+
+
+def _reached(state: dict[str, int], key: str, value: int) -> bool:
+    return state[key] >= value
 
 
 # -- the tests ---------------------------------------------------------------------------------
@@ -658,7 +714,11 @@ def _run(p: Params, dev: BackendDevice) -> int:
         assert p.server is not None
         stream = OobStream.connect(p.server, p.port, _timeout())
     else:
-        _out("\n************************************\n* Waiting for client to connect... *\n************************************")
+        _out(
+            "\n************************************\n"
+            "* Waiting for client to connect... *\n"
+            "************************************"
+        )
         stream = OobStream.accept(p.port, _timeout() * RUN_WAIT_FACTOR)
     with stream:
         ex = Exchange(stream, p.client)
@@ -675,7 +735,8 @@ def _run(p: Params, dev: BackendDevice) -> int:
 def _connect(p: Params, res: Resources, rem: list[PerftestDest], mtu: int) -> None:
     for q, r in zip(res.qps, rem, strict=True):
         q.set_options(
-            min_rnr_timer=12, rnr_retry=7, max_dest_rd_atomic=p.out_reads, max_rd_atomic=max(1, min(r.out_reads, 16)),
+            min_rnr_timer=12, rnr_retry=7, max_dest_rd_atomic=p.out_reads,
+            max_rd_atomic=max(1, min(r.out_reads, MAX_OUT_READ)),
             hop_limit=64,
         )  # fmt: skip
         q.connect(gid=r.gid, qpn=r.qpn, psn=r.psn, mtu=mtu)
@@ -717,7 +778,9 @@ def _bw(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: 
         if not p.client and not p.duplex:
             # The server of a one-sided test waits for the client's run, then prints the client's report.
             ex.hand_shake(mine[0], long_wait=True)
-            theirs = ex.reports(BwReport(size=p.sizes[-1], iters=p.iters * p.num_qps, bw_peak=0, bw_avg=0, msg_rate=0))
+            theirs = ex.reports(
+                BwReport(size=p.sizes[-1], iters=p.iters * p.num_qps, bw_peak=0, bw_avg=0, msg_rate=0)
+            )
             _out(bw_line(p, theirs))
             ex.close_connection(mine[0])
             _out(RESULT_LINE)
@@ -788,7 +851,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         "perftest",
         help="perftest's ib_*_bw / ib_*_lat tests, wire-compatible with perftest",
         description="Run a perftest test (ib_write_bw, ib_read_bw, ib_send_bw, ib_atomic_bw, ib_write_lat, "
-        "ib_read_lat, ib_send_lat, ib_atomic_lat) with perftest's flags; 'rdmakit perftest NAME -h' lists them.",
+        "ib_read_lat, ib_send_lat, ib_atomic_lat) with perftest's flags; "
+        "'rdmakit perftest NAME -h' lists them.",
         add_help=True,
     )
     p.add_argument("test", choices=sorted(PERFTESTS), metavar="NAME", help=", ".join(sorted(PERFTESTS)))

@@ -35,7 +35,7 @@ class OobStream:
 
     @classmethod
     def connect(cls, host: str, port: int, timeout: float) -> "OobStream":
-        """Connect to `host`:`port`, retrying a refused connection until `timeout` (the server may start later)."""
+        """Connect to `host`:`port`, retrying while refused until `timeout` (the server may start later)."""
         deadline = time.monotonic() + timeout
         last: OSError | None = None
         while True:
@@ -71,7 +71,9 @@ class OobStream:
             try:
                 sock, addr = listener.accept()
             except TimeoutError as e:
-                raise OobError(f"no client connected to port {port} within {timeout:g} s", timeout=True) from e
+                raise OobError(
+                    f"no client connected to port {port} within {timeout:g} s", timeout=True
+                ) from e
         finally:
             listener.close()
         return cls(sock, f"{addr[0]}:{addr[1]}")
@@ -87,7 +89,12 @@ class OobStream:
             raise OobError(f"{self.peer}: send failed: {e.strerror or e}") from e
 
     def recv_exact(
-        self, n: int, timeout: float, what: str, service: Callable[[], object] | None = None, service_fd: int = -1
+        self,
+        n: int,
+        timeout: float,
+        what: str,
+        service: Callable[[], object] | None = None,
+        service_fd: int = -1,
     ) -> bytes:
         """Exactly `n` bytes (`what` names them in errors) within `timeout` seconds.
 
