@@ -737,7 +737,7 @@ def _connect(p: Params, res: Resources, rem: list[PerftestDest], mtu: int) -> No
         q.set_options(
             min_rnr_timer=12, rnr_retry=7, max_dest_rd_atomic=p.out_reads,
             max_rd_atomic=max(1, min(r.out_reads, MAX_OUT_READ)),
-            hop_limit=64,
+            hop_limit=255,
         )  # fmt: skip
         q.connect(gid=r.gid, qpn=r.qpn, psn=r.psn, mtu=mtu)
 
