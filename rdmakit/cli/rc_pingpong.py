@@ -120,9 +120,7 @@ def _run(a: argparse.Namespace, dev: BackendDevice) -> int:
     mem = Memory(dev, size)
     tq = TestQp(dev, send_depth=1, recv_depth=rx_depth)
     try:
-        tq.set_options(
-            max_dest_rd_atomic=1, max_rd_atomic=1, min_rnr_timer=12, rnr_retry=7, hop_limit=1
-        )
+        tq.set_options(max_dest_rd_atomic=1, max_rd_atomic=1, min_rnr_timer=12, rnr_retry=7, hop_limit=1)
         recv_wr = RecvWR(wr_id=RECV_WRID, sg_list=(SGE(mem.addr, size, mem.lkey),))
         send_wr = SendWR(wr_id=SEND_WRID, opcode=WrOpcode.SEND, sg_list=(SGE(mem.addr, size, mem.lkey),))
         for _ in range(rx_depth):

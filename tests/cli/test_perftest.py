@@ -13,50 +13,10 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 
-BW_HEADER = re.compile(
-    r"^ #bytes\s+#iterations\s+BW peak\[(MB|MiB|Gb)/sec\]\s+"
-    r"BW average\[(MB|MiB|Gb)/sec\]\s+MsgRate\[Mpps\]\s*$"
-)
-LAT_HEADER = re.compile(
-    r"^ #bytes\s+#iterations\s+t_min\[usec\]\s+t_max\[usec\]\s+t_typical\[usec\]\s+t_avg\[usec\]\s+"
-    r"t_stdev\[usec\]\s+99% percentile\[usec\]\s+99\.9% percentile\[usec\]\s*$"
-)
-NUM = r"([0-9]+(?:\.[0-9]+)?)"
-BW_LINE = re.compile(rf"^ ([0-9]+)\s+([0-9]+)\s+{NUM}\s+{NUM}\s+{NUM}\s*$")
-LAT_LINE = re.compile(r"^ ([0-9]+)\s+([0-9]+)" + rf"\s+{NUM}" * 7 + r"\s*$")
-PP_BYTES = re.compile(r"^([0-9]+) bytes in ([0-9.]+) seconds = ([0-9.]+) Mbit/sec$")
-PP_ITERS = re.compile(r"^([0-9]+) iters in ([0-9.]+) seconds = ([0-9.]+) usec/iter$")
-PP_ADDR = re.compile(
-    r"^  (local|remote) address: +LID 0x([0-9a-f]{4}), QPN 0x([0-9a-f]{6}), PSN 0x([0-9a-f]{6}), GID (\S+)$"
-)
-
-
-@dataclass(frozen=True)
-class Row:
-    size: int
-    iters: int
-    values: tuple[float, ...]
-
-
-def parse_perftest(out: str) -> tuple[str | None, list[Row]]:
-    """('bw'|'lat'|None, result rows) from perftest-formatted output: rows follow their header."""
-    kind: str | None = None
-    rows: list[Row] = []
-    for line in out.splitlines():
-        if BW_HEADER.match(line):
-            kind = "bw"
-            continue
-        if LAT_HEADER.match(line):
-            kind = "lat"
-            continue
-        m = (BW_LINE if kind == "bw" else LAT_LINE).match(line) if kind else None
-        if m:
-            rows.append(Row(int(m.group(1)), int(m.group(2)), tuple(float(g) for g in m.groups()[2:])))
-    return kind, rows
+from .perftest_output import PP_ADDR, PP_BYTES, PP_ITERS, parse_perftest
 
 
 def free_port() -> int:
