@@ -118,6 +118,8 @@ REPORT_FMT_EXT = " %-7d    %d           %-7.6f            %-7.6f            %-7.
 REPORT_FMT_LAT = (
     " %-7d %d          %-7.2f        %-7.2f      %-7.2f  \t       %-7.2f     \t%-7.2f\t\t%-7.2f \t\t%-7.2f"
 )
+RESULT_FMT_LAT_DUR = " #bytes        #iterations       t_avg[usec]    tps average"
+REPORT_FMT_LAT_DUR = " %-7d       %d            %-7.2f        %-7.2f"
 LAT_MEASURE_TAIL = 2
 PEAK_SAMPLES = 64
 
@@ -157,6 +159,7 @@ class Params:
     atomic_cas: bool
     gbits: bool
     out_reads: int
+    duration: int | None = None
     sizes: list[int] = field(default_factory=list)
 
     @property
@@ -203,8 +206,14 @@ def parse(name: str, argv: Sequence[str]) -> Params:
     kind = PERFTESTS[name]
     parser = build_parser(name)
     a = parser.parse_args(list(argv))
-    if a.duration is not None:
-        raise CliError("-D (duration) is not supported by rdmakit's perftest yet; use -n")
+    duration = a.duration
+    if duration is not None:
+        if duration < 1:
+            raise CliError(f"duration must be at least 1 second, not {duration}")
+        if a.all:
+            raise CliError("Duration mode does not work with running all sizes (-a)")
+        if a.iters is not None:
+            raise CliError("Duration mode (-D) and iterations (-n) cannot be combined")
     if kind.verb == "atomic":
         if a.size not in (None, DEF_SIZE_ATOMIC):
             raise CliError("Message size cannot be changed for Atomic tests")
@@ -222,6 +231,9 @@ def parse(name: str, argv: Sequence[str]) -> Params:
     )
     if not MIN_ITER <= iters <= MAX_ITER:
         raise CliError(f"iterations must be {MIN_ITER}..{MAX_ITER}, not {iters}")
+    if duration is not None:
+        iters = MAX_ITER  # the run ends with the clock; iterations are counted
+
     tx_depth = a.tx_depth if a.tx_depth is not None else (DEF_TX_LAT if kind.lat else DEF_TX_BW)
     if not 1 <= tx_depth <= 15000:
         raise CliError(f"tx depth must be 1..15000, not {tx_depth}")
@@ -260,6 +272,7 @@ def parse(name: str, argv: Sequence[str]) -> Params:
         size=MAX_SIZE if run_all else size, iters=iters, run_all=run_all, tx_depth=tx_depth,
         rx_depth=rx_depth, cq_mod=cq_mod, mtu=a.mtu, num_qps=a.qp, duplex=a.bidirectional,
         atomic_cas=a.atomic_type == "CMP_AND_SWAP", gbits=a.report_gbits, out_reads=out_reads, sizes=sizes,
+        duration=duration,
     )  # fmt: skip
 
 
@@ -450,6 +463,27 @@ class Resources:
 # -- bandwidth ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Phases:
+    """perftest's duration states (``catch_alarm``): a warm-up margin, the sample, a cool-down margin.
+
+    The margin is a quarter of the duration (whole seconds, as ``duration / 4``
+    in C); only what completes during the sample is counted and timed.
+    """
+
+    sample_start: float
+    sample_end: float
+    end: float
+
+    @classmethod
+    def begin(cls, now: float, duration: int) -> "Phases":
+        margin = duration // 4
+        return cls(now + margin, now + duration - margin, now + duration)
+
+    def sampling(self, now: float) -> bool:
+        return self.sample_start <= now < self.sample_end
+
+
 @dataclass(slots=True)
 class BwTiming:
     total: int = 0
@@ -457,6 +491,16 @@ class BwTiming:
     end: float = 0.0
     posted: list[float] = field(default_factory=list)
     completions: list[tuple[int, float]] = field(default_factory=list)  # (completed so far, time)
+    phases: Phases | None = None
+
+    def count(self, n: int, now: float, duration: int | None) -> None:
+        """`n` more operations completed at `now` (in duration mode: only during the sample)."""
+        if duration is None:
+            self.total += n
+            self.end = now
+            self.completions.append((self.total, now))
+        elif self.phases is not None and self.phases.sampling(now):
+            self.total += n
 
 
 def run_bw(
@@ -512,6 +556,8 @@ def run_bw(
     ]
     now = time.perf_counter
 
+    duration = p.duration
+
     def post_more() -> bool:
         if not send:
             return False
@@ -520,40 +566,50 @@ def run_bw(
             q = res.qps[i]
             base, signaled = wrs[i]
             while posted[i] < iters and posted[i] - done[i] < tx:
+                if t.phases is not None and now() >= t.phases.end:
+                    return did
                 k = posted[i] + 1
                 wr = signaled(k) if (k % cq_mod == 0 or k == iters) else base
                 if not t.posted:
                     t.start = now()
-                t.posted.append(now())
+                    if duration is not None:
+                        t.phases = Phases.begin(t.start, duration)
+                if duration is None:
+                    t.posted.append(now())
+                else:
+                    t.posted = [t.start]
                 q.post_send(wr)
                 posted[i] = k
                 did = True
         return did
 
     def on_wc(i: int, wc: Completion) -> None:
+        at = now()
         if wc.opcode in (WcOpcode.RECV, WcOpcode.RECV_RDMA_WITH_IMM):
             rdone[i] += 1
             if rposted[i] < iters:
                 res.qps[i].post_recv(recv_wrs[i])
                 rposted[i] += 1
-            t.end = now()
             if not send:
-                t.total += 1
-                t.completions.append((t.total, t.end))
+                if t.phases is None and duration is not None:
+                    t.phases = Phases.begin(at, duration)  # set_on_first_rx_packet()
+                t.count(1, at, duration)
             return
         k = wc.wr_id >> 16
-        t.total += k - done[i]
+        t.count(k - done[i], at, duration)
         done[i] = k
-        t.end = now()
-        t.completions.append((t.total, t.end))
+
+    def finished() -> bool:
+        if duration is not None:
+            return t.phases is not None and now() >= t.phases.end
+        return all(d >= iters for d in done) and all(r >= iters for r in rdone)
 
     if not send:
         t.start = recv_start
-    pump(
-        res.qps, on_wc, lambda: all(d >= iters for d in done) and all(r >= iters for r in rdone),
-        _timeout(), f"{p.name}", idle=post_more,
-    )  # fmt: skip
-    if not send:
+    pump(res.qps, on_wc, finished, _timeout(), f"{p.name}", idle=post_more)
+    if t.phases is not None:
+        t.start, t.end = t.phases.sample_start, t.phases.sample_end
+    elif not send:
         t.total = iters * nq
     return t
 
@@ -573,7 +629,7 @@ def bw_report(p: Params, size: int, t: BwTiming, *, peak: bool) -> BwReport:
     avg = size * n / elapsed / factor
     rate = n / elapsed / 1e6
     bw_peak = 0.0
-    if peak and t.posted and t.completions:
+    if peak and p.duration is None and t.posted and t.completions:
         best = elapsed / n
         step = max(1, len(t.posted) // PEAK_SAMPLES)
         for i in range(0, len(t.posted), step):
@@ -612,14 +668,34 @@ def lat_report(p: Params, size: int, posted: list[float]) -> str:
     return REPORT_FMT_LAT % (size, p.iters, delta[0], delta[m], median, avg, stdev, delta[i99], delta[i999])
 
 
-def run_lat(res: Resources, size: int, rem: PerftestDest, *, server: bool) -> list[float]:
+@dataclass(slots=True)
+class LatRun:
+    posted: list[float] = field(default_factory=list)
+    counted: int = 0  # duration mode: sends completed during the sample
+    phases: Phases | None = None
+
+
+def lat_duration_report(p: Params, size: int, run: LatRun) -> str:
+    """``print_report_lat_duration``: time per iteration in the sample (halved for round trips), rate."""
+    assert run.phases is not None
+    rtt = 1 if p.kind.verb in ("read", "atomic") else 2
+    seconds = run.phases.sample_end - run.phases.sample_start
+    n = max(run.counted, 1)
+    return REPORT_FMT_LAT_DUR % (size, run.counted, seconds * 1e6 / rtt / n, run.counted / seconds)
+
+
+def run_lat(res: Resources, size: int, rem: PerftestDest, *, server: bool) -> LatRun:
     """``run_iter_lat_write`` / ``run_iter_lat_send`` / ``run_iter_lat``: one QP, one message at a time."""
     p = res.p
     q = res.qps[0]
     verb = p.kind.verb
     iters = p.iters
-    posted: list[float] = []
+    run = LatRun()
+    posted = run.posted
     state = {"send_done": 0, "recv_done": 0}
+    if p.duration is not None:
+        run.phases = Phases.begin(time.perf_counter(), p.duration)
+    phases = run.phases
     sge = (SGE(res.local_addr(0), size, res.mem.lkey),)
     if verb == "write":
         wr = SendWR(wr_id=1, opcode=WrOpcode.RDMA_WRITE, sg_list=sge, remote_addr=rem.vaddr, rkey=rem.rkey)
@@ -660,15 +736,20 @@ def run_lat(res: Resources, size: int, rem: PerftestDest, *, server: bool) -> li
                 rposted += 1
         else:
             state["send_done"] += 1
+            if phases is not None and phases.sampling(time.perf_counter()):
+                run.counted += 1
+
+    def over() -> bool:
+        return phases is not None and time.perf_counter() >= phases.end
 
     def wait(cond: Callable[[], bool], what: str) -> None:
-        pump(res.qps, on_wc, cond, _timeout(), f"{p.name}: {what}")
+        pump(res.qps, on_wc, lambda: cond() or over(), _timeout(), f"{p.name}: {what}")
 
     scnt = rcnt = 0
     # write_lat: the server writes first; send_lat: the client sends first (perftest_resources.c).
     first_waits = (verb == "write" and not server) or (verb == "send" and server)
     two_way = verb in ("write", "send")
-    while scnt < iters or (two_way and rcnt < iters):
+    while (scnt < iters or (two_way and rcnt < iters)) and not over():
         if two_way and rcnt < iters and (scnt >= 1 or first_waits):
             rcnt += 1
             if verb == "write":
@@ -676,14 +757,15 @@ def run_lat(res: Resources, size: int, rem: PerftestDest, *, server: bool) -> li
                 wait(functools.partial(_byte_is, view, poll_byte, want), "waiting for the peer's write")
             else:
                 wait(functools.partial(_reached, state, "recv_done", rcnt), "waiting for the peer's send")
-        if scnt < iters:
+        if scnt < iters and not over():
             if verb == "write":
                 view[post_byte] = (scnt + 1) & 0xFF
-            posted.append(time.perf_counter())
+            if phases is None:
+                posted.append(time.perf_counter())
             q.post_send(wr)
             scnt += 1
             wait(functools.partial(_reached, state, "send_done", scnt), "waiting for a completion")
-    return posted
+    return run
 
 
 def _byte_is(view: memoryview, offset: int, value: int) -> bool:
@@ -833,13 +915,13 @@ def _lat(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem:
         ex.close_connection(mine[0], long_wait=True)
         _out(RESULT_LINE)
         return 0
-    _out(f"{RESULT_LINE}\n{RESULT_FMT_LAT}")
+    _out(f"{RESULT_LINE}\n{RESULT_FMT_LAT if p.duration is None else RESULT_FMT_LAT_DUR}")
     for size in p.sizes:
         if verb == "send":
             post_receives(res, size)
             ex.hand_shake(mine[0], long_wait=True)
-        posted = run_lat(res, size, rem[0], server=not p.client)
-        _out(lat_report(p, size, posted))
+        run = run_lat(res, size, rem[0], server=not p.client)
+        _out(lat_report(p, size, run.posted) if p.duration is None else lat_duration_report(p, size, run))
     _out(RESULT_LINE)
     if verb != "write":  # write_lat ends without a closing barrier
         ex.close_connection(mine[0], long_wait=True)

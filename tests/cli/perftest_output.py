@@ -17,6 +17,7 @@ LAT_HEADER = re.compile(
     r"^ #bytes\s+#iterations\s+t_min\[usec\]\s+t_max\[usec\]\s+t_typical\[usec\]\s+t_avg\[usec\]\s+"
     r"t_stdev\[usec\]\s+99% percentile\[usec\]\s+99\.9% percentile\[usec\]\s*$"
 )
+LAT_DUR_HEADER = re.compile(r"^ #bytes\s+#iterations\s+t_avg\[usec\]\s+tps average\s*$")
 NUM = r"([0-9]+(?:\.[0-9]+)?)"
 BW_LINE = re.compile(rf"^ ([0-9]+)\s+([0-9]+)\s+{NUM}\s+{NUM}\s+{NUM}\s*$")
 LAT_LINE = re.compile(r"^ ([0-9]+)\s+([0-9]+)" + rf"\s+{NUM}" * 7 + r"\s*$")
@@ -34,8 +35,12 @@ class Row:
     values: tuple[float, ...]
 
 
+LAT_DUR_LINE = re.compile(rf"^ ([0-9]+)\s+([0-9]+)\s+{NUM}\s+{NUM}\s*$")
+LINES = {"bw": BW_LINE, "lat": LAT_LINE, "lat_dur": LAT_DUR_LINE}
+
+
 def parse_perftest(out: str) -> tuple[str | None, list[Row]]:
-    """('bw'|'lat'|None, result rows) from perftest-formatted output: rows follow their header."""
+    """('bw'|'lat'|'lat_dur'|None, result rows) from perftest-formatted output: rows follow their header."""
     kind: str | None = None
     rows: list[Row] = []
     for line in out.splitlines():
@@ -45,7 +50,10 @@ def parse_perftest(out: str) -> tuple[str | None, list[Row]]:
         if LAT_HEADER.match(line):
             kind = "lat"
             continue
-        m = (BW_LINE if kind == "bw" else LAT_LINE).match(line) if kind else None
+        if LAT_DUR_HEADER.match(line):
+            kind = "lat_dur"
+            continue
+        m = LINES[kind].match(line) if kind else None
         if m:
             rows.append(Row(int(m.group(1)), int(m.group(2)), tuple(float(g) for g in m.groups()[2:])))
     return kind, rows

@@ -123,6 +123,26 @@ def test_perftest_options(
         assert "BW average[Gb/sec]" in c_out
 
 
+@pytest.mark.parametrize("test", ["ib_write_bw", "ib_send_bw", "ib_write_lat", "ib_read_lat"])
+def test_perftest_duration(new_ip: Callable[[], str], test: str) -> None:
+    """-D: the run ends with the clock; the iterations completed are counted and reported."""
+    (s_rc, s_out, s_err), (c_rc, c_out, c_err) = run_pair(new_ip, ["perftest", test], ["-D", "1"])
+    assert c_rc == 0, c_err
+    assert s_rc == 0, s_err
+    kind, c_rows = parse_perftest(c_out)
+    assert kind == ("bw" if test.endswith("_bw") else "lat_dur")
+    assert len(c_rows) == 1
+    assert c_rows[0].iters > 0
+    _, s_rows = parse_perftest(s_out)
+    if test == "ib_write_bw":  # the server prints the client's report
+        assert s_rows == c_rows
+    elif test == "ib_read_lat":
+        assert s_rows == []
+    else:  # each side counts its own completions
+        assert len(s_rows) == 1
+        assert s_rows[0].iters > 0
+
+
 def test_rc_pingpong_pair(new_ip: Callable[[], str]) -> None:
     for flags in (["-n", "50"], ["-n", "20", "-s", "20000", "-m", "2048", "-r", "3"]):
         (s_rc, s_out, s_err), (c_rc, c_out, c_err) = run_pair(new_ip, ["rc-pingpong"], flags)
