@@ -180,3 +180,53 @@ def test_debian_perftest_is_the_announced_version(guest: LabGuest) -> None:
 
     res = guest.run("ib_write_bw", "--version", timeout=120)
     assert f"Version: {ANNOUNCED_VERSION}" in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+#: The guest's Python with the bytecode compiled into the image (see test_interop.py).
+GUEST_PYTHON = ("env", "-u", "PYTHONPYCACHEPREFIX", "python3")
+
+
+@pytest.mark.parametrize(
+    ("program", "flags"),
+    [(["perftest", "ib_write_bw"], ["-n", "100"]), (["perftest", "ib_send_lat"], ["-n", "100"]),
+     (["rc-pingpong"], ["-n", "50"])],
+    ids=["ib_write_bw", "ib_send_lat", "rc-pingpong"],
+)  # fmt: skip
+def test_rdmakit_on_rxe_through_verbs(guest: LabGuest, program: list[str], flags: list[str]) -> None:
+    """rdmakit's programs on the guest's rxe0 through the verbs backend, against rdmakit's soft engine."""
+    port = next(_ports)
+    gid_flag = "-g" if program == ["rc-pingpong"] else "-x"
+    gid_index = guest.ready().get("GID_INDEX", "1")
+    job = guest.start(
+        *GUEST_PYTHON, "-m", "rdmakit", *program, "-d", "rxe0", gid_flag, gid_index, "-p", str(port), *flags,
+        timeout=600,
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    try:
+        h = subprocess.run(
+            guest.host_command(
+                sys.executable, str(HOST), HOST_ADDR, *program, "-d", HOST_ADDR, "-p", str(port), *flags,
+                GUEST_ADDR,
+            ),
+            capture_output=True, text=True, timeout=600, env=env, check=False,
+        )  # fmt: skip
+    except BaseException:
+        guest.kill(job)
+        raise
+    if h.returncode != 0:
+        guest.kill(job)
+    g = guest.wait(job, timeout=600)
+    report = f"--- host\n{h.stdout}\n{h.stderr[-3000:]}\n--- guest\n{g.stdout}\n{g.stderr[-3000:]}"
+    assert h.returncode == 0, report
+    assert g.returncode == 0, report
+    iters = int(flags[1])
+    if program == ["rc-pingpong"]:
+        for out in (h.stdout, g.stdout):
+            found = [m for m in map(PP_ITERS.match, out.splitlines()) if m]
+            assert [int(m.group(1)) for m in found] == [iters], report
+    else:
+        _, h_rows = parse_perftest(h.stdout)
+        _, g_rows = parse_perftest(g.stdout)
+        assert [(r.size, r.iters) for r in h_rows] == [(r.size, r.iters) for r in g_rows], report
+        assert len(h_rows) == 1, report
+        assert h_rows[0].iters == iters, report
