@@ -11,6 +11,7 @@ atomics need 8-byte alignment).
 
 import dataclasses
 import mmap
+import os
 import time
 from collections.abc import Callable, Sequence
 from ipaddress import IPv6Address
@@ -24,13 +25,21 @@ from rdmakit.transport.driver import wait_readable
 from rdmakit.verbs.buffers import buffer_address
 from rdmakit.wire import ROCE_UDP_PORT
 
-__all__ = ["Memory", "TestQp", "open_device", "pump"]
+__all__ = ["Memory", "TestQp", "oob_timeout", "open_device", "pump"]
 
 ALL_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 TCP_REFUSED = (
     "the TCP transport cannot run this program: its out-of-band exchange carries a LID, QPN, PSN and GID "
     "and has no room for the TCP transport's connection secret (use a UDP device or a verbs device)"
 )
+
+
+def oob_timeout() -> float:
+    """Seconds allowed for each out-of-band step (``RDMAKIT_OOB_TIMEOUT``, default 60)."""
+    try:
+        return max(float(os.environ.get("RDMAKIT_OOB_TIMEOUT", "60")), 0.1)
+    except ValueError:
+        return 60.0
 
 
 def open_device(spec: str | None, gid_index: int | None, port: int | None = None) -> BackendDevice:

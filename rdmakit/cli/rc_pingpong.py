@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from ipaddress import IPv6Address
 
-from rdmakit.cli.bench_qp import Memory, TestQp, open_device, pump
+from rdmakit.cli.bench_qp import Memory, TestQp, oob_timeout, open_device, pump
 from rdmakit.cli.common import CliError, run
 from rdmakit.cli.oob_messages import DONE, PINGPONG_MSG_LEN, OobFormatError, PingpongDest
 from rdmakit.doca.backend import BackendDevice
@@ -37,12 +37,6 @@ __all__ = ["main", "register"]
 DEF_PORT = 18515
 RECV_WRID = 1
 SEND_WRID = 2
-
-
-def _timeout() -> float:
-    from rdmakit.cli.perftest import _timeout as t
-
-    return t()
 
 
 def _int(text: str) -> int:
@@ -128,7 +122,7 @@ def _run(a: argparse.Namespace, dev: BackendDevice) -> int:
         routs = rx_depth
         mine = PingpongDest(lid=0, qpn=tq.qpn, psn=tq.psn, gid=tq.gid)
         _print_dest("local", mine)
-        t = _timeout()
+        t = oob_timeout()
         service_fd = tq.qp.fileno()
         if a.server is not None:
             with OobStream.connect(a.server, a.port, t) as s:
