@@ -51,7 +51,6 @@ CASES = [
     ("ib_send_lat", ["-n", "100", "-s", "5000"]),
     ("ib_read_lat", ["-n", "200"]),
     ("ib_atomic_lat", ["-n", "200"]),
-    ("ib_write_bw", ["-n", "100", "-q", "2"]),
     ("ib_send_bw", ["-n", "100", "-b"]),
     ("ib_read_bw", ["-n", "100", "-b"]),
     ("ibv_rc_pingpong", ["-n", "100"]),
