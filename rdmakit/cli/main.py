@@ -22,6 +22,8 @@ COMMAND_MODULES = (
     "rdmakit.cli.bench",
     "rdmakit.cli.dma",
     "rdmakit.cli.capture",
+    "rdmakit.cli.perftest",
+    "rdmakit.cli.rc_pingpong",
 )
 
 

@@ -1,0 +1,197 @@
+"""perftest's parameters: its tests, flags, defaults and limits (``perftest_parameters.[ch]``, v4.5-0.17).
+
+``parse`` applies perftest's ``force_dependecies``: the tx depth and a send
+test's rx depth are capped at the iterations, CQ moderation is 1 for messages
+over 8 KiB unless ``-Q`` is given and never above the tx depth; ``-D`` turns
+the iterations into a count kept during the sample.
+"""
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rdmakit.cli.common import CliError
+from rdmakit.cli.oob_messages import (
+    ANNOUNCED_VERSION,
+)
+
+__all__ = ["PERFTESTS", "Params", "TestKind", "build_parser", "parse"]
+
+
+@dataclass(frozen=True, slots=True)
+class TestKind:
+    verb: str  # "send", "write", "read", "atomic" (perftest's VerbType)
+    lat: bool
+
+
+PERFTESTS = {
+    "ib_write_bw": TestKind("write", False),
+    "ib_read_bw": TestKind("read", False),
+    "ib_send_bw": TestKind("send", False),
+    "ib_atomic_bw": TestKind("atomic", False),
+    "ib_write_lat": TestKind("write", True),
+    "ib_read_lat": TestKind("read", True),
+    "ib_send_lat": TestKind("send", True),
+    "ib_atomic_lat": TestKind("atomic", True),
+}
+_VERB_TITLE = {"send": "Send", "write": "RDMA_Write", "read": "RDMA_Read", "atomic": "Atomic"}
+
+# perftest_parameters.h
+DEF_PORT = 18515
+DEF_SIZE_BW = 65536
+DEF_SIZE_LAT = 2
+DEF_SIZE_ATOMIC = 8
+DEF_ITERS = 1000
+DEF_ITERS_WB = 5000
+DEF_TX_BW = 128
+DEF_TX_LAT = 1
+DEF_RX_SEND = 512
+DEF_CQ_MOD = 100
+MSG_SIZE_CQ_MOD_LIMIT = 8192
+MIN_ITER, MAX_ITER = 5, 100_000_000
+MAX_SIZE = 8 << 20  # the buffer of a run over all sizes (-a)
+MAX_QP_NUM = 16384
+MAX_OUT_READ = 16
+#: The cycle buffer (a page) and cache line rdmakit announces (``check_sys_data``).
+CYCLE_BUFFER = 4096
+CACHE_LINE = 64
+#: A peer's cycle buffer and cache line are bounded: they size our allocation.
+MAX_PEER_CYCLE_BUFFER = 1 << 26
+MAX_PEER_CACHE_LINE = 4096
+
+
+@dataclass(slots=True, kw_only=True)
+class Params:
+    name: str
+    kind: TestKind
+    server: str | None
+    port: int
+    device: str | None
+    gid_index: int | None
+    size: int
+    iters: int
+    run_all: bool
+    tx_depth: int
+    rx_depth: int
+    cq_mod: int
+    mtu: int | None
+    num_qps: int
+    duplex: bool
+    atomic_cas: bool
+    gbits: bool
+    out_reads: int
+    duration: int | None = None
+    sizes: list[int] = field(default_factory=list)
+
+    @property
+    def client(self) -> bool:
+        return self.server is not None
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def build_parser(name: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=name,
+        allow_abbrev=False,
+        description=f"{name}: perftest's test on rdmakit (perftest 6.06 exchange)",
+    )
+    p.add_argument("server", nargs="?", help="the server's address (client); none: be the server")
+    p.add_argument("-p", "--port", type=_int, default=DEF_PORT, help="TCP port of the exchange (18515)")
+    p.add_argument("-d", "--ib-dev", dest="device", help="device: a soft device's address, or a verbs device")
+    p.add_argument("-x", "--gid-index", type=_int, help="GID index (verbs devices)")
+    p.add_argument("-s", "--size", type=_int, help="message size")
+    p.add_argument("-n", "--iters", type=_int, help="iterations")
+    p.add_argument("-a", "--all", action="store_true", help="all sizes from 2 to 2^23")
+    p.add_argument("-t", "--tx-depth", type=_int, help="send queue depth (bw: 128)")
+    p.add_argument("-r", "--rx-depth", type=_int, help="receives posted (send tests: 512)")
+    p.add_argument("-Q", "--cq-mod", type=_int, help="signal one send in this many (bw: 100)")
+    p.add_argument("-m", "--mtu", type=_int, help="MTU (256..4096; default the port's)")
+    p.add_argument("-q", "--qp", type=_int, default=1, help="number of QPs")
+    p.add_argument("-b", "--bidirectional", action="store_true", help="both sides send (bw tests)")
+    p.add_argument("-A", "--atomic_type", choices=("CMP_AND_SWAP", "FETCH_AND_ADD"), default="FETCH_AND_ADD")
+    p.add_argument("-o", "--outs", type=_int, help="outstanding reads/atomics (read and atomic tests)")
+    p.add_argument("-D", "--duration", type=_int, help="run for this many seconds instead of -n iterations")
+    p.add_argument("-F", "--CPU-freq", dest="cpu_freq", action="store_true", help="accepted; no effect here")
+    p.add_argument("--report_gbits", action="store_true", help="report Gb/sec instead of MB/sec")
+    p.add_argument("-V", "--version", action="version", version=f"Version: {ANNOUNCED_VERSION}")
+    return p
+
+
+def parse(name: str, argv: Sequence[str]) -> Params:
+    kind = PERFTESTS[name]
+    parser = build_parser(name)
+    a = parser.parse_args(list(argv))
+    duration = a.duration
+    if duration is not None:
+        if duration < 1:
+            raise CliError(f"duration must be at least 1 second, not {duration}")
+        if a.all:
+            raise CliError("Duration mode does not work with running all sizes (-a)")
+        if a.iters is not None:
+            raise CliError("Duration mode (-D) and iterations (-n) cannot be combined")
+    if kind.verb == "atomic":
+        if a.size not in (None, DEF_SIZE_ATOMIC):
+            raise CliError("Message size cannot be changed for Atomic tests")
+        size = DEF_SIZE_ATOMIC
+    elif a.size is not None:
+        size = a.size
+    else:
+        size = DEF_SIZE_LAT if kind.lat else DEF_SIZE_BW
+    if not 1 <= size <= MAX_SIZE:
+        raise CliError(f"message size {size} is outside 1..{MAX_SIZE}")
+    iters = (
+        a.iters
+        if a.iters is not None
+        else (DEF_ITERS_WB if (kind.verb == "write" and not kind.lat) else DEF_ITERS)
+    )
+    if not MIN_ITER <= iters <= MAX_ITER:
+        raise CliError(f"iterations must be {MIN_ITER}..{MAX_ITER}, not {iters}")
+    if duration is not None:
+        iters = MAX_ITER  # the run ends with the clock; iterations are counted
+
+    tx_depth = a.tx_depth if a.tx_depth is not None else (DEF_TX_LAT if kind.lat else DEF_TX_BW)
+    if not 1 <= tx_depth <= 15000:
+        raise CliError(f"tx depth must be 1..15000, not {tx_depth}")
+    tx_depth = min(tx_depth, iters)
+    rx_depth = a.rx_depth if a.rx_depth is not None else (DEF_RX_SEND if kind.verb == "send" else 1)
+    if not 1 <= rx_depth <= 16384:
+        raise CliError(f"rx depth must be 1..16384, not {rx_depth}")
+    if kind.verb == "send":
+        rx_depth = min(rx_depth, iters)
+    if a.cq_mod is not None and not 1 <= a.cq_mod <= 1024:
+        raise CliError(f"CQ moderation must be 1..1024, not {a.cq_mod}")
+    cq_mod = a.cq_mod if a.cq_mod is not None else DEF_CQ_MOD
+    # force_dependecies(): large messages are signalled one by one unless asked otherwise.
+    if size > MSG_SIZE_CQ_MOD_LIMIT and not a.all and a.cq_mod is None:
+        cq_mod = 1
+    cq_mod = min(cq_mod, tx_depth)
+    if a.mtu is not None and a.mtu not in (256, 512, 1024, 2048, 4096):
+        raise CliError(f"invalid MTU {a.mtu} (256, 512, 1024, 2048 or 4096)")
+    if not 1 <= a.qp <= MAX_QP_NUM:
+        raise CliError(f"number of QPs must be 1..{MAX_QP_NUM}, not {a.qp}")
+    if a.bidirectional and kind.lat:
+        raise CliError("Bidirectional mode not supported in latency tests")
+    if a.gid_index is not None and not 0 <= a.gid_index <= 64:
+        raise CliError(f"GID index must be 0..64, not {a.gid_index}")
+    if not 1 <= a.port <= 65535:
+        raise CliError(f"invalid port {a.port}")
+    out_reads = 1
+    if kind.verb in ("read", "atomic"):
+        out_reads = a.outs if a.outs is not None else MAX_OUT_READ
+        if not 1 <= out_reads <= MAX_OUT_READ:
+            raise CliError(f"outstanding reads must be 1..{MAX_OUT_READ}, not {out_reads}")
+    run_all = bool(a.all) and kind.verb != "atomic"
+    sizes = [1 << i for i in range(1, 24)] if run_all else [size]
+    return Params(
+        name=name, kind=kind, server=a.server, port=a.port, device=a.device, gid_index=a.gid_index,
+        size=MAX_SIZE if run_all else size, iters=iters, run_all=run_all, tx_depth=tx_depth,
+        rx_depth=rx_depth, cq_mod=cq_mod, mtu=a.mtu, num_qps=a.qp, duplex=a.bidirectional,
+        atomic_cas=a.atomic_type == "CMP_AND_SWAP", gbits=a.report_gbits, out_reads=out_reads, sizes=sizes,
+        duration=duration,
+    )  # fmt: skip
