@@ -20,6 +20,8 @@ from rdmakit.cli.common import CliError
 from rdmakit.doca import DocaError, DocaErrorCode
 from rdmakit.doca.backend import BackendDevice, BackendQP, MemoryRegistration
 from rdmakit.doca.device import find_devinfo
+from rdmakit.doca.soft import SoftBackendQP
+from rdmakit.doca.verbs_glue import VerbsBackendDevice, VerbsBackendQP
 from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, SendWR, WcStatus
 from rdmakit.transport.driver import wait_readable
 from rdmakit.verbs.buffers import buffer_address
@@ -67,7 +69,7 @@ def open_device(spec: str | None, gid_index: int | None, port: int | None = None
     if info.kind == "verbs":
         from rdmakit.verbs import VerbsDevice
 
-        return VerbsDevice(info.name, port=port, gid_index=gid_index)
+        return VerbsBackendDevice(VerbsDevice(info.name, port=port, gid_index=gid_index))
     raise CliError(f"{info.name} is a {info.kind} device without RoCE")
 
 
@@ -104,8 +106,9 @@ class TestQp:
 
     def __init__(self, dev: BackendDevice, *, send_depth: int, recv_depth: int) -> None:
         caps = QpCaps(max_send_wr=max(send_depth, 1), max_recv_wr=max(recv_depth, 1), max_unacked_psns=128)
+        self.dev = dev
         self.qp = dev.create_qp(caps)
-        self.qp.init()  # type: ignore[attr-defined]
+        self.qp.init(ALL_ACCESS)
         mine = self.qp.export()
         self.qpn = int(mine["qpn"])  # type: ignore[call-overload]
         self.psn = int(mine["psn"])  # type: ignore[call-overload]
@@ -114,11 +117,14 @@ class TestQp:
 
     def set_options(self, **values: int) -> None:
         """Set the RTR/RTS attributes the backend's options have (both have timeouts, retries, rd_atomic)."""
-        opts = self.qp.options  # type: ignore[attr-defined]
-        known = {f.name for f in dataclasses.fields(opts)}
-        self.qp.options = dataclasses.replace(  # type: ignore[attr-defined]
-            opts, **{k: v for k, v in values.items() if k in known}
-        )
+        qp = self.qp
+        if isinstance(qp, SoftBackendQP):
+            known = {f.name for f in dataclasses.fields(qp.options)}
+            qp.options = dataclasses.replace(qp.options, **{k: v for k, v in values.items() if k in known})
+        elif isinstance(qp, VerbsBackendQP):
+            vq = qp.verbs
+            known = {f.name for f in dataclasses.fields(vq.options)}
+            vq.options = dataclasses.replace(vq.options, **{k: v for k, v in values.items() if k in known})
 
     def connect(self, *, gid: IPv6Address, qpn: int, psn: int, mtu: int) -> None:
         """RTR and RTS towards the peer the out-of-band exchange described."""
@@ -163,11 +169,11 @@ def pump(
     ``NOTIFY_COMP_ERROR_*`` do; so does `timeout` seconds without progress.
     """
     deadline = time.monotonic() + timeout
-    fd = qps[0].qp.fileno()
+    device_pump = qps[0].dev.pump
+    fd = device_pump.fileno()
     while not done():
-        busy = False
+        busy = device_pump.progress()
         for i, tq in enumerate(qps):
-            busy |= tq.qp.progress()
             for wc in tq.qp.poll(64):
                 busy = True
                 if wc.status is not WcStatus.SUCCESS:
@@ -183,4 +189,7 @@ def pump(
             return
         if now > deadline:
             raise CliError(f"{what}: no progress for {timeout:g} s", status=3)
-        wait_readable(fd, min(0.05, deadline - now))
+        if fd is None:
+            time.sleep(0)  # a pump without a descriptor is polled
+        else:
+            wait_readable(fd, min(0.05, deadline - now))

@@ -99,12 +99,12 @@ class Exchange:
         self.qps: list[TestQp] = []
 
     def _service(self) -> None:
-        for q in self.qps:
-            q.qp.progress()
+        if self.qps:
+            self.qps[0].dev.pump.progress()  # every QP of a run is on one device
 
     def xchg(self, mine: bytes, n: int, what: str, timeout: float | None = None) -> bytes:
         t = self.timeout if timeout is None else timeout
-        fd = self.qps[0].qp.fileno() if self.qps else -1
+        fd = (self.qps[0].dev.pump.fileno() or -1) if self.qps else -1
         service = self._service if self.qps else None
         if self.client:
             self.stream.send(mine)

@@ -123,7 +123,7 @@ def _run(a: argparse.Namespace, dev: BackendDevice) -> int:
         mine = PingpongDest(lid=0, qpn=tq.qpn, psn=tq.psn, gid=tq.gid)
         _print_dest("local", mine)
         t = oob_timeout()
-        service_fd = tq.qp.fileno()
+        service_fd = tq.dev.pump.fileno() or -1
         if a.server is not None:
             with OobStream.connect(a.server, a.port, t) as s:
                 s.send(mine.encode())
@@ -134,7 +134,7 @@ def _run(a: argparse.Namespace, dev: BackendDevice) -> int:
                 rem = PingpongDest.decode(s.recv_exact(PINGPONG_MSG_LEN, t, "the client's address"))
                 tq.connect(gid=rem.gid, qpn=rem.qpn, psn=rem.psn, mtu=a.mtu)
                 s.send(mine.encode())
-                got = s.recv_exact(len(DONE), t, '"done"', tq.qp.progress, service_fd)
+                got = s.recv_exact(len(DONE), t, '"done"', tq.dev.pump.progress, service_fd)
                 if got != DONE:
                     raise CliError(f'the client sent {got!r} where rc_pingpong sends "done"')
         _print_dest("remote", rem)
