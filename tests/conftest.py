@@ -17,7 +17,14 @@ def _next_ip() -> str:
     return f"127.{100 + os.getpid() % 100}.{(_WORKER_NO * 8 + n // 250) % 256}.{1 + n % 250}"
 
 
-@pytest.fixture
-def new_ip() -> Callable[[], str]:
-    """Returns a function that gives a fresh loopback address at each call."""
+@pytest.fixture(scope="session")
+def ip_source() -> Callable[[], str]:
+    """`new_ip` for fixtures of a wider scope. Never import ``_next_ip``: a second copy of
+    this module would count from 1 again and hand out addresses already in use."""
     return _next_ip
+
+
+@pytest.fixture
+def new_ip(ip_source: Callable[[], str]) -> Callable[[], str]:
+    """Returns a function that gives a fresh loopback address at each call."""
+    return ip_source

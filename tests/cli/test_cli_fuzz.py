@@ -248,10 +248,8 @@ def check(name: str, argv: list[str], status: int, err: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def ips() -> list[str]:
-    from tests.conftest import _next_ip
-
-    return [_next_ip() for _ in range(3)]
+def ips(ip_source: Callable[[], str]) -> list[str]:
+    return [ip_source() for _ in range(3)]
 
 
 @pytest.mark.timeout(900)
