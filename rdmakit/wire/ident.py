@@ -92,6 +92,9 @@ IDENT_WINDOW = 1024
 #: How fast the window widens while the sender is quiet: the kernel's jump is
 #: below the jiffies that passed, at most 1000 per second.
 IDENT_IDLE_RATE = 1000.0
+#: One ID the window does not cover is believed per this many seconds per sender:
+#: the kernel's counter is shared by all its traffic to us, and jumps now and then.
+JUMP_INTERVAL = 1.0
 #: Solver runs per second one sender may cause, and the burst it may save up.
 SOLVE_RATE = 1000.0
 SOLVE_BURST = 32
@@ -111,16 +114,19 @@ class IdentWindow:
     ``IDENT_WINDOW`` plus ``IDENT_IDLE_RATE`` times the seconds since its last
     packet (2^-22 for a busy sender); before its first packet is known, 2^-16.
     An ID that jumped further (a long loss burst, another flow sharing the
-    kernel's counter) is remembered, and the sender is followed again from
-    the next packet that lies in the window after it: one packet is lost, and
-    retransmitted.
+    kernel's counter) is believed once per ``JUMP_INTERVAL``, so a corrupted
+    packet gets through that way with probability at most 2^-16 per second
+    and sender, however many arrive. A further jump within the interval is
+    remembered, and the sender is followed again from the next packet that
+    lies in the window after it: one packet is lost, and retransmitted.
     """
 
-    __slots__ = ("_at", "_last", "_pending", "_stamp", "_tokens")
+    __slots__ = ("_at", "_jumped", "_last", "_pending", "_stamp", "_tokens")
 
     def __init__(self, now: float) -> None:
         self._last: int | None = None
         self._at = now
+        self._jumped = float("-inf")  # when a jump past the window was last believed
         self._pending: int | None = None
         self._tokens = float(SOLVE_BURST)
         self._stamp = now
@@ -156,8 +162,10 @@ class IdentWindow:
             if not 0 < (ident - last) & 0xFFFF <= width:
                 pending = self._pending
                 if pending is None or not 0 < (ident - pending) & 0xFFFF <= IDENT_WINDOW:
-                    self._pending = ident
-                    return False
+                    if now - self._jumped < JUMP_INTERVAL:
+                        self._pending = ident
+                        return False
+                    self._jumped = now
         self._last = ident
         self._pending = None
         self._at = now

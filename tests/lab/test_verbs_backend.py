@@ -41,7 +41,9 @@ def _backend() -> Any:
 @pytest.fixture
 def doca_dev() -> Iterator[Any]:
     from rdmakit.doca import Dev, find_devinfo
+    from rdmakit.doca.verbs_glue import install
 
+    install()  # idempotent; another lab module may have taken the provider away again
     with Dev.open(find_devinfo(NAME)) as dev:
         yield dev
 

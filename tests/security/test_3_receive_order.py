@@ -19,7 +19,14 @@ import pytest
 
 from rdmakit.transport import fastpath
 from rdmakit.wire import Opcode, Packet
-from rdmakit.wire.ident import IDENT_IDLE_RATE, IDENT_WINDOW, SOLVE_BURST, SOLVE_RATE, IdentWindow
+from rdmakit.wire.ident import (
+    IDENT_IDLE_RATE,
+    IDENT_WINDOW,
+    JUMP_INTERVAL,
+    SOLVE_BURST,
+    SOLVE_RATE,
+    IdentWindow,
+)
 
 from .hostile import Pair, SolverCalls, connected_pair, datagram, spoil, stale_write
 
@@ -165,11 +172,13 @@ def test_a_solved_id_far_from_the_senders_last_is_refused(pair: Pair) -> None:
     for ident in (500, 501, 502):
         k.send(ident)
     assert (c.icrc_solved, c.bad_icrc) == (3, 0)
-    k.send(502 + 30_000)  # its ICRC checks with an ID, but one 30,000 past the last
-    assert (c.icrc_solved, c.bad_icrc) == (3, 1)
-    assert c.solved_out_of_window == 1
-    k.send(503)  # the sender goes on where it was
+    k.send(502 + 30_000)  # a jump past the window: believed, once per JUMP_INTERVAL
+    assert (c.icrc_solved, c.bad_icrc) == (4, 0)
+    k.send(502 + 60_000)  # another at once: its ICRC checks with an ID the sender cannot have used now
     assert (c.icrc_solved, c.bad_icrc) == (4, 1)
+    assert c.solved_out_of_window == 1
+    k.send(503 + 30_000)  # the sender goes on where it was
+    assert (c.icrc_solved, c.bad_icrc) == (5, 1)
     p.transfer(50_000)
 
 
@@ -184,20 +193,25 @@ def test_the_ident_window_believes_exactly_the_window() -> None:
         n = 0
         for ident in range(0x10000):
             t = IdentWindow(0.0)
-            t.accept(0xFFF0, 0.0)
+            t.accept(0x7FF0, 0.0)
+            assert t.accept(0xFFF0, 0.0)  # a jump past the window: this interval's one is spent
             n += t.accept(ident, now)
         return n
 
     assert believed(0.0) == IDENT_WINDOW  # residual false accept: 2^-16 * 1024 / 2^16 = 2^-22
-    assert believed(2.0) == IDENT_WINDOW + int(2.0 * IDENT_IDLE_RATE)  # the kernel's jump after idling
+    half = JUMP_INTERVAL / 2
+    assert believed(half) == IDENT_WINDOW + int(half * IDENT_IDLE_RATE)  # the kernel's jump after idling
     t = IdentWindow(0.0)
     t.accept(100, 0.0)
     assert t.accept(100 + IDENT_WINDOW, 0.0)
-    assert not t.accept(100 + 3 * IDENT_WINDOW, 0.0)
-    assert t.last == 100 + IDENT_WINDOW
-    # A jump the window does not cover is remembered: the sender's next packet resumes it.
-    assert t.accept(100 + 3 * IDENT_WINDOW + 2, 0.0)
-    assert t.next() == 100 + 3 * IDENT_WINDOW + 3
+    assert t.accept(100 + 3 * IDENT_WINDOW, 0.0)  # one jump past the window per JUMP_INTERVAL
+    assert not t.accept(100 + 5 * IDENT_WINDOW, 0.0)  # a second one within it is not believed
+    assert t.last == 100 + 3 * IDENT_WINDOW
+    # A jump refused is remembered: the sender's next packet resumes it.
+    assert t.accept(100 + 5 * IDENT_WINDOW + 2, 0.0)
+    assert t.next() == 100 + 5 * IDENT_WINDOW + 3
+    assert not t.accept(100 + 9 * IDENT_WINDOW, 0.0)
+    assert t.accept(100 + 12 * IDENT_WINDOW, JUMP_INTERVAL)  # the next interval: one more
 
 
 def test_the_solver_bucket_refills_at_its_rate() -> None:
