@@ -223,24 +223,9 @@ def run_bw(
         r = rem[i]
         if verb == "send":
             base = SendWR(wr_id=0, opcode=WrOpcode.SEND, sg_list=sge, signaled=False)
-        elif verb == "write":
-            base = SendWR(
-                wr_id=0,
-                opcode=WrOpcode.RDMA_WRITE,
-                sg_list=sge,
-                remote_addr=r.vaddr,
-                rkey=r.rkey,
-                signaled=False,
-            )
-        elif verb == "read":
-            base = SendWR(
-                wr_id=0,
-                opcode=WrOpcode.RDMA_READ,
-                sg_list=sge,
-                remote_addr=r.vaddr,
-                rkey=r.rkey,
-                signaled=False,
-            )
+        elif verb in ("write", "read"):
+            op = WrOpcode.RDMA_WRITE if verb == "write" else WrOpcode.RDMA_READ
+            base = SendWR(wr_id=0, opcode=op, sg_list=sge, remote_addr=r.vaddr, rkey=r.rkey, signaled=False)
         elif p.atomic_cas:
             base = SendWR(
                 wr_id=0, opcode=WrOpcode.ATOMIC_CMP_AND_SWP, sg_list=sge, remote_addr=r.vaddr, rkey=r.rkey,
