@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 from rdmakit.engine import Access, CompletionQueue
 from rdmakit.transport import fastpath
-from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
+from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.wire import RETH, Opcode, Packet, encode, icrc_ipv4, pack_icrc, unpack_icrc
 
 BASE = f"127.{random.Random().randrange(150, 250)}.{random.Random().randrange(256)}"

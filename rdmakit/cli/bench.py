@@ -43,8 +43,10 @@ from typing import Any, TextIO
 from rdmakit.cli.common import CliError, add_general_flags, float_in, int_in, run
 from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, SendWR, WcStatus, WrOpcode
 from rdmakit.transport import baseline, fastpath
-from rdmakit.transport.device import Endpoint, SoftDevice, TransportName, connect_qp, local_endpoint
+from rdmakit.transport.connect import Endpoint, connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
+from rdmakit.transport.port import TransportName
 from rdmakit.transport.udp import UdpLink
 
 MiB = 1 << 20

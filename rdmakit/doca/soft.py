@@ -42,16 +42,10 @@ from rdmakit.engine import (
     SendWR,
 )
 from rdmakit.engine.types import SGE
-from rdmakit.transport.device import (
-    ConnectOptions,
-    Endpoint,
-    SoftDevice,
-    TransportName,
-    connect_qp,
-    init_qp,
-    local_endpoint,
-)
+from rdmakit.transport.connect import ConnectOptions, Endpoint, connect_qp, init_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
+from rdmakit.transport.port import TransportName
 from rdmakit.wire import PSN_MASK, ROCE_UDP_PORT
 
 __all__ = ["SOFT_CAPS", "SoftBackendDevice", "SoftBackendQP", "soft_devinfo"]

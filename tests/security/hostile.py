@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rdmakit.engine import SGE, Access, Completion, CompletionQueue, QueuePair, SendWR, WcStatus, WrOpcode
-from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
+from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 from rdmakit.wire import RETH, Opcode, Packet, encode, icrc_ipv4, pack_icrc, unpack_icrc
 

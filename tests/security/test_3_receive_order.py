@@ -64,8 +64,8 @@ def test_unknown_qpn_wrong_source_and_bad_tver_never_reach_the_icrc(
     p, n = pair, 40
     solver = SolverCalls(monkeypatch)
     counted = None
-    if p.b._native is not None:
-        counted = p.b._native = _CountedNative(p.b._native)
+    if p.b.udp_port._native is not None:
+        counted = p.b.udp_port._native = _CountedNative(p.b.udp_port._native)
     b_addr = (p.b.ip, p.b.port)
     with (
         socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer,

@@ -17,7 +17,8 @@ import sys
 import time
 
 from rdmakit.engine import SGE, Access, CompletionQueue, RecvWR, WcStatus
-from rdmakit.transport.device import Endpoint, SoftDevice, connect_qp, init_qp, local_endpoint
+from rdmakit.transport.connect import Endpoint, connect_qp, init_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 
 MEM = 8 << 20

@@ -17,8 +17,10 @@ import pytest
 from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, RecvWR, SendWR, WcStatus, WrOpcode
 from rdmakit.engine import qp as qp_mod
 from rdmakit.transport import fastpath
-from rdmakit.transport.device import PeerAddress, SoftDevice, connect_qp, local_endpoint
+from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
+from rdmakit.transport.port import PeerAddress
 from rdmakit.wire import AETH, RETH, Opcode, Packet, encode, icrc_ipv4, pack_icrc
 
 needs_native = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
@@ -56,14 +58,14 @@ def test_udp_send_is_byte_identical_to_the_generic_encoder(
     pkts.append(Packet(Opcode.RDMA_WRITE_MIDDLE, 5, 1, se=True, payload=mem[:1024]))  # not the engine's shape
     pkts.append(Packet(Opcode.RDMA_WRITE_LAST, 5, 2, payload=mem[:1021]))  # pad
     pkts.append(Packet(Opcode.ACKNOWLEDGE, 5, 3, aeth=AETH(0x1F, 9)))
-    dev._send_udp(pkts, peer)
+    dev.udp_port._send_udp(pkts, peer)
     got: list[tuple[bytes, int]] = []
     for data, seg, count in sent:
         datagrams = [data[i : i + seg] for i in range(0, len(data), seg)]
         assert len(datagrams) == count
         got += [(d, k) for k, d in enumerate(datagrams)]
     assert len(got) == len(pkts)
-    src, dst = dev._local, bytes(map(int, peer.ip.split(".")))
+    src, dst = dev.udp_port._local, bytes(map(int, peer.ip.split(".")))
     for pkt, (data, k) in zip(pkts, got, strict=True):
         body = encode(pkt)
         assert data == body + pack_icrc(icrc_ipv4(src, dst, dev.port, peer.port, body, ident=k))

@@ -13,7 +13,8 @@ import pytest
 
 from rdmakit.engine import SGE, Access, Completion, CompletionQueue, QpState, SendWR, WcStatus, WrOpcode
 from rdmakit.transport import fastpath
-from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
+from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 from rdmakit.transport.udp import UdpLink
 from rdmakit.wire import icrc_ipv4, pack_icrc
@@ -130,7 +131,7 @@ class KernelIds:
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         link, real_send = self.dev.udp, UdpLink.send
-        self.dev._native = None  # every packet through UdpLink.send
+        self.dev.udp_port._native = None  # every packet through UdpLink.send
         assert link is not None
         assert not link.gso
 
@@ -206,11 +207,11 @@ def test_a_packet_with_a_bad_icrc_is_dropped_and_the_transfer_completes(
         return real_send(self, parts, addr)
 
     monkeypatch.setattr(UdpLink, "send", corrupt_fifth)
-    if a._native is not None:
+    if a.udp_port._native is not None:
         # The native sender leaves packet 5 to the per-packet path (as when the
         # socket fills), so that it passes the hook above; the receiver's native
         # reader meets the bad ICRC as it would any other.
-        a._native = _SendFourNatively(a._native, sent)
+        a.udp_port._native = _SendFourNatively(a.udp_port._native, sent)
     wc, src, dst = _write(a, b, drv, 20 * 4096)
     assert wc.status is WcStatus.SUCCESS
     assert dst == src

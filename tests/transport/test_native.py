@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from rdmakit.transport import fastpath
-from rdmakit.transport.device import PeerAddress, SoftDevice
+from rdmakit.transport.device import SoftDevice
+from rdmakit.transport.port import PeerAddress
 from rdmakit.transport.udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
 from rdmakit.wire import IcrcFlow, Opcode, Packet, Train, encode, icrc_ipv4, pack_icrc
 
@@ -76,16 +77,16 @@ def test_send_train_is_byte_identical_to_the_generic_encoder(
 ) -> None:
     sink = _sink(new_ip())
     dev = SoftDevice(new_ip(), port=0, gso=gso)
-    assert dev._native is not None
+    assert dev.udp_port._native is not None
     peer = PeerAddress(sink.getsockname()[0], sink.getsockname()[1])
     rng = random.Random(mtu)
     n = 150  # several GSO batches and a short tail; PSN wraps; AckReq every 66th from the 5th
     mem = memoryview(bytearray(rng.randbytes(n * mtu)))
     train = Train(Opcode.RDMA_WRITE_MIDDLE, 0xABCDEF, 0xFFFFFF - 70, n, mem, mtu, 5, 66)
-    dev._send_udp([train], peer)
+    dev.udp_port._send_udp([train], peer)
     size = 12 + mtu + 4
     per = min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size) if dev.udp and dev.udp.gso else 1
-    src, dst = dev._local, bytes(map(int, peer.ip.split(".")))
+    src, dst = dev.udp_port._local, bytes(map(int, peer.ip.split(".")))
     for j, pkt in enumerate(train.packets()):
         data = sink.recv(65536)
         body = encode(pkt)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from rdmakit.engine import SGE, Access, Completion, CompletionQueue, SendWR, WcOpcode, WcStatus, WrOpcode
-from rdmakit.transport.device import Endpoint, SoftDevice, connect_qp, local_endpoint
+from rdmakit.transport.connect import Endpoint, connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 
 PEER = Path(__file__).with_name("peer.py")
