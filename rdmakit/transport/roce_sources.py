@@ -10,11 +10,11 @@ not for a source seen to use our IDs, and at most ``MAX_RX_FLOWS`` sources
 and ``MAX_IDENT_PEERS`` kernel senders are remembered.
 """
 
-from types import ModuleType
-
-from rdmakit.wire import ICRC_LEN, IcrcFlow, Packet, WireError, decode, unpack_icrc
+from rdmakit.wire import ICRC_LEN, IcrcFlow, Packet, unpack_icrc
 from rdmakit.wire.ident import IdentWindow, solve_ident_diff
 
+from .codec import SegmentCodec
+from .fastpath import PYTHON
 from .port import DeviceCounters, addr_bytes
 
 #: passed the header checks (a QP connected to that address) get any.
@@ -44,12 +44,13 @@ class RxFlow:
 class RxSources:
     """The receive state of each source (address, port) and IPv4-ID window of each address."""
 
-    def __init__(self, local_ip: str, port: int, counters: DeviceCounters, native: ModuleType | None) -> None:
+    def __init__(self, local_ip: str, port: int, counters: DeviceCounters) -> None:
         self._local = addr_bytes(local_ip)
         self._v6 = len(self._local) == 16
         self._port = port
         self.counters = counters
-        self._native = native
+        #: The port's segment codec (``UdpPort.codec`` sets it).
+        self.codec: SegmentCodec = PYTHON
         #: Receive state per source (ip, port), at most ``MAX_RX_FLOWS`` (oldest dropped).
         self.flows: dict[tuple[str, int], RxFlow] = {}
         #: The IPv4 IDs of kernel senders per source ip, at most ``MAX_IDENT_PEERS``.
@@ -69,17 +70,8 @@ class RxSources:
 
     def _checked_with(self, rx: RxFlow, seg: memoryview, ident: int) -> Packet | None:
         """The segment decoded if its ICRC checks with IPv4 ID ``ident`` (its header passed), else None."""
-        fast = self._native
-        if fast is not None:
-            got = fast.check_decode(seg, ident, rx.states, rx.icrc)
-            return got if type(got) is Packet else None
-        end = len(seg) - ICRC_LEN
-        if rx.icrc.icrc_seg(ident, seg[:end]) != unpack_icrc(seg):
-            return None
-        try:
-            return decode(seg[:end])
-        except WireError:
-            return None
+        got = self.codec.check_decode(seg, ident, rx.states, rx.icrc)
+        return got if type(got) is Packet else None
 
     def other_ident(self, rx: RxFlow, seg: memoryview, idx: int, src_ip: str, now: float) -> Packet | None:
         """Segment ``idx``'s ICRC does not check with IPv4 ID ``idx``: the IDs other senders use.

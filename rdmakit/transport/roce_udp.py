@@ -14,7 +14,6 @@ import errno
 import os
 import struct
 from collections.abc import Callable
-from types import ModuleType
 
 from rdmakit.engine import EngineError, QueuePair
 from rdmakit.wire import (
@@ -28,10 +27,12 @@ from rdmakit.wire import (
     WireError,
     crc32,
     decode,
-    encode_headers,
 )
 
 from . import fastpath
+from .codec import SegmentCodec
+from .codec_py import headers
+from .fastpath import PYTHON
 from .port import DeviceCounters, PeerAddress, addr_bytes
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
@@ -43,11 +44,6 @@ _BTH = struct.Struct(">BBHII")
 _ICRC = struct.Struct("<I")
 _PADS = (b"", b"\0", b"\0\0", b"\0\0\0")
 _U24 = 0xFFFFFF
-#: PadCnt (BTH byte 1 bits 5:4) for a payload length mod 4.
-_PADCNT_BITS = (0x00, 0x30, 0x20, 0x10)
-#: Packet fields se .. ieth of a MIDDLE packet as the engine makes them.
-_PLAIN_MIDDLE = (False, False, 0xFFFF, False, False, None, None, None, None, None, None)
-_MASK_BYTE4 = 0xFF000000
 _WOULD_BLOCK = frozenset((errno.EAGAIN, errno.EWOULDBLOCK))
 
 
@@ -72,14 +68,24 @@ class UdpPort:
         self.verify_icrc = verify_icrc
         self._local = addr_bytes(ip)
         self._v6 = len(self._local) == 16
-        #: The native data plane (runs of MIDDLE packets in bulk); None: pure Python.
-        self._native: ModuleType | None = fastpath.native if bulk else None
+        #: Runs of MIDDLE packets in bulk (``send_train``, ``place_run``); else packet by packet.
+        self._runs = bulk
+        self.sources = RxSources(ip, self.port, counters)
+        #: The segment codec (``fastpath.CODEC``; the Python reference without ``bulk``).
+        self.codec = fastpath.CODEC if bulk else PYTHON
         #: A run the last read ended inside: (QP, opcode, source ip, source port, ICRC flow).
         self._hot: tuple[QueuePair, int, str, int, IcrcFlow] | None = None
         self._backlog: list[tuple[list[Payload], int, int, tuple[str, int]]] = []
-        self.sources = RxSources(ip, self.port, counters, self._native)
         #: ICRC header states per destination (ip, port).
         self._tx_flows: dict[tuple[str, int], IcrcFlow] = {}
+
+    @property
+    def codec(self) -> SegmentCodec:
+        return self._codec
+
+    @codec.setter
+    def codec(self, codec: SegmentCodec) -> None:
+        self._codec = self.sources.codec = codec
 
     def forget(self, qp: QueuePair) -> None:
         pass  # the receive state is per source, not per QP
@@ -134,9 +140,9 @@ class UdpPort:
     def _receive_hot(self, hot: tuple[QueuePair, int, str, int, IcrcFlow], now: float, max_reads: int) -> int:
         """Reads done by the native run reader (0: nothing to read); -1: the run is over, read plainly."""
         qp, op, src_ip, sport, flow = hot
-        fast, link = self._native, self.link
-        assert fast is not None
-        assert link is not None
+        link = self.link
+        recv_runs = self.codec.recv_runs
+        assert recv_runs is not None
         run = qp.rx_run(op) if self._qps.get(qp.qpn) is qp else None
         r = qp.remote
         if run is None or type(r) is not PeerAddress or r.ip != src_ip:
@@ -144,7 +150,7 @@ class UdpPort:
             return -1
         psn, mem, off, most, mtu = run
         size = mtu + BTH_LEN + ICRC_LEN
-        placed, last_ack, reads, datagrams, gro, err, pending = fast.recv_runs(
+        placed, last_ack, reads, datagrams, gro, err, pending = recv_runs(
             link.fileno(), link.view, self._v6, (src_ip, sport), flow.seg_states(size, GSO_MAX_SEGMENTS),
             op, qp.qpn, psn, mtu, mem, off, most, max_reads,
         )  # fmt: skip
@@ -196,11 +202,11 @@ class UdpPort:
             return
         link = self.link
         view = link.view
-        verify, qps, fast = self.verify_icrc, self._qps, self._native
-        unpack_bth, pack_bth, unpack_ic = _BTH.unpack_from, _BTH.pack, _ICRC.unpack_from
+        verify, qps, codec = self.verify_icrc, self._qps, self.codec
+        runs, hot = self._runs, self._runs and codec.recv_runs is not None
+        unpack_bth = _BTH.unpack_from
         rx: RxFlow | None = None
         ours = False  # a segment checked with our IPv4 IDs
-        pkt: Packet | None
         nsegs = (nbytes + segsize - 1) // segsize
         while k < nsegs:
             idx = k
@@ -211,8 +217,7 @@ class UdpPort:
             if n < BTH_LEN + ICRC_LEN:
                 c.malformed += 1
                 continue
-            end = n - ICRC_LEN
-            op, b1, pkey, w1, w2 = unpack_bth(seg)
+            op, _b1, _pkey, w1, _w2 = unpack_bth(seg)
             qp = qps.get(w1 & _U24)
             if qp is None:
                 c.unknown_qp += 1
@@ -222,7 +227,7 @@ class UdpPort:
                 continue
             if not verify:
                 try:
-                    pkt = decode(seg[:end])
+                    pkt = decode(seg[: n - ICRC_LEN])
                 except WireError:
                     c.malformed += 1
                     continue
@@ -232,68 +237,46 @@ class UdpPort:
                 rx = self.sources.flows.get((src_ip, sport))
                 if rx is None:
                     rx = self.sources.flow(src_ip, sport)
-            if fast is not None:
-                if op in MIDDLE_OPCODES:
-                    # A run of in-order MIDDLE packets: checked (header, then ICRC)
-                    # and placed in one native call; the first that needs more stops it.
-                    run = qp.rx_run(op)
-                    if run is not None and n == run[4] + BTH_LEN + ICRC_LEN:
-                        got_n, last_ack = fast.place_run(
-                            view, nbytes, segsize, idx, rx.icrc.seg_states(n, nsegs), op, qp.qpn,
-                            run[0], run[4], run[1], run[2], run[3],
-                        )  # fmt: skip
-                        if got_n:
-                            qp.rx_run_done(op, got_n, last_ack, now)
-                            c.icrc_ok += got_n
-                            ours = True
-                            k = idx + got_n
-                            if k >= nsegs and got_n < run[3]:
-                                self._hot = (qp, op, src_ip, sport, rx.icrc)
-                            continue
-                # One native call: the header checks, then the ICRC, then decode.
-                got = fast.check_decode(seg, idx, rx.states, rx.icrc)
+            if runs and op in MIDDLE_OPCODES:
+                # A run of in-order MIDDLE packets: checked (header, then ICRC)
+                # and placed in one call; the first that needs more stops it.
+                run = qp.rx_run(op)
+                if run is not None and n == run[4] + BTH_LEN + ICRC_LEN:
+                    got_n, last_ack = codec.place_run(
+                        view, nbytes, segsize, idx, rx.icrc.seg_states(n, nsegs), op, qp.qpn,
+                        run[0], run[4], run[1], run[2], run[3],
+                    )  # fmt: skip
+                    if got_n:
+                        qp.rx_run_done(op, got_n, last_ack, now)
+                        c.icrc_ok += got_n
+                        ours = True
+                        k = idx + got_n
+                        if hot and k >= nsegs and got_n < run[3]:
+                            self._hot = (qp, op, src_ip, sport, rx.icrc)
+                        continue
+            # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx), then decode.
+            got = codec.check_decode(seg, idx, rx.states, rx.icrc)
+            if type(got) is Packet:
+                c.icrc_ok += 1
+                ours = True
+                qp.receive(got, now)
+                continue
+            if got and codec is not PYTHON:
+                got = PYTHON.check_decode(seg, idx, rx.states, rx.icrc)  # the reference says why
                 if type(got) is Packet:
                     c.icrc_ok += 1
                     ours = True
                     qp.receive(got, now)
                     continue
-                if not got:  # 0: the header is good, its ICRC does not check with IPv4 ID idx
-                    pkt = self.sources.other_ident(rx, seg, idx, src_ip, now)
-                    if pkt is None:
-                        c.bad_icrc += 1
-                    else:
-                        qp.receive(pkt, now)
-                    continue
-                # 1: the header checks failed; the Python codec says why.
-            # BTH only, TVer 0, no pad, whole words: what decode takes for a MIDDLE.
-            middle = op in MIDDLE_OPCODES and not b1 & 0x3F and not n & 3
-            pkt = None
-            if not middle:
-                try:
-                    pkt = decode(seg[:end])
-                except WireError:
-                    c.malformed += 1
-                    continue
-            # ICRC (Annex A17.3.3) of GSO segment idx: IPv4 ID idx, BTH byte 4 masked.
-            st = rx.states.get(n | idx << 16)
-            if st is None:
-                st = rx.icrc.state(n, idx)
-            ic = crc32(seg[BTH_LEN:end], crc32(pack_bth(op, b1, pkey, w1 | _MASK_BYTE4, w2), st))
-            if ic == unpack_ic(seg, end)[0]:
-                c.icrc_ok += 1
-                ours = True
-                if pkt is None:
-                    if pkey & 0x7FFF == 0x7FFF and qp.receive_middle(
-                        op, w2 & _U24, w2 >= 0x80000000, seg[BTH_LEN:end], now
-                    ):
-                        continue
-                    pkt = decode(seg[:end])
+            if got:  # 1: the header is refused
+                c.malformed += 1
+                continue
+            # 0: the header is good, its ICRC does not check with IPv4 ID idx
+            other = self.sources.other_ident(rx, seg, idx, src_ip, now)
+            if other is None:
+                c.bad_icrc += 1
             else:
-                pkt = self.sources.other_ident(rx, seg, idx, src_ip, now)
-                if pkt is None:
-                    c.bad_icrc += 1
-                    continue
-            qp.receive(pkt, now)
+                qp.receive(other, now)
         if ours and rx is not None and not rx.kernel:
             rx.ours = OURS_STRIKES
 
@@ -302,7 +285,7 @@ class UdpPort:
         busy = False
         if self._backlog and not self._flush_backlog():
             return True
-        trains = self._native is not None  # UDP only: TCP sends packets
+        trains = self._runs
         for qp in self._qps.values():
             if not qp.may_transmit():
                 continue
@@ -336,10 +319,9 @@ class UdpPort:
         flow = self._tx_flows.get(addr)
         if flow is None:
             flow = self._tx_flow(remote)
-        fast = self._native
-        if fast is not None and len(pkts) == 1 and type(pkt := pkts[0]) is Packet and not self._backlog:
-            # A single packet (a small operation's request or response): one native call.
-            err = fast.send_packet(link.fileno(), addr, self._v6, pkt, flow.states, flow)
+        if self._runs and len(pkts) == 1 and type(pkt := pkts[0]) is Packet and not self._backlog:
+            # A single packet (a small operation's request or response): one codec call.
+            err = self.codec.send_packet(link.sock, addr, pkt, flow.states, flow)
             if err >= 0 and err not in _WOULD_BLOCK:
                 lc = link.counters
                 lc.datagrams_out += 1  # as UdpLink.send: a send error is a lost packet
@@ -347,13 +329,13 @@ class UdpPort:
                 if err:
                     link.record_error(OSError(err, os.strerror(err)))
                 return
-            # -1 (the Python encoder says what is wrong) or a full socket (queued below)
+            # -1 (encode_headers says what is wrong) or a full socket (queued below)
         states = flow.states
         gso = link.gso
         parts: list[Payload] = []
         seg = count = total = 0
         send: Callable[[list[Payload], int, int], None] = self._send_or_queue(addr)
-        pack_ic, pack_bth = _ICRC.pack, _BTH.pack
+        pack_ic = _ICRC.pack
         for pkt in pkts:
             if type(pkt) is Train:
                 if count:
@@ -364,22 +346,10 @@ class UdpPort:
                     self._send_udp(rest, remote)
                 continue
             assert type(pkt) is Packet
-            op = pkt[0]
             pl = pkt[15]
             plen = len(pl)
             pad = _PADS[-plen & 3]
-            if op in MIDDLE_OPCODES and pkt[4:15] == _PLAIN_MIDDLE and pkt[1] <= _U24 and pkt[2] <= _U24:
-                # The bulk of a message: the BTH alone (IBTA §9.2), packed as
-                # encode_headers() would (tests/transport prove them equal).
-                w2 = pkt[2] | 0x80000000 if pkt[3] else pkt[2]
-                b1 = _PADCNT_BITS[plen & 3]
-                hdr = pack_bth(op, b1, 0xFFFF, pkt[1], w2)
-                masked = pack_bth(op, b1, 0xFFFF, pkt[1] | _MASK_BYTE4, w2)
-            else:
-                hdr = encode_headers(pkt)
-                m = bytearray(hdr)
-                m[4] = 0xFF  # FECN, BECN, resv6 (Annex A17.3.3)
-                masked = bytes(m)
+            hdr, masked = headers(pkt)
             size = len(hdr) + plen + len(pad) + ICRC_LEN
             if count and (not gso or size > seg or count >= GSO_MAX_SEGMENTS or total + size > GSO_MAX_BYTES):
                 send(parts, seg, count)
@@ -409,22 +379,21 @@ class UdpPort:
             send(parts, seg, count)
 
     def _send_train(self, train: Train, flow: IcrcFlow, addr: tuple[str, int]) -> list[Packet]:
-        """Send a run of MIDDLE packets natively; what could not be sent is returned as packets.
+        """Send a run of MIDDLE packets in one codec call; what could not be sent is returned as packets.
 
         Behind a backlog, or when the socket fills or refuses, the rest goes the
         per-packet way (which queues it in order, or counts the error).
         """
         link = self.link
-        fast = self._native
-        if fast is None or self._backlog:
+        if self._backlog:
             return train.packets()
         size = BTH_LEN + train.mtu + ICRC_LEN
         gso = link.gso
         per = min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size) if gso else 1
         total = train.npkts
         states = flow.seg_states(size, min(per, total))
-        sent, err = fast.send_train(
-            link.fileno(), addr, self._v6, gso, train.opcode, train.dest_qp, train.psn, total,
+        sent, err = self.codec.send_train(
+            link.sock, addr, gso, train.opcode, train.dest_qp, train.psn, total,
             train.payload, train.mtu, train.ack_first, train.ack_every, states,
         )  # fmt: skip
         lc = link.counters

@@ -41,7 +41,7 @@ def pair(new_ip: Callable[[], str], request: pytest.FixtureRequest) -> Iterator[
 
 
 class _CountedNative:
-    """The native module, counting ``check_decode`` calls (where the native path computes ICRCs)."""
+    """A segment codec, counting ``check_decode`` calls (where ICRCs are computed, one at a time)."""
 
     def __init__(self, native: Any) -> None:
         self.native, self.check_decode_calls = native, 0
@@ -63,9 +63,10 @@ def test_unknown_qpn_wrong_source_and_bad_tver_never_reach_the_icrc(
 ) -> None:
     p, n = pair, 40
     solver = SolverCalls(monkeypatch)
-    counted = None
-    if p.b.udp_port._native is not None:
-        counted = p.b.udp_port._native = _CountedNative(p.b.udp_port._native)
+    port = p.b.udp_port
+    assert port is not None
+    counted = _CountedNative(port.codec)
+    port.codec = counted  # type: ignore[assignment]
     b_addr = (p.b.ip, p.b.port)
     with (
         socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer,
@@ -89,8 +90,7 @@ def test_unknown_qpn_wrong_source_and_bad_tver_never_reach_the_icrc(
     assert (c.unknown_qp, c.wrong_source, c.malformed) == (n, n, n)
     assert c.bad_icrc == c.icrc_ok == c.icrc_solved == 0  # no ICRC was looked at
     assert solver.count == 0
-    if counted is not None:
-        assert counted.check_decode_calls == n  # only the TVer ones, which it refused before the ICRC
+    assert counted.check_decode_calls == n  # only the TVer ones, which it refused before the ICRC
     p.transfer(100_000)
 
 

@@ -131,7 +131,9 @@ class KernelIds:
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         link, real_send = self.dev.udp, UdpLink.send
-        self.dev.udp_port._native = None  # every packet through UdpLink.send
+        port = self.dev.udp_port
+        assert port is not None
+        port._runs, port.codec = False, fastpath.PYTHON  # every packet through UdpLink.send
         assert link is not None
         assert not link.gso
 
@@ -167,8 +169,8 @@ def test_a_peer_with_its_own_ip_ids_is_verified_by_solving_for_the_id(
     assert 1 <= c.solver_runs <= 1 + len(kernel.jumps)
 
 
-class _SendFourNatively:
-    """The native module, but its first ``send_train`` stops after 4 packets in all."""
+class _SendFour:
+    """A segment codec, but its first ``send_train`` stops after 4 packets in all."""
 
     def __init__(self, native: Any, sent: list[int]) -> None:
         self.native, self.sent, self.cut = native, sent, True
@@ -178,9 +180,9 @@ class _SendFourNatively:
 
     def send_train(self, *args: Any) -> tuple[int, int]:
         args_l = list(args)
-        if self.cut and self.sent[0] + args_l[7] >= 5:
+        if self.cut and self.sent[0] + args_l[6] >= 5:
             self.cut = False
-            args_l[7] = 4 - self.sent[0]  # packets 1-4 (counting from 1)
+            args_l[6] = 4 - self.sent[0]  # packets 1-4 (counting from 1)
             done, _ = self.native.send_train(*args_l)
             self.sent[0] += done
             return done, errno.EAGAIN
@@ -207,11 +209,12 @@ def test_a_packet_with_a_bad_icrc_is_dropped_and_the_transfer_completes(
         return real_send(self, parts, addr)
 
     monkeypatch.setattr(UdpLink, "send", corrupt_fifth)
-    if a.udp_port._native is not None:
-        # The native sender leaves packet 5 to the per-packet path (as when the
-        # socket fills), so that it passes the hook above; the receiver's native
-        # reader meets the bad ICRC as it would any other.
-        a.udp_port._native = _SendFourNatively(a.udp_port._native, sent)
+    port = a.udp_port
+    assert port is not None
+    # The train sender leaves packet 5 to the per-packet path (as when the
+    # socket fills), so that it passes the hook above; the receiver's run
+    # reader meets the bad ICRC as it would any other.
+    port.codec = _SendFour(port.codec, sent)  # type: ignore[assignment]
     wc, src, dst = _write(a, b, drv, 20 * 4096)
     assert wc.status is WcStatus.SUCCESS
     assert dst == src

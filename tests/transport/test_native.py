@@ -77,7 +77,8 @@ def test_send_train_is_byte_identical_to_the_generic_encoder(
 ) -> None:
     sink = _sink(new_ip())
     dev = SoftDevice(new_ip(), port=0, gso=gso)
-    assert dev.udp_port._native is not None
+    assert dev.udp_port is not None
+    assert dev.udp_port.codec is fastpath.NATIVE
     peer = PeerAddress(sink.getsockname()[0], sink.getsockname()[1])
     rng = random.Random(mtu)
     n = 150  # several GSO batches and a short tail; PSN wraps; AckReq every 66th from the 5th
