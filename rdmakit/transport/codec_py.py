@@ -71,12 +71,12 @@ class PythonCodec:
     ) -> int:
         try:
             hdr, masked = headers(pkt)
-        except WireError:
-            return -1
-        pl = pkt[15]
-        pad = _PADS[-len(pl) & 3]
-        size = len(hdr) + len(pl) + len(pad) + ICRC_LEN
-        ic = crc32(pad, crc32(pl, crc32(masked, _state(states, flow, size, 0))))
+            pl = pkt[15]
+            pad = _PADS[-len(pl) & 3]
+            size = len(hdr) + len(pl) + len(pad) + ICRC_LEN
+            ic = crc32(pad, crc32(pl, crc32(masked, _state(states, flow, size, 0))))
+        except (WireError, IndexError, TypeError):
+            return -1  # not an encodable packet: encode_headers says why
         try:
             sock.sendmsg((hdr, pl, pad + _ICRC.pack(ic)), (), 0, addr)
         except InterruptedError:
