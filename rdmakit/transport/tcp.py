@@ -66,6 +66,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from rdmakit.transport.tuning import direct_lowat, set_rcvlowat, tune_stream_sender
 from rdmakit.wire import BTH_LEN, FRAME_HEADER, Packet, encode_headers, max_frame_body, pad_bytes
 
 PREFACE_MAGIC = b"RDMAKIT\x02"
@@ -88,8 +89,6 @@ STALL_TIMEOUT = 10.0
 #: The read buffer of an authenticated stream.
 READ_BUFFER = 4 << 20
 _IOV_MAX = 512
-#: Send buffer of outgoing streams.
-_BUF = 32 << 20
 _U32 = struct.Struct(">I")
 _U24 = 0xFFFFFF
 #: Bytes of a frame (length and BTH) up to and including the destination QPN.
@@ -114,8 +113,6 @@ def _ip_str(b: bytes) -> str:
 DIRECT_MIN = 64 << 10
 #: Bytes of a frame's body that must be in before the placer is asked (all RC headers fit).
 _PEEK = 64
-#: Most bytes a direct read waits for before the stream counts as readable (SO_RCVLOWAT).
-_LOWAT_MAX = 256 << 10
 
 
 @dataclass(slots=True)
@@ -342,8 +339,7 @@ class TcpLink:
         if s is not None and not s.dead:
             return s
         sock = socket.socket(self.family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUF)
+        tune_stream_sender(sock)
         sock.bind((self.ip, 0))  # the peer checks the stream comes from the address it claims
         sock.setblocking(False)
         err = sock.connect_ex((route.ip, route.port))
@@ -600,7 +596,7 @@ class TcpLink:
             except (BlockingIOError, InterruptedError):
                 # Wake the reader only once a good part of the rest is in (one
                 # system call here saves many rounds of the pump meanwhile).
-                low = min(len(target) - d.filled, _LOWAT_MAX)
+                low = direct_lowat(len(target) - d.filled)
                 if low != d.lowat:
                     self._lowat(s, low)
                     d.lowat = low
@@ -620,8 +616,7 @@ class TcpLink:
 
     @staticmethod
     def _lowat(s: _Stream, n: int) -> None:
-        with contextlib.suppress(OSError):
-            s.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
+        set_rcvlowat(s.sock, n)
 
     def _read(self, s: _Stream) -> list[memoryview | Placed]:
         """Read what is there of an authenticated stream and return the whole frames it completes.
