@@ -9,6 +9,7 @@ event, then epoll).
 
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -30,7 +31,9 @@ EVERY = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.R
 
 
 def rss_bytes() -> int:
-    """This process's resident set (``/proc/self/statm``; 0 where there is none)."""
+    """This process's resident set (``/proc/self/statm``; 0 where there is none), after a collection
+    (what earlier runs left for the collector must not count against the next)."""
+    gc.collect()
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

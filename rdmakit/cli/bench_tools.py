@@ -152,13 +152,13 @@ class CTools:
             self._failed("iperf3")
         return v
 
-    def sockperf(self, size: int, secs: float = 1.0, timeout: float = 60.0) -> float | None:
+    def sockperf(self, size: int, secs: int = 1, timeout: float = 60.0) -> float | None:
         """Median round trip in seconds of a blocking UDP ping-pong (``size`` bytes, at least 14)."""
         if not self.have("sockperf"):
             return None
         port = free_port(self.b)
         client = ["sockperf", "ping-pong", "-i", self.b, "-p", str(port), "--client_ip", self.a]
-        client += ["-m", str(max(size, SOCKPERF_MIN)), "-t", f"{secs:g}", "--full-rtt"]
+        client += ["-m", str(max(size, SOCKPERF_MIN)), "-t", str(max(1, secs)), "--full-rtt"]
         out = _pair(["sockperf", "server", "-i", self.b, "-p", str(port)], client, timeout)
         v = parse_sockperf(out) if out is not None else None
         if v is None:
