@@ -128,14 +128,14 @@ def headline(m: Measure, args: argparse.Namespace, rep: Report) -> None:
     add("rtt_read_poll", "RDMA READ 8 B round trip, polling", "µs", rtt(WrOpcode.RDMA_READ), **common)
     add(
         "rtt_fadd_poll",
-        "ATOMIC FETCH_ADD round trip, polling",
+        "ATOMIC FETCH_ADD 8 B round trip, polling",
         "µs",
         rtt(WrOpcode.ATOMIC_FETCH_AND_ADD, compare_add=1),
         **common,
     )
     add(
         "rtt_cswap_poll",
-        "ATOMIC CMP_SWP round trip, polling",
+        "ATOMIC CMP_SWP 8 B round trip, polling",
         "µs",
         rtt(WrOpcode.ATOMIC_CMP_AND_SWP),
         **common,

@@ -17,10 +17,11 @@ installed, or whose run fails, gives no figure (None) and one line saying why.
 
 import re
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+
+from rdmakit.transport.baseline import free_port
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _FLOAT = r"([0-9]+(?:\.[0-9]+)?)"
@@ -87,33 +88,44 @@ def _count(text: str) -> int:
     return int(float(text.rstrip("kKmMgG")) * mult)
 
 
-def free_port(ip: str) -> int:
-    """A TCP/UDP port number nothing is bound to on ``ip`` now."""
-    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(fam, socket.SOCK_STREAM) as s:
-        s.bind((ip, 0))
-        return int(s.getsockname()[1])
+#: Seconds a client keeps retrying while its server starts.
+SERVER_START = 5.0
 
 
-def _pair(server: Sequence[str], client: Sequence[str], timeout: float) -> str | None:
-    """Run ``server`` in the background and ``client`` to the end; the client's output."""
+def _pair(
+    server: Sequence[str], client: Sequence[str], timeout: float, parse: Callable[[str], float | None]
+) -> tuple[float | None, str]:
+    """Run ``server`` in the background and ``client`` to the end: the figure ``parse`` finds in
+    the client's output, or None and why not. The client is retried while the server starts up
+    (a client that found no server may still exit 0: iperf3 -J does)."""
     srv = subprocess.Popen(server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(3):  # the server may not be listening yet: the client retries
+        give_up = time.monotonic() + SERVER_START
+        while True:
             try:
                 out = subprocess.run(client, capture_output=True, text=True, timeout=timeout, check=False)
             except subprocess.TimeoutExpired:
-                return None
-            if out.returncode == 0:
-                return out.stdout
-            if srv.poll() is not None:
-                break
-            time.sleep(0.2)
-        return None
+                return None, f"no result within {timeout:g} s"
+            v = parse(out.stdout)
+            if v is not None:
+                return v, ""
+            why = _why(out.stdout, out.stderr, out.returncode)
+            if srv.poll() is not None or time.monotonic() > give_up:
+                return None, why
+            time.sleep(0.25)
     finally:
         if srv.poll() is None:
             srv.kill()
         srv.wait()
+
+
+def _why(stdout: str, stderr: str, status: int) -> str:
+    """The reason a client gave (iperf3's JSON ``error``, else its last line)."""
+    m = re.search(r'"error":\s*"([^"]*)"', stdout)
+    if m:
+        return m.group(1)[:200]
+    lines = (stderr or stdout).strip().splitlines()
+    return lines[-1][:200] if lines else f"exit status {status}, no figure in its output"
 
 
 class CTools:
@@ -134,22 +146,22 @@ class CTools:
             self.say(f"{tool} is not installed: no C baseline from it (scripts/install-bench-deps.sh)")
         return False
 
-    def _failed(self, what: str) -> None:
-        self.say(f"{what} did not run to the end: no C baseline from it")
+    def _failed(self, what: str, why: str) -> None:
+        self.say(f"{what} did not run to the end ({why}): no C baseline from it")
 
     def iperf3(self, total: int, chunk: int, timeout: float = 120.0) -> float | None:
         """Bytes per second of one TCP stream of ``total`` bytes, ``chunk`` bytes per write."""
         if not self.have("iperf3"):
             return None
         port = free_port(self.b)
-        out = _pair(
+        v, why = _pair(
             ["iperf3", "-s", "-1", "-B", self.b, "-p", str(port)],
             ["iperf3", "-c", self.b, "-B", self.a, "-p", str(port), "-n", str(total), "-l", str(chunk), "-J"],
             timeout,
+            parse_iperf3,
         )
-        v = parse_iperf3(out) if out is not None else None
         if v is None:
-            self._failed("iperf3")
+            self._failed("iperf3", why)
         return v
 
     def sockperf(self, size: int, secs: int = 1, timeout: float = 60.0) -> float | None:
@@ -159,10 +171,9 @@ class CTools:
         port = free_port(self.b)
         client = ["sockperf", "ping-pong", "-i", self.b, "-p", str(port), "--client_ip", self.a]
         client += ["-m", str(max(size, SOCKPERF_MIN)), "-t", str(max(1, secs)), "--full-rtt"]
-        out = _pair(["sockperf", "server", "-i", self.b, "-p", str(port)], client, timeout)
-        v = parse_sockperf(out) if out is not None else None
+        v, why = _pair(["sockperf", "server", "-i", self.b, "-p", str(port)], client, timeout, parse_sockperf)
         if v is None:
-            self._failed("sockperf")
+            self._failed("sockperf", why)
             return None
         return v * 1e-6
 
@@ -174,9 +185,9 @@ class CTools:
         port = str(free_port(self.b))
         common = ["-p", "tcp", "-e", "msg", "-S", str(size), "-I", str(iterations)]
         server = ["fi_pingpong", *common, "-B", port]
-        out = _pair(server, ["fi_pingpong", *common, "-P", port, self.b], timeout)
-        v = parse_fi_pingpong(out, size) if out is not None else None
+        client = ["fi_pingpong", *common, "-P", port, self.b]
+        v, why = _pair(server, client, timeout, lambda text: parse_fi_pingpong(text, size))
         if v is None:
-            self._failed("fi_pingpong")
+            self._failed("fi_pingpong", why)
             return None
         return v * 1e-6

@@ -44,6 +44,13 @@ def _family(ip: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in ip else socket.AF_INET
 
 
+def free_port(ip: str) -> int:
+    """A port number nothing is bound to on ``ip`` now (for a tool that wants one given)."""
+    with socket.socket(_family(ip), socket.SOCK_STREAM) as s:
+        s.bind((ip, 0))
+        return int(s.getsockname()[1])
+
+
 # -- waiting with a spin policy ------------------------------------------------------------
 
 

@@ -66,7 +66,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from rdmakit.transport.tuning import direct_lowat, set_rcvlowat, tune_stream_sender
+from rdmakit.transport.tuning import STREAM_SEND_BUFFER, direct_lowat, set_rcvlowat, tune_stream_sender
 from rdmakit.wire import BTH_LEN, FRAME_HEADER, Packet, encode_headers, max_frame_body, pad_bytes
 
 PREFACE_MAGIC = b"RDMAKIT\x02"
@@ -89,6 +89,8 @@ STALL_TIMEOUT = 10.0
 #: The read buffer of an authenticated stream.
 READ_BUFFER = 4 << 20
 _IOV_MAX = 512
+#: Send buffer of outgoing streams (`rdmakit.transport.tuning`; the tests shrink it).
+_BUF = STREAM_SEND_BUFFER
 _U32 = struct.Struct(">I")
 _U24 = 0xFFFFFF
 #: Bytes of a frame (length and BTH) up to and including the destination QPN.
@@ -339,7 +341,7 @@ class TcpLink:
         if s is not None and not s.dead:
             return s
         sock = socket.socket(self.family, socket.SOCK_STREAM)
-        tune_stream_sender(sock)
+        tune_stream_sender(sock, _BUF)
         sock.bind((self.ip, 0))  # the peer checks the stream comes from the address it claims
         sock.setblocking(False)
         err = sock.connect_ex((route.ip, route.port))

@@ -17,10 +17,10 @@ STREAM_SEND_BUFFER = 32 << 20
 RCVLOWAT_MAX = 256 << 10
 
 
-def tune_stream_sender(sock: socket.socket) -> None:
+def tune_stream_sender(sock: socket.socket, send_buffer: int = STREAM_SEND_BUFFER) -> None:
     """A sending stream's options: ``TCP_NODELAY`` and a large ``SO_SNDBUF``."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
 
 
 def direct_lowat(remaining: int) -> int:
