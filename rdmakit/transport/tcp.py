@@ -61,6 +61,7 @@ import select
 import socket
 from collections.abc import Iterator, Sequence
 
+from rdmakit.transport.tuning import STREAM_SEND_BUFFER, tune_stream_sender
 from rdmakit.wire import FRAME_HEADER, Packet, encode_headers, max_frame_body, pad_bytes
 
 from .tcp_limits import (
@@ -84,8 +85,8 @@ from .tcp_limits import (
 from .tcp_stream import Grant, Stream, failure, read_frames
 
 _IOV_MAX = 512
-#: Send buffer of outgoing streams.
-_BUF = 32 << 20
+#: Send buffer of outgoing streams (`rdmakit.transport.tuning`; the tests shrink it).
+_BUF = STREAM_SEND_BUFFER
 
 
 class TcpLink:
@@ -191,8 +192,7 @@ class TcpLink:
         if s is not None and not s.dead:
             return s
         sock = socket.socket(self.family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUF)
+        tune_stream_sender(sock, _BUF)
         sock.bind((self.ip, 0))  # the peer checks the stream comes from the address it claims
         sock.setblocking(False)
         err = sock.connect_ex((route.ip, route.port))

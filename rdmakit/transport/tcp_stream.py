@@ -8,7 +8,6 @@ receives a large frame's payload straight into place when the placer gives it
 a home.
 """
 
-import contextlib
 import errno
 import os
 import secrets
@@ -16,6 +15,7 @@ import socket
 import struct
 from collections import deque
 
+from rdmakit.transport.tuning import direct_lowat, set_rcvlowat
 from rdmakit.wire import BTH_LEN, FRAME_HEADER
 
 from .tcp_limits import DIRECT_MIN, PREFACE_LEN, SECRET_LEN, Addr, Placed, Placer, Route, TcpCounters
@@ -26,8 +26,6 @@ _U24 = 0xFFFFFF
 _QPN_END = FRAME_HEADER.size + 8
 #: Bytes of a frame's body that must be in before the placer is asked (all RC headers fit).
 _PEEK = 64
-#: Most bytes a direct read waits for before the stream counts as readable (SO_RCVLOWAT).
-_LOWAT_MAX = 256 << 10
 
 
 class Direct:
@@ -111,7 +109,7 @@ def read_direct(s: Stream, d: Direct) -> Placed | None:
         except (BlockingIOError, InterruptedError):
             # Wake the reader only once a good part of the rest is in (one
             # system call here saves many rounds of the pump meanwhile).
-            low = min(len(target) - d.filled, _LOWAT_MAX)
+            low = direct_lowat(len(target) - d.filled)
             if low != d.lowat:
                 _lowat(s, low)
                 d.lowat = low
@@ -130,8 +128,7 @@ def read_direct(s: Stream, d: Direct) -> Placed | None:
 
 
 def _lowat(s: Stream, n: int) -> None:
-    with contextlib.suppress(OSError):
-        s.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
+    set_rcvlowat(s.sock, n)
 
 
 def read_frames(s: Stream, place: Placer | None, c: TcpCounters) -> list[memoryview | Placed]:
