@@ -40,7 +40,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from rdmakit.cli.common import CliError, add_general_flags, float_in, int_in, run
+from rdmakit.cli.errors import CliError
+from rdmakit.cli.lifecycle import run
+from rdmakit.cli.options import add_general_flags, float_in, int_in
 from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, SendWR, WcStatus, WrOpcode
 from rdmakit.transport import baseline, fastpath
 from rdmakit.transport.device import Endpoint, SoftDevice, TransportName, connect_qp, local_endpoint

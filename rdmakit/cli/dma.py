@@ -62,16 +62,11 @@ from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any, TextIO
 
-from rdmakit.cli.common import (
-    TIMEOUT,
-    CliError,
-    add_foreign_flag,
-    add_general_flags,
-    foreign_allowed,
-    publish,
-    run,
-    wait_for_file,
-)
+from rdmakit.cli.errors import CliError
+from rdmakit.cli.lifecycle import run
+from rdmakit.cli.options import TIMEOUT, add_foreign_flag, add_general_flags, foreign_allowed
+from rdmakit.cli.publishing import publish
+from rdmakit.cli.status_files import wait_for_file
 from rdmakit.doca import (
     AccessFlag,
     Buf,
