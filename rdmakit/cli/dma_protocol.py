@@ -249,6 +249,8 @@ _EXPECTED = {
 #: A message from the side whose turn it is not: what the other side is doing meanwhile.
 _MEANWHILE = {
     State.START: "before the host's request",
+    State.ASKED_TO_DPU: "before the DPU's answer",
+    State.ASKED_FROM_DPU: "before the DPU's answer",
     State.ANSWERED_TO_DPU: "before the host's export",
     State.ANSWERED_FROM_DPU: "before the host's export",
     State.COPYING_TO_DPU: "during the copy",
