@@ -254,17 +254,8 @@ def _host_flow(
         return 0
     copied, _ = link.recv(Copied, bar)
     bar.done()
-    got = link.digest(memory.buf if memory else None, "verify")
-    if got != copied.sha256:
-        raise CliError(f"checksum mismatch: the DPU sent sha256 {copied.sha256}, {path} has {got}")
-    log.info("checksum verified; writing %s", path)
-    dest.commit()
-    try:
-        link.send(Status(ok=True))
-    except DocaError as exc:
-        log.warning("the copy is complete, but the DPU did not hear so: %s", exc)
-    print(f"dma-copy: {size} bytes DPU -> host, sha256 {got}")
-    return 0
+    view = memory.buf if memory else None
+    return _verify_and_commit(link, dest, view, copied.sha256, path, f"{size} bytes DPU -> host", copy=path)
 
 
 def _dpu(args: argparse.Namespace, dev: Dev, stack: ExitStack, size: int | None) -> int:
@@ -357,16 +348,26 @@ def _dpu_flow(args: argparse.Namespace, dev: Dev, stack: ExitStack, link: Link, 
         link.recv(Status)
         print(f"dma-copy: {size} bytes DPU -> host, sha256 {digest}")
         return 0
-    got = link.digest(local.buf if local else None, "verify")
-    if got != export.sha256:
-        raise CliError(f"checksum mismatch: the host sent sha256 {export.sha256}, the copy has {got}")
+    view = local.buf if local else None
+    return _verify_and_commit(
+        link, dest, view, export.sha256, path, f"{size} bytes host -> DPU", copy="the copy"
+    )
+
+
+def _verify_and_commit(
+    link: Link, dest: Destination, view: memoryview | None, sent: str, path: str, what: str, *, copy: str
+) -> int:
+    """The receiving side's end: the copy in `view` has the sha256 the peer `sent`; link it in, say ok."""
+    got = link.digest(view, "verify")
+    if got != sent:
+        raise CliError(f"checksum mismatch: the {link.peer} sent sha256 {sent}, {copy} has {got}")
     log.info("checksum verified; writing %s", path)
     dest.commit()
     try:
         link.send(Status(ok=True))
     except DocaError as exc:
-        log.warning("the copy is complete, but the host did not hear so: %s", exc)
-    print(f"dma-copy: {size} bytes host -> DPU, sha256 {got}")
+        log.warning("the copy is complete, but the %s did not hear so: %s", link.peer, exc)
+    print(f"dma-copy: {what}, sha256 {got}")
     return 0
 
 
