@@ -39,7 +39,9 @@ from rdmakit.cli.bench_measure import Measure, MiB, c_median
 from rdmakit.cli.bench_peer import Child, serve
 from rdmakit.cli.bench_rows import HEADER, Report, Row, failures, sample
 from rdmakit.cli.bench_tools import CTools
-from rdmakit.cli.common import CliError, add_general_flags, float_in, int_in, run
+from rdmakit.cli.errors import CliError
+from rdmakit.cli.lifecycle import run
+from rdmakit.cli.options import add_general_flags, float_in, int_in
 from rdmakit.engine import WrOpcode
 from rdmakit.transport import fastpath
 

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from rdmakit.cli.common import CliError
+from rdmakit.cli.errors import CliError
 from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, SendWR, WcStatus, WrOpcode
 from rdmakit.transport import baseline
 from rdmakit.transport.connect import Endpoint, connect_qp, local_endpoint

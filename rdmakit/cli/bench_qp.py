@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from ipaddress import IPv6Address
 
-from rdmakit.cli.common import CliError
+from rdmakit.cli.errors import CliError
 from rdmakit.doca import DocaError, DocaErrorCode
 from rdmakit.doca.backend import BackendDevice, BackendQP, MemoryRegistration
 from rdmakit.doca.device import find_devinfo

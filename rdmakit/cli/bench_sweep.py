@@ -17,7 +17,7 @@ from typing import Any
 
 from rdmakit.cli.bench_measure import Measure, MiB, c_median
 from rdmakit.cli.bench_rows import Report, Row, sample
-from rdmakit.cli.common import CliError
+from rdmakit.cli.errors import CliError
 from rdmakit.engine import WrOpcode
 
 #: Messages per throughput run at most (fewer when ``--total`` runs out first).

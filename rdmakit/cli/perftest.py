@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rdmakit.cli.bench_qp import TestQp, oob_timeout, open_device
-from rdmakit.cli.common import CliError, run
+from rdmakit.cli.errors import CliError
+from rdmakit.cli.lifecycle import run
 from rdmakit.cli.oob_messages import (
     KEY_MSG_LEN,
     MIN_PEER_VERSION,

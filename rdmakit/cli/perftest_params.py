@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rdmakit.cli.common import CliError
+from rdmakit.cli.errors import CliError
 from rdmakit.cli.oob_messages import (
     ANNOUNCED_VERSION,
 )

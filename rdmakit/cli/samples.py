@@ -23,25 +23,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rdmakit.cli.common import (
-    EXIT_USAGE,
+from rdmakit.cli.errors import EXIT_USAGE, CliError
+from rdmakit.cli.lifecycle import Terminated, run
+from rdmakit.cli.options import (
     TIMEOUT,
     U32,
     U64,
-    CliError,
-    PeerWatch,
-    Run,
-    StatusFile,
-    Terminated,
     add_foreign_flag,
     add_general_flags,
     foreign_allowed,
     int_in,
     log,
-    run,
-    wait_for_descriptor,
 )
 from rdmakit.cli.session import ConnectionBroke, Session
+from rdmakit.cli.status_files import PeerWatch, Run, StatusFile, wait_for_descriptor
 from rdmakit.doca import (
     AccessFlag,
     DocaError,
@@ -74,7 +69,7 @@ DEFAULT_IMMEDIATE = 0xABCD
 class Files:
     """The descriptor files of one side: what it publishes, what it reads, and its peer.
 
-    Published files go through :func:`rdmakit.cli.common.publish` (removed on
+    Published files go through :func:`rdmakit.cli.publishing.publish` (removed on
     any exit) and are listed in this side's status file beside ``-ld``, which
     the peer watches; the peer's status file, beside ``-re``, is watched in
     turn once connected (:class:`PeerWatch`).
@@ -222,7 +217,7 @@ def _wait_done(args: argparse.Namespace, s: Session, job: RdmaRecvJob, mem: byte
     assert isinstance(ev.result, RdmaResult)
     try:
         note = json.loads(bytes(mem[: ev.result.length]))
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise CliError("the requester's completion note is not JSON") from e
     if not isinstance(note, dict):
         raise CliError("the requester's completion note is not a JSON object")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rdmakit.cli.dma import _Unwind
+from rdmakit.cli.lifecycle import Unwind
 from rdmakit.doca import DocaError, DocaErrorCode, SharedMemory
 
 MIB = 1 << 20
@@ -356,7 +356,7 @@ def test_progress_bar_on_a_tty(sides: tuple[Path, Path], service: str) -> None:
 
 
 def _hold_a_view_and_raise(exc: BaseException | None) -> None:
-    with _Unwind() as stack:
+    with Unwind() as stack:
         memory = stack.enter_context(SharedMemory(4096))
         view = memory.buf[:10]  # held by this frame, as a traceback holds it after Ctrl-C
         assert len(view) == 10
