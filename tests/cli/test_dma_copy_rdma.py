@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_dma_copy import MIB, Done, finish, killed_mid_copy, one_line_error, random_file, start
+from tests.cli.dma_copy_util import MIB, Done, finish, killed_mid_copy, one_line_error, random_file, start
 
 PORT = 47391  # with an address of its own per test, the port never collides
 

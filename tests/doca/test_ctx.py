@@ -21,8 +21,7 @@ from rdmakit.doca import (
     SyncEventWaitGtJob,
     WorkQ,
 )
-
-from .util import error_code
+from tests.doca.util import error_code
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

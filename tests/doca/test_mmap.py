@@ -25,9 +25,7 @@ from rdmakit.doca import (
     MmapDescriptor,
     local_devinfo,
 )
-
-from .conftest import MmapFactory
-from .util import error_code
+from tests.doca.util import MmapFactory, error_code
 
 RDMA_RW = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE
 

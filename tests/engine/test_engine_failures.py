@@ -3,7 +3,6 @@
 import random
 
 import pytest
-from engine_harness import ALL_ACCESS, Faults, Pair, fill, make_pair, pump, recv_wr, send_wr
 
 from rdmakit.engine import (
     SGE,
@@ -20,6 +19,8 @@ from rdmakit.engine import (
     rnr_delay,
     transport_timeout,
 )
+from rdmakit.testing.engine import ALL_ACCESS, Pair, fill, make_pair, pump, recv_wr, send_wr
+from rdmakit.testing.faults import Faults
 from rdmakit.wire import AETH, RETH, AtomicETH, NakCode, Opcode, Packet, ack_syndrome, nak_syndrome
 
 S = WcStatus

@@ -9,11 +9,11 @@ reconnected, and a fresh pair still transfers data.
 
 import random
 
-from engine_harness import Pair, fill, make_pair, pump, recv_wr, send_wr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rdmakit.engine import QpState, WcStatus, WrOpcode
+from rdmakit.testing.engine import Pair, fill, make_pair, pump, recv_wr, send_wr
 from rdmakit.wire import AETH, OPCODE_INFO, RETH, AtomicETH, Opcode, Packet, WireError, decode, encode
 
 SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])

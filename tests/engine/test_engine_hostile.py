@@ -11,7 +11,9 @@ distinct original values), compare-and-swap results.
 import random
 
 import pytest
-from engine_harness import Faults, Workload, fill, make_pair
+
+from rdmakit.testing.engine import Workload, fill, make_pair
+from rdmakit.testing.faults import LONG_REORDER, PROFILES, Faults
 
 CI_SEEDS = 200
 SLOW_SEEDS = 2000
@@ -55,15 +57,7 @@ def sweep(seeds: range, faults: Faults, **kw: object) -> None:
             raise
 
 
-CONFIGS = {
-    "clean": Faults(),
-    "loss1": Faults(loss=0.01),
-    "loss10": Faults(loss=0.10),
-    "dup5": Faults(duplicate=0.05),
-    "reorder10": Faults(reorder=0.10),
-    "corrupt": Faults(corrupt=0.05),
-    "all_at_once": Faults(loss=0.2, duplicate=0.1, reorder=0.3, corrupt=0.05, jitter=20e-6),
-}
+CONFIGS = PROFILES
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -73,7 +67,7 @@ def test_hostile_network(name: str) -> None:
 
 SLOW_CONFIGS = {
     **CONFIGS,
-    "long_reorder": Faults(loss=0.05, reorder=0.5, reorder_delay=300e-6),
+    "long_reorder": LONG_REORDER,
 }
 
 

@@ -3,19 +3,10 @@
 import random
 
 import pytest
-from engine_harness import (
-    Captured,
-    Faults,
-    Pair,
-    Workload,
-    fill,
-    make_pair,
-    pump,
-    recv_wr,
-    send_wr,
-)
 
 from rdmakit.engine import SGE, Access, EngineError, QpCaps, WcOpcode, WcStatus, WrOpcode
+from rdmakit.testing.engine import Captured, Pair, Workload, fill, make_pair, pump, recv_wr, send_wr
+from rdmakit.testing.faults import Faults
 from rdmakit.wire import Opcode
 
 MTU = 1024
@@ -347,9 +338,8 @@ def test_msn_counts_messages() -> None:
 
 
 def test_one_cq_for_send_and_receive() -> None:
-    from engine_harness import connect
-
     from rdmakit.engine import CompletionQueue, ProtectionDomain, QueuePair
+    from rdmakit.testing.engine import connect
 
     rng = random.Random(10)
     sides = []

@@ -21,8 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli.perftest_output import PP_BYTES, PP_ITERS, parse_perftest
-from labvm import GUEST_ADDR, HOST_ADDR, REPO, LabGuest, skip_reason
+
+from tests.cli.perftest_output import PP_BYTES, PP_ITERS, parse_perftest
+from tests.lab.labvm import GUEST_ADDR, HOST_ADDR, REPO, LabGuest, skip_reason
 
 HOST = Path(__file__).with_name("perftest_host.py")
 INSTANCE = "perftest-" + os.environ.get("PYTEST_XDIST_WORKER", "main")

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rdmakit.cli.main import build_parser, main
-
-from .nobody import Child, as_nobody
+from tests.security.nobody import Child, as_nobody
 
 # A child that became nobody cannot import modules from root's own Python (under a 0700 home):
 # everything the programs use is imported here, before the fork.

@@ -19,8 +19,7 @@ from rdmakit.transport import tcp
 from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
 from rdmakit.transport.driver import Driver
 from rdmakit.wire import FRAME_HEADER, MAX_FRAME, max_frame_body
-
-from .hostile_tcp import (
+from tests.security.hostile_tcp import (
     A_PSN,
     MEM,
     Pair,

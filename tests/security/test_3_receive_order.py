@@ -27,8 +27,7 @@ from rdmakit.wire.ident import (
     SOLVE_RATE,
     IdentWindow,
 )
-
-from .hostile import Pair, SolverCalls, connected_pair, datagram, spoil, stale_write
+from tests.security.hostile import Pair, SolverCalls, connected_pair, datagram, spoil, stale_write
 
 needs_native = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
 

@@ -17,8 +17,7 @@ from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
 from rdmakit.transport.driver import Driver
 from rdmakit.transport.udp import UdpLink
 from rdmakit.wire import icrc_ipv4, pack_icrc
-
-from .test_two_process import Requester
+from tests.transport.two_process import Requester
 
 needs_native = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
 

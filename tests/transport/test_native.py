@@ -7,7 +7,6 @@ as in-order MIDDLE packets, writing nothing for the first one it refuses.
 
 import os
 import random
-import socket
 import subprocess
 import sys
 import zlib
@@ -20,6 +19,7 @@ from rdmakit.transport import fastpath
 from rdmakit.transport.device import PeerAddress, SoftDevice
 from rdmakit.transport.udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
 from rdmakit.wire import IcrcFlow, Opcode, Packet, Train, encode, icrc_ipv4, pack_icrc
+from tests.transport.sockets import udp_sink
 
 pytestmark = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
 
@@ -61,20 +61,12 @@ def test_crc32_is_zlibs_with_each_instruction_set(env: dict[str, str]) -> None:
         assert int(out.stdout) <= 1
 
 
-def _sink(ip: str) -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    s.bind((ip, 0))
-    s.settimeout(5.0)
-    return s
-
-
 @pytest.mark.parametrize("gso", [True, False])
 @pytest.mark.parametrize("mtu", [256, 1024, 4096])
 def test_send_train_is_byte_identical_to_the_generic_encoder(
     new_ip: Callable[[], str], gso: bool, mtu: int
 ) -> None:
-    sink = _sink(new_ip())
+    sink = udp_sink(new_ip())
     dev = SoftDevice(new_ip(), port=0, gso=gso)
     assert dev._native is not None
     peer = PeerAddress(sink.getsockname()[0], sink.getsockname()[1])

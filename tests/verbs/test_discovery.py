@@ -12,8 +12,7 @@ import pytest
 
 from rdmakit.doca import DevInfo, DocaError, DocaErrorCode, Fault, devinfo_list, verbs_glue
 from rdmakit.verbs import VerbsCaps, VerbsDeviceInfo, VerbsError, buffer_address, discovery, list_devices
-
-from .test_sysfs import RXE, make_device
+from tests.verbs.fake_sysfs import RXE, make_device
 
 _WATCH_IMPORTS = """
 import importlib.machinery, sys

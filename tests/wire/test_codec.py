@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rdmakit.testing.strategies import OPCODES, U8, canonical, packets
 from rdmakit.wire import (
     AETH,
     BTH_LEN,
@@ -37,8 +38,6 @@ from rdmakit.wire import (
     parse_syndrome,
     rnr_syndrome,
 )
-
-from .strategies import OPCODES, U8, canonical, packets
 
 Op = Opcode
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rdmakit.testing.strategies import canonical, packets
 from rdmakit.wire import (
     BTH_LEN,
     ICRC_LEN,
@@ -31,8 +32,6 @@ from rdmakit.wire import (
     parse_syndrome,
     unpack_icrc,
 )
-
-from .strategies import canonical, packets
 
 FUZZ = settings(max_examples=600, deadline=None)
 

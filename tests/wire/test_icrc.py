@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rdmakit.testing.strategies import U8, U16
 from rdmakit.wire import (
     BTH_LEN,
     ICRC_LEN,
@@ -29,8 +30,6 @@ from rdmakit.wire import (
     unpack_icrc,
 )
 from rdmakit.wire import icrc as icrc_mod
-
-from .strategies import U8, U16
 
 ADDR4 = st.binary(min_size=4, max_size=4)
 ADDR6 = st.binary(min_size=16, max_size=16)
