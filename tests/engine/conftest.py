@@ -10,7 +10,8 @@ import pytest
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if "slow" in (config.getoption("markexpr", "") or ""):
         return
-    keep, slow = [], []
+    keep: list[pytest.Item] = []
+    slow: list[pytest.Item] = []
     for item in items:
         engine = "tests/engine" in str(item.path).replace("\\", "/")
         (slow if engine and "slow" in item.keywords else keep).append(item)

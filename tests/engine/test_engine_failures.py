@@ -152,6 +152,7 @@ def test_rnr_wait_follows_the_ibta_table(code: int) -> None:
     pump(a, b, now=1.0)
     assert a.stats.rnr_naks_received == 1
     deadline = a.get_timer()
+    assert deadline is not None
     assert deadline == pytest.approx(1.0 + rnr_delay(code))
     assert a.poll_transmit(deadline - 1e-9) == []  # waits out the RNR timer
     a.handle_timer(deadline)

@@ -9,10 +9,11 @@ distinct original values), compare-and-swap results.
 """
 
 import random
+from typing import Unpack
 
 import pytest
 
-from rdmakit.testing.engine import Workload, fill, make_pair
+from rdmakit.testing.engine import ConnectOptions, Workload, fill, make_pair
 from rdmakit.testing.faults import LONG_REORDER, PROFILES, Faults
 
 CI_SEEDS = 200
@@ -20,11 +21,12 @@ SLOW_SEEDS = 2000
 
 
 def scenario(
-    seed: int, faults: Faults, *, n: int = 12, mtu: int = 256, max_len: int = 700, **conn: object
+    seed: int, faults: Faults, *, n: int = 12, max_len: int = 700, **conn: Unpack[ConnectOptions]
 ) -> float:
     """One bidirectional workload; returns the virtual time it took."""
     half = 1 << max(14, (2 * n * (max_len + 16)).bit_length())
-    p = make_pair(seed, faults, mtu=mtu, mem_size=2 * half, **conn)
+    conn.setdefault("mtu", 256)
+    p = make_pair(seed, faults, mem_size=2 * half, **conn)
     rng = random.Random(seed ^ 0x5EED)
     fill(p.a.mem, rng)
     fill(p.b.mem, rng)
@@ -48,10 +50,15 @@ def scenario(
     return p.net.now
 
 
-def sweep(seeds: range, faults: Faults, **kw: object) -> None:
+class ScenarioOptions(ConnectOptions, total=False):
+    n: int
+    max_len: int
+
+
+def sweep(seeds: range, faults: Faults, **kw: Unpack[ScenarioOptions]) -> None:
     for seed in seeds:
         try:
-            scenario(seed, faults, **kw)  # type: ignore[arg-type]
+            scenario(seed, faults, **kw)
         except BaseException:
             print(f"FAILED seed={seed} faults={faults} {kw}")
             raise
@@ -88,5 +95,5 @@ def test_hostile_network_many_seeds(name: str) -> None:
         ("many_wrs", {"n": 60}),
     ],
 )
-def test_hostile_variants(label: str, kw: dict[str, object]) -> None:
+def test_hostile_variants(label: str, kw: ScenarioOptions) -> None:
     sweep(range(300), Faults(loss=0.1, reorder=0.2, duplicate=0.02), **kw)

@@ -1,13 +1,24 @@
 """Every RC operation end to end, and the requester's packet-level rules."""
 
 import random
+from typing import Unpack
 
 import pytest
 
 from rdmakit.engine import SGE, Access, EngineError, QpCaps, WcOpcode, WcStatus, WrOpcode
-from rdmakit.testing.engine import Captured, Pair, Workload, fill, make_pair, pump, recv_wr, send_wr
+from rdmakit.testing.engine import (
+    Captured,
+    Pair,
+    PairOptions,
+    Workload,
+    fill,
+    make_pair,
+    pump,
+    recv_wr,
+    send_wr,
+)
 from rdmakit.testing.faults import Faults
-from rdmakit.wire import Opcode
+from rdmakit.wire import Opcode, Packet
 
 MTU = 1024
 SIZES = [0, 1, MTU - 1, MTU, MTU + 1, 3 * MTU + 17]
@@ -198,13 +209,13 @@ def test_unsignaled_complete_silently() -> None:
 # -- packet-level rules (IBTA §9.7.1, rxe_req.c) --
 
 
-def direct(seed: int = 1, **conn: object) -> Pair:
+def direct(seed: int = 1, **conn: Unpack[PairOptions]) -> Pair:
     p = make_pair(seed, **conn)
     fill(p.a.mem, random.Random(seed))
     return p
 
 
-def data_packets(cap: Captured, p: Pair) -> list:
+def data_packets(cap: Captured, p: Pair) -> list[Packet]:
     return [pkt for src, pkt in cap if src is p.a.qp]
 
 

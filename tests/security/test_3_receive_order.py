@@ -64,7 +64,8 @@ def test_unknown_qpn_wrong_source_and_bad_tver_never_reach_the_icrc(
     solver = SolverCalls(monkeypatch)
     counted = None
     if p.b._native is not None:
-        counted = p.b._native = _CountedNative(p.b._native)
+        counted = _CountedNative(p.b._native)
+        monkeypatch.setattr(p.b, "_native", counted)
     b_addr = (p.b.ip, p.b.port)
     with (
         socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer,

@@ -74,7 +74,8 @@ def test_send_train_is_byte_identical_to_the_generic_encoder(
     n = 150  # several GSO batches and a short tail; PSN wraps; AckReq every 66th from the 5th
     mem = memoryview(bytearray(rng.randbytes(n * mtu)))
     train = Train(Opcode.RDMA_WRITE_MIDDLE, 0xABCDEF, 0xFFFFFF - 70, n, mem, mtu, 5, 66)
-    dev._send_udp([train], peer)
+    trains: list[Packet | Train] = [train]
+    dev._send_udp(trains, peer)
     size = 12 + mtu + 4
     per = min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size) if dev.udp and dev.udp.gso else 1
     src, dst = dev._local, bytes(map(int, peer.ip.split(".")))
@@ -240,6 +241,11 @@ def test_place_run_rejects_bad_arguments() -> None:
         )
 
 
+#: What the native ``recv_runs`` returns: placed, last AckReq PSN, reads, datagrams, GRO batches,
+#: errno, and the datagram it stopped at, (bytes, segment size, segments, (address, port)), or None.
+RecvRuns = tuple[int, int, int, int, int, int, tuple[int, int, int, tuple[str, int]] | None]
+
+
 class _Stream:
     """WRITE MIDDLE datagrams from a real sender (IPv4 ID 0) to a receiving socket without GRO."""
 
@@ -262,9 +268,9 @@ class _Stream:
         assert link.send([body, pack_icrc(self.flow(link).icrc(body))], (self.rx.ip, self.rx.port))
         return payload
 
-    def recv_runs(self, psn: int, max_count: int = 64, max_reads: int = 64) -> tuple[object, ...]:
+    def recv_runs(self, psn: int, max_count: int = 64, max_reads: int = 64) -> RecvRuns:
         states = self.flow(self.tx).seg_states(12 + self.mtu + 4, 64)
-        got: tuple[object, ...] = fastpath.native.recv_runs(  # type: ignore[union-attr]
+        got: RecvRuns = fastpath.native.recv_runs(  # type: ignore[union-attr]
             self.rx.fileno(), self.rx.view, False, (self.tx.ip, self.tx.port), states, WM, 0x10, psn,
             self.mtu, self.dst, 0, max_count, max_reads,
         )  # fmt: skip
@@ -342,7 +348,7 @@ def test_sizes_that_would_overflow_are_refused_by_every_function(new_ip: Callabl
     assert b.run(max_count=huge) == (12, 7)
     for kw in ({"mtu": huge}, {"mtu": 65508}, {"nbytes": -1}, {"k0": -1}):
         with pytest.raises(ValueError):
-            b.run(**kw)  # type: ignore[arg-type]
+            b.run(**kw)
     buf, states, size = b"".join(b.segs), b.flow.seg_states(len(b.segs[0]), 64), len(b.segs[0])
     for dst_off in (len(b.dst) + 1, huge):
         with pytest.raises(ValueError):

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rdmakit.engine import SGE, Access, Completion, CompletionQueue, SendWR, WcOpcode, WcStatus, WrOpcode
+from rdmakit.testing.engine import until_completions
 from rdmakit.transport.device import Endpoint, SoftDevice, connect_qp, local_endpoint
 from rdmakit.transport.driver import Driver
 
@@ -45,16 +46,27 @@ class Requester:
         connect_qp(self.dev, self.qp, psn, Endpoint(**self.peer["endpoint"]))
         self.next_id = 0
 
-    def post(self, opcode: WrOpcode, length: int, offset: int = 0, **kw: int) -> Completion:
+    def post(
+        self,
+        opcode: WrOpcode,
+        length: int,
+        offset: int = 0,
+        *,
+        remote_offset: int = 0,
+        imm_data: int | None = None,
+        compare_add: int = 0,
+        swap: int = 0,
+    ) -> Completion:
         self.next_id += 1
         wr = SendWR(
             wr_id=self.next_id, opcode=opcode,
             sg_list=(SGE(self.mr.addr + offset, length, self.mr.lkey),) if length else (),
-            remote_addr=self.peer["addr"] + kw.pop("remote_offset", 0), rkey=self.peer["rkey"], **kw,
+            remote_addr=self.peer["addr"] + remote_offset, rkey=self.peer["rkey"], imm_data=imm_data,
+            compare_add=compare_add, swap=swap,
         )  # fmt: skip
         self.qp.post_send(wr)
         got: list[Completion] = []
-        assert self.drv.run_until(lambda: bool(got.extend(self.cq.poll(1)) or got), 30), f"{opcode.name} hung"
+        assert self.drv.run_until(until_completions(self.cq, got), 30), f"{opcode.name} hung"
         return got[0]
 
     def close(self, failed: bool = False) -> tuple[list[dict[str, object]], dict[str, object]]:

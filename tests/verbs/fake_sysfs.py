@@ -5,10 +5,16 @@ from pathlib import Path
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 
+#: A GID table entry: (GID, its type or None, its netdev or None); None leaves the file out.
+GidEntry = tuple[str, str | None, str | None]
+#: Port number -> (its state line, its GID table from index 0).
+Ports = dict[int, tuple[str, list[GidEntry]]]
+
+
 def make_device(
     root: Path,
     name: str,
-    ports: dict[int, tuple[str, list[tuple[str, str | None, str | None]]]],
+    ports: Ports,
     *,
     parent: str | None = None,
     pci: str | None = None,
@@ -43,7 +49,7 @@ def make_device(
 
 
 # rxe0 over ens2 with 10.77.0.2, as the lab guest's kernel 6.1 shows it.
-RXE = {
+RXE: Ports = {
     1: (
         "4: ACTIVE",
         [

@@ -119,7 +119,7 @@ def test_devinfo_of_a_verbs_device() -> None:
 
 def test_glue_provider_lists_what_discovery_finds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(verbs_glue, "list_devices", lambda: [_info()])
-    monkeypatch.setattr(verbs_glue.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     installed_before = verbs_glue._unregister is not None  # rdmakit.doca may install it at import
     assert verbs_glue.install() is True
     try:

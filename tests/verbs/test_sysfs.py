@@ -7,7 +7,7 @@ import pytest
 
 from rdmakit.verbs import VerbsError, scan, select_gid
 from rdmakit.verbs.sysfs import read_device
-from tests.verbs.fake_sysfs import RXE, ZERO, make_device
+from tests.verbs.fake_sysfs import RXE, ZERO, GidEntry, make_device
 
 
 def test_rxe_like_device(tmp_path: Path) -> None:
@@ -24,7 +24,7 @@ def test_rxe_like_device(tmp_path: Path) -> None:
 
 def test_mlx5_like_device_with_roce_v1_and_v2_entries(tmp_path: Path) -> None:
     """A ConnectX lists each address twice, RoCE v1 then v2; its PCI address comes from 'device'."""
-    entries = [
+    entries: list[GidEntry] = [
         ("fe80:0000:0000:0000:0ac0:ebff:fe12:3456", "IB/RoCE v1", "eth0"),
         ("fe80:0000:0000:0000:0ac0:ebff:fe12:3456", "RoCE v2", "eth0"),
         ("0000:0000:0000:0000:0000:ffff:c0a8:0105", "IB/RoCE v1", "eth0"),
@@ -39,7 +39,7 @@ def test_mlx5_like_device_with_roce_v1_and_v2_entries(tmp_path: Path) -> None:
 
 
 def test_global_ipv6_gid_when_there_is_no_ipv4(tmp_path: Path) -> None:
-    entries = [
+    entries: list[GidEntry] = [
         ("fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2", "eth1"),
         ("fd00:0000:0000:0000:0000:0000:0000:0007", "RoCE v2", "eth1"),
     ]
@@ -49,7 +49,7 @@ def test_global_ipv6_gid_when_there_is_no_ipv4(tmp_path: Path) -> None:
 
 
 def test_holes_in_the_table_keep_their_indices(tmp_path: Path) -> None:
-    entries = [
+    entries: list[GidEntry] = [
         ("fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2", "eth1"),
         (ZERO, None, None),
         ("0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2", "eth1"),
@@ -61,8 +61,8 @@ def test_holes_in_the_table_keep_their_indices(tmp_path: Path) -> None:
 
 
 def test_active_port_first_and_explicit_choices(tmp_path: Path) -> None:
-    v4 = [("0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2", "eth0")]
-    v4b = [("0000:0000:0000:0000:0000:ffff:0a00:0002", "RoCE v2", "eth1")]
+    v4: list[GidEntry] = [("0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2", "eth0")]
+    v4b: list[GidEntry] = [("0000:0000:0000:0000:0000:ffff:0a00:0002", "RoCE v2", "eth1")]
     make_device(tmp_path, "mlx5_1", {1: ("1: DOWN", v4), 2: ("4: ACTIVE", v4b)})
     dev = read_device(tmp_path / "class" / "mlx5_1")
     assert select_gid(dev)[0].num == 2
@@ -70,12 +70,12 @@ def test_active_port_first_and_explicit_choices(tmp_path: Path) -> None:
     assert select_gid(dev, port=1, gid_index=0)[1].index == 0
     for kw in ({"port": 3}, {"port": 1, "gid_index": 5}):
         with pytest.raises(VerbsError) as exc:
-            select_gid(dev, **kw)  # type: ignore[arg-type]
+            select_gid(dev, **kw)
         assert exc.value.code == "NOT_FOUND"
 
 
 def test_no_roce_v2_gid_is_not_found(tmp_path: Path) -> None:
-    entries = [("fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1", "eth0")]
+    entries: list[GidEntry] = [("fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1", "eth0")]
     make_device(tmp_path, "old0", {1: ("4: ACTIVE", entries)})
     with pytest.raises(VerbsError) as exc:
         select_gid(read_device(tmp_path / "class" / "old0"))

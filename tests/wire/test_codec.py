@@ -450,7 +450,7 @@ def test_encode_rejects_any_extra_header(pkt: Packet, data: st.DataObject) -> No
     }  # fmt: skip
     field = data.draw(st.sampled_from(sorted(k for k, (on, _) in extra.items() if not on)))
     with pytest.raises(LocalWireError, match="carries no"):
-        encode(pkt._replace(**{field: extra[field][1]}))
+        encode(Packet(**{**pkt._asdict(), field: extra[field][1]}))
 
 
 @given(OPCODES)

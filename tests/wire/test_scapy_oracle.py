@@ -78,7 +78,7 @@ def check_dissection(pkt: Packet, dissected: ScapyPacket) -> None:
     assert bth.ackreq == pkt.ackreq
     assert bth.resv7 == 0
     assert bth.psn == pkt.psn
-    layers = []
+    layers: list[type[ScapyPacket]] = []
     if info.reth:
         assert pkt.reth is not None
         r = dissected[X.RETH]
