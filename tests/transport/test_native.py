@@ -40,25 +40,39 @@ def test_crc32_is_zlibs() -> None:
         crc32("text")  # not a buffer
 
 
-@pytest.mark.parametrize("env", [{}, {"RDMAKIT_NO_VPCLMUL": "1"}], ids=["best", "pclmulqdq"])
-def test_crc32_is_zlibs_with_each_instruction_set(env: dict[str, str]) -> None:
-    """Each SIMD path the CPU offers (the import picks one), in a process of its own."""
-    code = (
-        "import random, zlib\n"
-        "from rdmakit.transport import _fastpath as f\n"
-        "d = random.Random(9).randbytes(9000)\n"
-        "for n in [*range(600), 4096, 4108, 8191]:\n"
-        "    for off in (0, 7):\n"
-        "        for v in (0, 0xFFFFFFFF, 0x1234567):\n"
-        "            assert f.crc32(d[off:off + n], v) == zlib.crc32(d[off:off + n], v), (n, off, v)\n"
-        "print(f.CLMUL)\n"
-    )
-    environ = {k: v for k, v in os.environ.items() if k != "RDMAKIT_NO_VPCLMUL"} | env
+#: The native CRC-32 implementations by ``CLMUL`` level, and the variable that caps the level below.
+_CRC_LEVELS = {2: "VPCLMULQDQ", 1: "PCLMULQDQ", 0: "table"}
+_CRC_CAPS = {2: {}, 1: {"RDMAKIT_NO_VPCLMUL": "1"}, 0: {"RDMAKIT_NO_CLMUL": "1"}}
+_CRC_CHECK = (
+    "import random, zlib\n"
+    "from rdmakit.transport import _fastpath as f\n"
+    "d = random.Random(9).randbytes(9000)\n"
+    "for n in [*range(600), 4096, 4108, 8191]:\n"
+    "    for off in (0, 7):\n"
+    "        for v in (0, 0xFFFFFFFF, 0x1234567):\n"
+    "            assert f.crc32(d[off:off + n], v) == zlib.crc32(d[off:off + n], v), (n, off, v)\n"
+    "print(f.CLMUL)\n"
+)
+
+
+def _crc_in_child(env: dict[str, str]) -> int:
+    """Checks the native crc32 against zlib's in a new process with `env`; returns its ``CLMUL``."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("RDMAKIT_NO_VPCLMUL", "RDMAKIT_NO_CLMUL")}
     out = subprocess.run(
-        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True
+        [sys.executable, "-c", _CRC_CHECK], env=clean | env, capture_output=True, text=True, check=True
     )
-    if env:
-        assert int(out.stdout) <= 1
+    return int(out.stdout)
+
+
+@pytest.mark.parametrize("level", sorted(_CRC_LEVELS, reverse=True), ids=_CRC_LEVELS.get)
+def test_crc32_is_zlibs_with_each_instruction_set(level: int) -> None:
+    """Each CRC-32 implementation of the native module (the import picks one; an environment
+    variable caps it), in a process of its own, against zlib: lengths below and above each
+    folding path's minimum (64 and 256 bytes), unaligned starts and running values."""
+    best = _crc_in_child({})
+    if level > best:
+        pytest.skip(f"this CPU has no {_CRC_LEVELS[level]}")
+    assert _crc_in_child(_CRC_CAPS[level]) == level
 
 
 @pytest.mark.parametrize("gso", [True, False])
