@@ -7,18 +7,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+from tests.processes import WAIT, Done, finish
+
 MIB = 1 << 20
-WAIT = 120  # seconds a test waits for a process before calling it hung
-
-
-@dataclass
-class Done:
-    rc: int
-    out: str
-    err: str
 
 
 def start(cwd: Path, *args: str, stderr: int = subprocess.PIPE) -> subprocess.Popen[str]:
@@ -26,16 +19,6 @@ def start(cwd: Path, *args: str, stderr: int = subprocess.PIPE) -> subprocess.Po
         [sys.executable, "-m", "rdmakit", *args], cwd=cwd, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=stderr, text=True,
     )  # fmt: skip
-
-
-def finish(proc: subprocess.Popen[str]) -> Done:
-    try:
-        out, err = proc.communicate(timeout=WAIT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"hung: {proc.args!r}\n{err}") from None
-    return Done(proc.returncode, out, err or "")
 
 
 def one_line_error(done: Done) -> str:

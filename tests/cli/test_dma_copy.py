@@ -18,16 +18,8 @@ import pytest
 
 from rdmakit.cli.dma import _Unwind
 from rdmakit.doca import DocaError, DocaErrorCode, SharedMemory
-from tests.cli.dma_copy_util import (
-    MIB,
-    Done,
-    finish,
-    killed_mid_copy,
-    one_line_error,
-    random_file,
-    start,
-    wait_for_line,
-)
+from tests.cli.dma_copy_util import MIB, killed_mid_copy, one_line_error, random_file, start, wait_for_line
+from tests.processes import Done, finish
 
 
 @pytest.fixture
