@@ -18,7 +18,8 @@ there is one, else ``PYTHON``, the reference in
 
 Its CRC-32 folds 256 bits at a time with VPCLMULQDQ where the CPU has it and
 AVX2, else 128 bits with PCLMULQDQ, else uses tables (``native.CLMUL``: 2, 1,
-0). ``RDMAKIT_NO_VPCLMUL=1`` (any value) keeps it to PCLMULQDQ.
+0). ``RDMAKIT_NO_VPCLMUL=1`` (any value) keeps it to PCLMULQDQ and
+``RDMAKIT_NO_CLMUL=1`` to the tables (read once, at import).
 """
 
 import os

@@ -93,7 +93,7 @@ def test_target_bounds() -> None:
 
 
 def test_json_row_schema() -> None:
-    rows = {}
+    rows: dict[str, Row] = {}
     raw = Row("udp_raw_in", "raw B→A", "MB/s", [100.0, 120.0, 110.0])
     read = Row("udp_read", "READ", "MB/s", [95.0, 99.0, 80.0], baseline=raw.value, baseline_name=raw.name)
     for r in (raw, read):

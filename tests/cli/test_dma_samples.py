@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-WAIT = 120
+from tests.processes import finish
 
 
 def rdmakit(cwd: Path, *args: str) -> subprocess.Popen[str]:
@@ -18,16 +18,6 @@ def rdmakit(cwd: Path, *args: str) -> subprocess.Popen[str]:
         [sys.executable, "-m", "rdmakit", *args], cwd=cwd, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-
-
-def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=WAIT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"hung: {proc.args!r}\n{err}") from None
-    return proc.returncode, out, err
 
 
 @pytest.fixture

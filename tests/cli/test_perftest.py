@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from .perftest_output import PP_ADDR, PP_BYTES, PP_ITERS, parse_perftest
+from tests.cli.perftest_output import PP_ADDR, PP_BYTES, PP_ITERS, parse_perftest
 
 
 def free_port() -> int:

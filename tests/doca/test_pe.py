@@ -8,8 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from rdmakit.doca import Dev, Dma, DocaErrorCode, ProgressEngine, WorkQ, local_devinfo, thread_engine
-
-from .util import error_code
+from tests.doca.util import error_code
 
 
 class FakePump:

@@ -1,7 +1,4 @@
-"""Engine tests: ``@pytest.mark.slow`` sweeps run only when selected (``-m slow``).
-
-Without a ``-m`` expression that mentions ``slow``, they are deselected (the
-run reports them as such), not skipped: nothing about them was tried.
+"""The engine's seeded sweeps (marker ``slow``; deselection is in ``tests/conftest.py``).
 
 ``RDMAKIT_SLOW_SAMPLE=K`` (with ``-m slow``) runs each sweep on ``K`` of its
 seeds, drawn by a fixed seed (``RDMAKIT_SLOW_SAMPLE_SEED``, default 1) from
@@ -13,19 +10,8 @@ with a line counting the seeded runs that passed.
 import os
 
 import pytest
-from engine_harness import SeedSample
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if "slow" in (config.getoption("markexpr", "") or ""):
-        return
-    keep, slow = [], []
-    for item in items:
-        engine = "tests/engine" in str(item.path).replace("\\", "/")
-        (slow if engine and "slow" in item.keywords else keep).append(item)
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = keep
+from tests.engine.seeds import SeedSample
 
 
 @pytest.fixture
@@ -44,7 +30,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # Runs where the reports arrive: the only process, or xdist's controller.
     if report.when != "call" or not report.passed:
         return
-    runs = sum(int(v) for k, v in report.user_properties if k == "seeded_runs")
+    runs = sum(v for k, v in report.user_properties if k == "seeded_runs" and isinstance(v, int))
     if runs:
         _totals["runs"] += runs
         _totals["tests"] += 1

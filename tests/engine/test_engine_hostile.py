@@ -13,22 +13,15 @@ The ``slow`` sweeps take their seeds through the ``seed_sample`` fixture
 
 import random
 from collections.abc import Iterable, Sequence
+from typing import Unpack
 
 import pytest
-from engine_harness import (
-    Faults,
-    Pair,
-    SeedSample,
-    Workload,
-    WrOpcode,
-    connect,
-    fill,
-    make_pair,
-    make_side,
-)
 
-from rdmakit.engine import QpCaps
+from rdmakit.engine import QpCaps, WrOpcode
+from rdmakit.testing.engine import ConnectOptions, Pair, Workload, connect, fill, make_pair, make_side
+from rdmakit.testing.faults import LONG_REORDER, PROFILES, Faults
 from rdmakit.transport.simnet import SimNet
+from tests.engine.seeds import SeedSample
 
 CI_SEEDS = 200
 SLOW_SEEDS = 2000
@@ -43,19 +36,19 @@ def scenario(
     faults: Faults,
     *,
     n: int = 12,
-    mtu: int = 256,
     max_len: int = 700,
     ops: tuple[WrOpcode, ...] = tuple(WrOpcode),
     bulk: bool = False,
     partitions: Sequence[tuple[float, float]] = (),
-    **conn: object,
+    **conn: Unpack[ConnectOptions],
 ) -> float:
     """One bidirectional workload; returns the virtual time it took.
 
     ``partitions``: (start, end) virtual-time windows in which every packet
     between the two ends is dropped (each heals at its end)."""
     half = _half(n, max_len)
-    p = make_pair(seed, faults, mtu=mtu, mem_size=2 * half, bulk=bulk, **conn)
+    conn.setdefault("mtu", 256)
+    p = make_pair(seed, faults, mem_size=2 * half, bulk=bulk, **conn)
     for start, end in partitions:
         p.net.partition(start, end, between=("a", "b"))
     rng = random.Random(seed ^ 0x5EED)
@@ -126,10 +119,22 @@ def shared_link_scenario(
     return net.now
 
 
-def sweep(seeds: Iterable[int], faults: Faults, sample: SeedSample | None = None, **kw: object) -> None:
+class ScenarioOptions(ConnectOptions, total=False):
+    """`scenario`'s own keyword arguments, beside the connection's."""
+
+    n: int
+    max_len: int
+    ops: tuple[WrOpcode, ...]
+    bulk: bool
+    partitions: Sequence[tuple[float, float]]
+
+
+def sweep(
+    seeds: Iterable[int], faults: Faults, sample: SeedSample | None = None, **kw: Unpack[ScenarioOptions]
+) -> None:
     for seed in seeds:
         try:
-            scenario(seed, faults, **kw)  # type: ignore[arg-type]
+            scenario(seed, faults, **kw)
         except BaseException:
             print(f"FAILED seed={seed} faults={faults} {kw}")
             raise
@@ -137,15 +142,7 @@ def sweep(seeds: Iterable[int], faults: Faults, sample: SeedSample | None = None
             sample.passed()
 
 
-CONFIGS = {
-    "clean": Faults(),
-    "loss1": Faults(loss=0.01),
-    "loss10": Faults(loss=0.10),
-    "dup5": Faults(duplicate=0.05),
-    "reorder10": Faults(reorder=0.10),
-    "corrupt": Faults(corrupt=0.05),
-    "all_at_once": Faults(loss=0.2, duplicate=0.1, reorder=0.3, corrupt=0.05, jitter=20e-6),
-}
+CONFIGS = PROFILES
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -155,7 +152,7 @@ def test_hostile_network(name: str) -> None:
 
 SLOW_CONFIGS = {
     **CONFIGS,
-    "long_reorder": Faults(loss=0.05, reorder=0.5, reorder_delay=300e-6),
+    "long_reorder": LONG_REORDER,
 }
 
 
@@ -176,7 +173,7 @@ def test_hostile_network_many_seeds(name: str, seed_sample: SeedSample) -> None:
         ("many_wrs", {"n": 60}),
     ],
 )
-def test_hostile_variants(label: str, kw: dict[str, object], seed_sample: SeedSample) -> None:
+def test_hostile_variants(label: str, kw: ScenarioOptions, seed_sample: SeedSample) -> None:
     sweep(seed_sample.seeds(range(300)), Faults(loss=0.1, reorder=0.2, duplicate=0.02), seed_sample, **kw)
 
 

@@ -34,9 +34,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
-from engine_harness import ALL_ACCESS, BASE_ADDR
 
 from rdmakit.engine import CompletionQueue, ProtectionDomain, QpCaps, QpState, QueuePair
+from rdmakit.testing.engine import ALL_ACCESS, BASE_ADDR
 from rdmakit.transport import fastpath
 from rdmakit.wire import (
     MIDDLE_OPCODES,
@@ -152,7 +152,8 @@ def _device(new_ip: Callable[[], str]) -> Callable[[Responder, Sequence[Packet],
     of MIDDLE packets take the native ``place_run``."""
 
     def run(r: Responder, pkts: Sequence[Packet], out: list[Response]) -> None:
-        from rdmakit.transport.device import PeerAddress, SoftDevice
+        from rdmakit.transport.device import SoftDevice
+        from rdmakit.transport.port import PeerAddress
 
         dev = SoftDevice(new_ip(), port=0, bulk=True)
         try:

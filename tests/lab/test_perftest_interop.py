@@ -21,8 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli.perftest_output import PP_BYTES, PP_ITERS, parse_perftest
-from labvm import GUEST_ADDR, HOST_ADDR, REPO, LabGuest, skip_reason
+
+from tests.cli.perftest_output import PP_BYTES, PP_ITERS, parse_perftest
+from tests.lab.labvm import GUEST_ADDR, HOST_ADDR, REPO, LabGuest, skip_reason
 
 HOST = Path(__file__).with_name("perftest_host.py")
 INSTANCE = "perftest-" + os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -66,7 +67,9 @@ CASES = [
 #: The responder then NAKs with invalid request, as IBTA C9-* requires (see
 #: tests/engine/test_engine_retransmit.py); a longer timeout keeps rxe from retrying
 #: spuriously. Loss is still recovered by NAK sequence errors.
-C_FLAGS = {("ib_write_bw", ("-n", "100", "-q", "2")): ["-u", "18"]}
+C_FLAGS: dict[tuple[str, tuple[str, ...]], list[str]] = {
+    ("ib_write_bw", ("-n", "100", "-q", "2")): ["-u", "18"]
+}
 ROLES = ("rdmakit-server", "rdmakit-client")
 _ports = iter(range(18600, 19600))
 

@@ -19,7 +19,7 @@ from rdmakit.engine.types import QpCaps
 from rdmakit.testing.backend import check_backend_pair
 from rdmakit.verbs import list_devices, pyverbs_missing
 
-pytestmark = pytest.mark.lab
+pytestmark: list[pytest.MarkDecorator] = [pytest.mark.lab]
 
 _missing = pyverbs_missing()
 _devices = list_devices() if _missing is None else []

@@ -20,8 +20,7 @@ from rdmakit.transport.connect import connect_qp, local_endpoint
 from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 from rdmakit.wire import FRAME_HEADER, MAX_FRAME, max_frame_body
-
-from .hostile_tcp import (
+from tests.security.hostile_tcp import (
     A_PSN,
     MEM,
     Pair,

@@ -27,8 +27,7 @@ from rdmakit.wire.ident import (
     SOLVE_RATE,
     IdentWindow,
 )
-
-from .hostile import Pair, SolverCalls, connected_pair, datagram, spoil, stale_write
+from tests.security.hostile import Pair, SolverCalls, connected_pair, datagram, spoil, stale_write
 
 needs_native = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
 
@@ -66,7 +65,7 @@ def test_unknown_qpn_wrong_source_and_bad_tver_never_reach_the_icrc(
     port = p.b.udp_port
     assert port is not None
     counted = _CountedNative(port.codec)
-    port.codec = counted  # type: ignore[assignment]
+    monkeypatch.setattr(port, "codec", counted)
     b_addr = (p.b.ip, p.b.port)
     with (
         socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer,

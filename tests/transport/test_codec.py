@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rdmakit.testing.strategies import packets
 from rdmakit.transport import fastpath
 from rdmakit.transport.codec import SegmentCodec
 from rdmakit.wire import (
@@ -33,9 +34,7 @@ from rdmakit.wire import (
     icrc_ipv4,
     pack_icrc,
 )
-from tests.wire.strategies import packets
-
-from .test_native import _sink
+from tests.transport.sockets import udp_sink
 
 native_only = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
 native: Any = fastpath.native
@@ -61,7 +60,7 @@ class _Pair:
         self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.tx.bind((new_ip(), 0))
         self.tx.setblocking(False)
-        self.rx = _sink(new_ip())
+        self.rx = udp_sink(new_ip())
         (sip, self.sport), (dip, self.dport) = self.tx.getsockname(), self.rx.getsockname()
         self.src, self.dst = socket.inet_aton(sip), socket.inet_aton(dip)
         self.addr = (dip, self.dport)

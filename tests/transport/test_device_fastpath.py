@@ -59,14 +59,16 @@ def test_udp_send_is_byte_identical_to_the_generic_encoder(
     pkts.append(Packet(Opcode.RDMA_WRITE_MIDDLE, 5, 1, se=True, payload=mem[:1024]))  # not the engine's shape
     pkts.append(Packet(Opcode.RDMA_WRITE_LAST, 5, 2, payload=mem[:1021]))  # pad
     pkts.append(Packet(Opcode.ACKNOWLEDGE, 5, 3, aeth=AETH(0x1F, 9)))
-    dev.udp_port._send_udp(pkts, peer)
+    port = dev.udp_port
+    assert port is not None
+    port._send_udp(pkts, peer)
     got: list[tuple[bytes, int]] = []
     for data, seg, count in sent:
         datagrams = [data[i : i + seg] for i in range(0, len(data), seg)]
         assert len(datagrams) == count
         got += [(d, k) for k, d in enumerate(datagrams)]
     assert len(got) == len(pkts)
-    src, dst = dev.udp_port._local, bytes(map(int, peer.ip.split(".")))
+    src, dst = port._local, bytes(map(int, peer.ip.split(".")))
     for pkt, (data, k) in zip(pkts, got, strict=True):
         body = encode(pkt)
         assert data == body + pack_icrc(icrc_ipv4(src, dst, dev.port, peer.port, body, ident=k))

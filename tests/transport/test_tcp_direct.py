@@ -25,6 +25,7 @@ from rdmakit.engine import (
     WcStatus,
     WrOpcode,
 )
+from rdmakit.testing.engine import until_completions
 from rdmakit.transport import tcp
 from rdmakit.transport.connect import connect_qp, local_endpoint
 from rdmakit.transport.device import SoftDevice
@@ -63,7 +64,7 @@ class _Pair:
             )
         )  # fmt: skip
         got: list[Completion] = []
-        assert self.drv.run_until(lambda: bool(got.extend(self.cqa.poll(1))) or bool(got), 30)
+        assert self.drv.run_until(until_completions(self.cqa, got), 30)
         return got[0]
 
     @property
