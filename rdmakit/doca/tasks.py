@@ -225,6 +225,7 @@ class Task:
         except BaseException:
             self._state = TaskState.ALLOCATED
             raise
+        pe.notify()  # a waiter asleep on the handle must progress the new work
 
     def try_submit(self) -> None:
         """``doca_task_try_submit``: the task is validated before it is submitted, as by `submit`."""
