@@ -17,7 +17,7 @@ from rdmakit.cli.common import EXIT_STATUS_HELP, EXIT_USAGE, main_errors, notice
 #: Modules that contribute subcommands, in help order.
 COMMAND_MODULES = (
     "rdmakit.cli.devices",
-    "rdmakit.cli.samples",
+    "rdmakit.cli.samples_tasks",  # the samples, with --api task
     "rdmakit.cli.demo",
     "rdmakit.cli.bench",
     "rdmakit.cli.dma",
