@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from rdmakit.cli import bench_doca
 from rdmakit.cli.common import CliError, add_general_flags, float_in, int_in, run
 from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, SendWR, WcStatus, WrOpcode
 from rdmakit.transport import baseline, fastpath
@@ -374,6 +375,16 @@ def _measure(args: argparse.Namespace, emit: Callable[[Row], None]) -> None:
             child.kill()
 
 
+def _measure_doca_apis(args: argparse.Namespace, rows: list[Row], emit: Callable[[Row], None]) -> None:
+    """The 8-byte WRITE round trip through the DOCA job API, then the task API (ratio to the job API)."""
+    ping = next(r.value for r in rows if r.name == "raw UDP ping-pong, 8 bytes, round trip")
+    n, runs = int(args.pings), int(args.runs)
+    job = _median(lambda: bench_doca.write_round_trip("job", args.ip_a, args.ip_b, n), runs) * 1e6
+    emit(Row("DOCA job API: RDMA WRITE 8 bytes, round trip", job, "µs", ping))
+    task = _median(lambda: bench_doca.write_round_trip("task", args.ip_a, args.ip_b, n), runs) * 1e6
+    emit(Row("DOCA task API: the same, against the job API", task, "µs", job))
+
+
 def _bench(args: argparse.Namespace) -> int:
     if args.serve:
         return _serve(sys.stdin, sys.stdout)
@@ -391,6 +402,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"UDP data plane: {fastpath.describe()}")
         print(f"{'test':<48} {'value':>10} {'unit':<5} {'ratio':>6}  target")
     _measure(args, emit)
+    _measure_doca_apis(args, rows, emit)
     if args.json_out:
         print(json.dumps([dataclasses.asdict(r) | {"ratio": r.ratio} for r in rows], indent=2))
     return 0

@@ -37,6 +37,8 @@ def test_json_report_has_every_figure_with_its_baseline_ratio() -> None:
         "ATOMIC FETCH_ADD 8 bytes, round trip",
         "ATOMIC CMP_SWP 8 bytes, round trip",
         "RDMA WRITE 8 bytes, round trip (event-driven)",
+        "DOCA job API: RDMA WRITE 8 bytes, round trip",
+        "DOCA task API: the same, against the job API",
     ]
     for name, r in rows.items():
         assert r["value"] > 0, name
@@ -57,6 +59,9 @@ def test_json_report_has_every_figure_with_its_baseline_ratio() -> None:
     assert rows["  the same against the busy-polling ping"]["baseline"] == polled
     assert rows["  the same against the busy-polling ping"]["value"] == write["value"]
     assert rows["RDMA WRITE 8 bytes, round trip (event-driven)"]["baseline"] == ping
+    job_api = rows["DOCA job API: RDMA WRITE 8 bytes, round trip"]
+    assert job_api["baseline"] == ping
+    assert rows["DOCA task API: the same, against the job API"]["baseline"] == job_api["value"]
 
 
 def test_table_names_the_data_plane_and_rejects_bad_flags() -> None:
