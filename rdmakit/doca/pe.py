@@ -63,6 +63,11 @@ class PeContext(Protocol):
 
     def _progress(self) -> bool: ...
 
+    def _pe_connected(self, pe: "ProgressEngine") -> None:
+        """`connect_ctx` connected it for tasks; raise to refuse (e.g. IN_USE elsewhere)."""
+
+    def _pe_disconnected(self, pe: "ProgressEngine") -> None: ...
+
 
 def _close_fds(fds: list[int]) -> None:
     for fd in fds:
@@ -99,9 +104,7 @@ class ProgressEngine:
         self._check_open()
         if any(c is ctx for c in self._ctxs):
             raise DocaError(DocaErrorCode.ALREADY_EXIST, f"{ctx!r} is already connected to this engine")
-        hook: Callable[[ProgressEngine], None] | None = getattr(ctx, "_pe_connected", None)
-        if hook is not None:
-            hook(self)
+        ctx._pe_connected(self)
         self._ctxs.append(ctx)
 
     def _connect(self, ctx: PeContext) -> None:
@@ -113,10 +116,9 @@ class ProgressEngine:
 
     def disconnect_ctx(self, ctx: PeContext) -> None:
         """Stop progressing `ctx`; a no-op if it is not connected."""
-        self._ctxs = [c for c in self._ctxs if c is not ctx]
-        hook: Callable[[ProgressEngine], None] | None = getattr(ctx, "_pe_disconnected", None)
-        if hook is not None:
-            hook(self)
+        if any(c is ctx for c in self._ctxs):
+            self._ctxs = [c for c in self._ctxs if c is not ctx]
+            ctx._pe_disconnected(self)
 
     @property
     def ctxs(self) -> tuple[PeContext, ...]:
