@@ -15,7 +15,7 @@ from rdmakit.doca.buf import Buf
 from rdmakit.doca.ctx import Ctx, Job
 from rdmakit.doca.tasks import Task, TaskCallback, set_task_conf
 
-__all__ = ["DmaMemcpyJob", "DmaTaskApi", "DmaTaskMemcpy"]
+__all__ = ["DmaMemcpyJob", "DmaTaskMemcpy"]  # DmaTaskApi: a base of Dma
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -50,8 +50,7 @@ from rdmakit.doca.rdma_jobs import (
 )
 from rdmakit.doca.tasks import Task, TaskCallback, set_task_conf
 
-__all__ = [
-    "RdmaTaskApi",
+__all__ = [  # RdmaTaskApi: a base of Rdma
     "RdmaTaskAtomicCmpSwp",
     "RdmaTaskAtomicFetchAdd",
     "RdmaTaskRead",

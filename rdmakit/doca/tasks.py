@@ -54,7 +54,7 @@ from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 if TYPE_CHECKING:
     from rdmakit.doca.pe import ProgressEngine
 
-__all__ = ["Task", "TaskCallback", "TaskConf", "TaskState", "set_task_conf"]
+__all__ = ["Task", "TaskCallback", "TaskConf", "TaskState"]
 
 U32 = (1 << 32) - 1
 
