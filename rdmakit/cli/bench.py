@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rdmakit.cli import bench_scale, bench_sweep
+from rdmakit.cli import bench_doca, bench_scale, bench_sweep
 from rdmakit.cli.bench_measure import Measure, MiB, c_median
 from rdmakit.cli.bench_peer import Child, serve
 from rdmakit.cli.bench_rows import HEADER, Report, Row, failures, sample
@@ -153,6 +153,23 @@ def headline(m: Measure, args: argparse.Namespace, rep: Report) -> None:
         baseline_name=block.name,
         c_baseline=None if sp is None else sp * 1e6,
         c_baseline_name="sockperf ping-pong -m 14 (its minimum), blocking",
+    )
+
+    # The DOCA layer: both ends in this process, one progress engine, busy polling.
+    job = add(
+        "doca_job_rtt",
+        "DOCA job API: WRITE 8 B round trip, polling",
+        "µs",
+        lambda: bench_doca.write_round_trip("job", m.a, m.b, pings) * 1e6,
+        **common,
+    )
+    add(
+        "doca_task_rtt",
+        "DOCA task API: the same",
+        "µs",
+        lambda: bench_doca.write_round_trip("task", m.a, m.b, pings) * 1e6,
+        baseline=job.value,
+        baseline_name=job.name,
     )
 
 

@@ -19,7 +19,7 @@ from rdmakit.cli.lifecycle import main_errors
 #: Modules that contribute subcommands, in help order.
 COMMAND_MODULES = (
     "rdmakit.cli.devices",
-    "rdmakit.cli.samples",
+    "rdmakit.cli.samples_tasks",  # the samples, with --api task
     "rdmakit.cli.demo",
     "rdmakit.cli.bench",
     "rdmakit.cli.dma_copy",

@@ -464,12 +464,16 @@ def _check(args: argparse.Namespace, fn: Callable[[argparse.Namespace, Files], i
     _check_paths(args, fn)
 
 
-def _runner(fn: Callable[[argparse.Namespace, Files], int]) -> Callable[[argparse.Namespace], int]:
+Sample = Callable[[argparse.Namespace, Files], int]
+
+
+def _runner(fn: Sample, task_fn: Sample | None = None) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         _check(args, fn)
         files = Files(args)
+        chosen = task_fn if task_fn is not None and getattr(args, "api", "job") == "task" else fn
         try:
-            return fn(args, files)
+            return chosen(args, files)
         except CliError as e:
             message = files.failed(str(e), isinstance(e, ConnectionBroke))
             if message == str(e):
@@ -490,7 +494,10 @@ def _runner(fn: Callable[[argparse.Namespace, Files], int]) -> Callable[[argpars
     return handler
 
 
-def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(
+    sub: "argparse._SubParsersAction[argparse.ArgumentParser]", task_api: dict[Sample, Sample] | None = None
+) -> None:
+    """The sample subcommands; `task_api` maps a sample to its task-API version (``--api task``)."""
     for name, (summary, fn, extras) in SAMPLES.items():
         p = sub.add_parser(name, help=summary, description=f"DOCA RDMA sample: {summary}.")
         add_general_flags(p)
@@ -540,4 +547,12 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
             p.add_argument("--add", type=U64, default=1, help="value to add, modulo 2^64 (faa)")
         if "initial" in extras:
             p.add_argument("--initial", type=U64, default=0, help="the word's initial value (0)")
-        p.set_defaults(handler=run(p, _runner(fn)))
+        task_fn = None if task_api is None else task_api.get(fn)
+        if task_fn is not None:
+            p.add_argument(
+                "--api",
+                choices=("job", "task"),
+                default="job",
+                help="DOCA API: job (doca_workq, DOCA 2.0) or task (doca_pe and tasks, DOCA 2.5+)",
+            )
+        p.set_defaults(handler=run(p, _runner(fn, task_fn)))

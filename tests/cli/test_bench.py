@@ -34,7 +34,7 @@ def test_headline_rows_each_against_its_like(tmp_path: Path, new_ip: Callable[[]
     assert list(rows) == [
         "tcp_raw", "tcp_write", "udp_raw_out", "udp_write", "udp_raw_in", "udp_read",
         "ping_poll", "rtt_write_poll", "rtt_read_poll", "rtt_fadd_poll", "rtt_cswap_poll",
-        "ping_block", "rtt_write_event",
+        "ping_block", "rtt_write_event", "doca_job_rtt", "doca_task_rtt",
     ]  # fmt: skip
     for key, r in rows.items():
         assert r["runs"] == 2, key
@@ -49,6 +49,8 @@ def test_headline_rows_each_against_its_like(tmp_path: Path, new_ip: Callable[[]
         "rtt_write_poll": "ping_poll",  # the same spin policy
         "rtt_read_poll": "ping_poll",
         "rtt_write_event": "ping_block",  # both event-driven
+        "doca_job_rtt": "ping_poll",
+        "doca_task_rtt": "doca_job_rtt",  # the task API against the job API
     }
     for key, base in pairs.items():
         assert rows[key]["baseline"] == rows[base]["value"], key
@@ -66,6 +68,7 @@ def test_headline_rows_each_against_its_like(tmp_path: Path, new_ip: Callable[[]
     assert rows["rtt_write_event"]["target"] == "≤ 1.3 vs raw"
     assert rows["udp_write"]["target"] == rows["udp_read"]["target"] == "≥ 0.9 vs raw"
     assert rows["tcp_write"]["target"] == "≥ 1 vs C"
+    assert rows["doca_task_rtt"]["target"] == "≤ 1.05 vs job API"
     # --check fails exactly when a verdict of this run is a miss.
     missed = [k for k, r in rows.items() if any(t["pass"] is False for t in r["targets"])]
     assert out.returncode == (1 if missed else 0), out.stderr

@@ -105,7 +105,7 @@ def test_sync_start_and_stop_call_back_each_transition() -> None:
     """DOCA Core 3.4 (doca_ctx_set_state_changed_cb): IDLE -> RUNNING -> STOPPING -> IDLE, each reported."""
     seen: list[tuple[CtxState, CtxState, CtxState]] = []
     ctx = TickCtx()
-    ctx.set_state_changed_cb(lambda c, prev, nxt: seen.append((prev, nxt, c.state)))
+    ctx.set_state_changed_cb(lambda _ud, c, prev, nxt: seen.append((prev, nxt, c.state)))
     ctx.start()
     ctx.stop()
     assert seen == [

@@ -37,6 +37,12 @@ class FakeCtx:
         self.runs += 1
         return self.busy
 
+    def _pe_connected(self, pe: ProgressEngine) -> None:
+        pass
+
+    def _pe_disconnected(self, pe: ProgressEngine) -> None:
+        pass
+
 
 def readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])

@@ -150,7 +150,7 @@ def test_state_callback_drives_the_connection(make_pair: PairFactory) -> None:
     p.b.rdma.start()
     seen: list[tuple[CtxState, CtxState]] = []
 
-    def on_change(ctx: object, prev: CtxState, nxt: CtxState) -> None:
+    def on_change(user_data: object, ctx: object, prev: CtxState, nxt: CtxState) -> None:
         seen.append((prev, nxt))
         if nxt is CtxState.STARTING:
             p.a.rdma.connect(p.b.rdma.export())
