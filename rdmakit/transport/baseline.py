@@ -147,25 +147,43 @@ class TcpSink:
         return got, dt
 
 
+#: Longest a raw-stream read sleeps without readiness (as a pump wakes for its timers).
+_READ_WAKE = 0.001
+
+
 def _read_messages(conn: socket.socket, target: memoryview, total: int) -> int:
-    """Read ``total`` bytes as messages of ``len(target)`` bytes, each straight into ``target``."""
+    """Read ``total`` bytes as messages of ``len(target)`` bytes, each straight into ``target``.
+
+    As the TCP transport reads: non-blocking, woken by readiness at the
+    ``SO_RCVLOWAT`` mark or by a short timeout (the transport's pump wakes for
+    its timers), since a reader that blocks until the mark can wait forever
+    once the kernel has clamped the window near it.
+    """
     got = 0
     lowat = 1
-    while got < total:
-        want = min(len(target), total - got)
-        filled = 0
-        while filled < want:
-            low = direct_lowat(want - filled)
-            if low != lowat:
-                set_rcvlowat(conn, low)
-                lowat = low
-            n = conn.recv_into(target[filled:want])
-            if n == 0:
-                return got + filled
-            filled += n
-        got += filled
-    if lowat != 1:
-        set_rcvlowat(conn, 1)
+    conn.setblocking(False)
+    try:
+        while got < total:
+            want = min(len(target), total - got)
+            filled = 0
+            while filled < want:
+                low = direct_lowat(want - filled)
+                if low != lowat:
+                    set_rcvlowat(conn, low)
+                    lowat = low
+                try:
+                    n = conn.recv_into(target[filled:want])
+                except BlockingIOError:
+                    select.select([conn], [], [], _READ_WAKE)
+                    continue
+                if n == 0:
+                    return got + filled
+                filled += n
+            got += filled
+    finally:
+        if lowat != 1:
+            set_rcvlowat(conn, 1)
+        conn.setblocking(True)
     return got
 
 

@@ -43,6 +43,7 @@ def test_every_target_is_in_the_one_table_like_for_like() -> None:
         ("udp_write", "baseline", 0.9, None),
         ("udp_read", "baseline", 0.9, None),
         ("tcp_write", "c_baseline", 1.0, None),
+        ("doca_task_rtt", "doca_job_rtt", None, 1.05),
     }
     for ts in TARGETS.values():
         for t in ts:
@@ -296,6 +297,25 @@ def test_tcp_stream_reads_in_place_after_a_warm_up(new_ip: Callable[[], str]) ->
     t.join()
     assert secs > 0
     assert got[0][0] == 5 * MiB + 3
+
+
+def test_tcp_streams_of_the_bench_size_finish(new_ip: Callable[[], str]) -> None:
+    """Reads waiting at the SO_RCVLOWAT mark once stalled for good here (Linux clamps the window
+    to the mark when it grows the buffer for it); ten 16 MiB streams after 8 MiB warm-ups all end."""
+    for _ in range(10):
+        a, b = new_ip(), new_ip()
+        sink = baseline.TcpSink(a)
+        got: list[tuple[int, float]] = []
+        t = threading.Thread(target=_serve_into, args=(sink, got), daemon=True)
+        t.start()
+        baseline.tcp_source(b, a, sink.port, MiB, 16 * MiB, 8 * MiB)
+        t.join(60)
+        assert got
+        assert got[0][0] == 16 * MiB
+
+
+def _serve_into(sink: baseline.TcpSink, got: list[tuple[int, float]]) -> None:
+    got.append(sink.serve(MiB))
 
 
 def test_a_lost_datagram_is_an_error_not_a_hang(new_ip: Callable[[], str]) -> None:
