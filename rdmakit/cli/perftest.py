@@ -218,7 +218,7 @@ def _connect(p: Params, res: Resources, rem: list[PerftestDest], mtu: int) -> No
 def _test(p: Params, ex: Exchange, res: Resources, mtu: int) -> int:
     verb, nq = p.kind.verb, p.num_qps
     mine = [res.dest(i) for i in range(nq)]
-    gid_index = p.gid_index if p.gid_index is not None else _gid_index(res)
+    gid_index = p.gid_index if p.gid_index is not None else res.dev.gid_index
     print_test_info(p, res.dev, mtu, gid_index)
     lat_prefix = p.kind.lat and verb != "send"
     if lat_prefix:  # write_lat, read_lat, atomic_lat: one barrier before the keys
@@ -236,11 +236,6 @@ def _test(p: Params, ex: Exchange, res: Resources, mtu: int) -> int:
     if p.kind.lat:
         return _lat(p, ex, res, mine, rem)
     return _bw(p, ex, res, mine, rem)
-
-
-def _gid_index(res: Resources) -> int:
-    idx = getattr(res.dev, "gid_index", 0)
-    return int(idx) if isinstance(idx, int) else 0
 
 
 def _bw(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: list[PerftestDest]) -> int:
