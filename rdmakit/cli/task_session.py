@@ -19,18 +19,6 @@ from rdmakit.transport.driver import wait_readable
 
 T = TypeVar("T", bound=Task)
 
-#: The RDMA task types the samples configure (``doca_rdma_task_<x>_set_conf``).
-TASK_TYPES = (
-    "receive",
-    "send",
-    "send_imm",
-    "read",
-    "write",
-    "write_imm",
-    "atomic_cmp_swp",
-    "atomic_fetch_add",
-)
-
 
 class TaskSession(Session):
     """A `Session` whose `Rdma` context runs tasks on its device's progress engine."""
@@ -42,8 +30,14 @@ class TaskSession(Session):
         self.pe = self.dev.pe
         self.pe.connect_ctx(self.rdma)
         self.done: list[Task] = []
-        for kind in TASK_TYPES:
-            getattr(self.rdma, f"task_{kind}_set_conf")(self._completed, self._failed, num_tasks)
+        r = self.rdma
+        # Every RDMA task type the samples use (``doca_rdma_task_<x>_set_conf``).
+        for set_conf in (
+            r.task_receive_set_conf, r.task_send_set_conf, r.task_send_imm_set_conf,
+            r.task_read_set_conf, r.task_write_set_conf, r.task_write_imm_set_conf,
+            r.task_atomic_cmp_swp_set_conf, r.task_atomic_fetch_add_set_conf,
+        ):  # fmt: skip
+            set_conf(self._completed, self._failed, num_tasks)
 
     def __enter__(self) -> "TaskSession":
         return self

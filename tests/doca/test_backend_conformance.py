@@ -56,12 +56,13 @@ DOCA = Path(rdmakit.doca.__file__).parent
 CLI = DOCA.parent / "cli"
 #: The only getattr/hasattr calls rdmakit.doca and rdmakit.cli may make, none on a backend object:
 #: (module, first argument) — the stdlib mmap module's optional constant, a descriptor's own fields,
-#: argparse namespaces, the exceptions of the out-of-band exchange, a wire message's own fields, and
-#: the demo's job results.
+#: argparse namespaces, the exceptions of the out-of-band exchange, a wire message's own fields, the
+#: demo's job results, a DMA Copy message's own fields and a bench row's own fields.
 ALLOWED_PROBES = {
     ("doca/shm.py", "stdlib_mmap"),
     ("doca/descriptor.py", "d"),
-    ("cli/common.py", "args"),
+    ("cli/options.py", "args"),
+    ("cli/lifecycle.py", "args"),
     ("cli/main.py", "args"),
     ("cli/samples.py", "args"),
     ("cli/perftest.py", "e"),
@@ -69,6 +70,8 @@ ALLOWED_PROBES = {
     ("cli/oob_messages.py", "self"),
     ("cli/demo.py", "got"),
     ("cli/demo.py", "j"),
+    ("cli/dma_protocol.py", "msg"),
+    ("cli/bench_sweep.py", "r"),
 }
 #: Names of backend objects and their classes, which no isinstance() above the backends may mention.
 BACKEND_NAMES = ("Backend", "backend", "SoftDevice", "VerbsDevice", "VerbsQP", ".verbs", ".soft")
