@@ -212,6 +212,8 @@ def _connect(p: Params, res: Resources, rem: list[PerftestDest], mtu: int) -> No
             max_rd_atomic=max(1, min(r.out_reads, MAX_OUT_READ)),
             hop_limit=255,
         )  # fmt: skip
+        if p.qp_timeout is not None:
+            q.set_options(timeout=p.qp_timeout)
         q.connect(gid=r.gid, qpn=r.qpn, psn=r.psn, mtu=mtu)
 
 
