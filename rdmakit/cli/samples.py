@@ -389,6 +389,11 @@ def atomic_requester(args: argparse.Namespace, files: Files) -> int:
         s.run(job, args.timeout, f"the atomic {args.op}")
         original = int.from_bytes(result, sys.byteorder)
         _send_done(args, s, {"done": args.op, "original": original})
+    return report_atomic(args, original)
+
+
+def report_atomic(args: argparse.Namespace, original: int) -> int:
+    """The atomic requester's last line (both APIs)."""
     if args.op == "cas":
         swapped = "swapped" if original == args.compare else "not swapped"
         print(f"Compare-and-swap: original value {original}, {swapped}")
@@ -400,7 +405,11 @@ def atomic_requester(args: argparse.Namespace, files: Files) -> int:
 def atomic_responder(args: argparse.Namespace, files: Files) -> int:
     word = bytearray(args.initial.to_bytes(8, sys.byteorder))
     perms = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_ATOMIC | AccessFlag.RDMA_READ
-    note = _one_sided_responder(args, files, word, perms)
+    return report_atomic_responder(args, word, _one_sided_responder(args, files, word, perms))
+
+
+def report_atomic_responder(args: argparse.Namespace, word: bytearray, note: dict[str, object]) -> int:
+    """The atomic responder's last line (both APIs)."""
     final = int.from_bytes(word, sys.byteorder)
     print(f"Atomic {note.get('done')}: value was {args.initial}, is now {final}")
     return 0

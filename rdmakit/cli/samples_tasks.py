@@ -31,6 +31,8 @@ from rdmakit.cli.samples import (
     _text,
     atomic_requester,
     read_requester,
+    report_atomic,
+    report_atomic_responder,
     write_imm_requester,
     write_requester,
 )
@@ -213,21 +215,13 @@ def atomic_requester_t(args: argparse.Namespace, files: Files) -> int:
             ).free()
         original = int.from_bytes(result, sys.byteorder)
         _send_done(args, s, {"done": args.op, "original": original})
-    if args.op == "cas":
-        swapped = "swapped" if original == args.compare else "not swapped"
-        print(f"Compare-and-swap: original value {original}, {swapped}")
-    else:
-        print(f"Fetch-and-add: original value {original}, added {args.add}")
-    return 0
+    return report_atomic(args, original)
 
 
 def atomic_responder_t(args: argparse.Namespace, files: Files) -> int:
     word = bytearray(args.initial.to_bytes(8, sys.byteorder))
     perms = RW | AccessFlag.RDMA_ATOMIC | AccessFlag.RDMA_READ
-    note = _one_sided_responder_t(args, files, word, perms)
-    final = int.from_bytes(word, sys.byteorder)
-    print(f"Atomic {note.get('done')}: value was {args.initial}, is now {final}")
-    return 0
+    return report_atomic_responder(args, word, _one_sided_responder_t(args, files, word, perms))
 
 
 _BY_NAME: dict[str, Sample] = {
