@@ -19,12 +19,15 @@ of an ``n``-byte segment with index ``idx`` (BTH to ICRC) continues from
 (RoCEv2 Annex A17.3.3).
 """
 
-import socket
-from typing import Protocol
+from __future__ import annotations
 
-from typing_extensions import Buffer
+import socket
+from typing import TYPE_CHECKING, Protocol
 
 from rdmakit.wire import IcrcFlow, Packet
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from 3.12
 
 #: ``recv_runs``' answer: (placed, last AckReq index or -1, reads, datagrams, GRO
 #: batches, errno, the read the run did not take whole: (nbytes, seg, k, source)).

@@ -6,11 +6,12 @@ masked header (RoCEv2 Annex A17.3.3), and the checks that accept a run of
 MIDDLE segments.
 """
 
+from __future__ import annotations
+
 import errno
 import socket
 import struct
-
-from typing_extensions import Buffer
+from typing import TYPE_CHECKING
 
 from rdmakit.wire import (
     BTH_LEN,
@@ -26,6 +27,9 @@ from rdmakit.wire import (
 
 from .codec import RecvRuns
 from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, SOL_UDP, UDP_SEGMENT
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from 3.12
 
 _BTH = struct.Struct(">BBHII")
 _ICRC = struct.Struct("<I")

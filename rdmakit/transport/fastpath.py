@@ -22,16 +22,20 @@ AVX2, else 128 bits with PCLMULQDQ, else uses tables (``native.CLMUL``: 2, 1,
 ``RDMAKIT_NO_CLMUL=1`` to the tables (read once, at import).
 """
 
+from __future__ import annotations
+
 import os
 import socket
 from types import ModuleType
-
-from typing_extensions import Buffer
+from typing import TYPE_CHECKING
 
 from rdmakit.wire import IcrcFlow, Packet
 
 from .codec import RecvRuns, SegmentCodec
 from .codec_py import PythonCodec
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from 3.12
 
 
 def _load() -> ModuleType | None:
