@@ -111,10 +111,11 @@ def test_a_bad_icrc_flood_runs_the_solver_a_bounded_number_of_times(
     assert solver.count == SOLVE_BURST
     assert c.bad_icrc == len(flood)
     assert (c.solver_runs, c.solver_limited) == (SOLVE_BURST, len(flood) - SOLVE_BURST)
-    # 10 ms later: 10 more tokens (SOLVE_RATE per second), and no more.
+    # 10.5 ms later: 10 more whole tokens (SOLVE_RATE per second), and no more. Half a token
+    # of margin: t0 + 0.01 - t0 is 0.01 only up to rounding, and 9.999... tokens are 9.
     for data in flood:
-        p.b.receive_datagram(data, src, t0 + 0.01)
-    assert solver.count == SOLVE_BURST + int(0.01 * SOLVE_RATE)
+        p.b.receive_datagram(data, src, t0 + 0.0105)
+    assert solver.count == SOLVE_BURST + int(0.0105 * SOLVE_RATE)
     p.transfer(200_000)
     assert p.b.counters.bad_icrc == 2 * len(flood)
 
