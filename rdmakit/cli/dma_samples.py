@@ -32,6 +32,7 @@ from rdmakit.doca import (
     CommChannelServer,
     Dma,
     DmaMemcpyJob,
+    DmaTaskMemcpy,
     DocaError,
     DocaErrorCode,
     Mmap,
@@ -76,6 +77,31 @@ def _run_one(dma: Dma, workq: WorkQ, src: Buf, dst: Buf) -> int:
     return event.result
 
 
+def _run_one_task(dma: Dma, src: Buf, dst: Buf) -> int:
+    """One memcpy task on the context's progress engine, as DOCA 2.9's ``dma_local_copy_sample.c``
+    runs it: ``doca_dma_task_memcpy_set_conf`` before the start, ``..._alloc_init``,
+    ``doca_task_submit``, then ``doca_pe_progress`` until a callback has run (inside it only)."""
+    done: list[DmaTaskMemcpy] = []
+
+    def finished(task: DmaTaskMemcpy, task_user_data: object, ctx_user_data: object) -> None:
+        done.append(task)
+
+    pe = dma.dev.pe
+    pe.connect_ctx(dma)
+    dma.task_memcpy_set_conf(finished, finished, 1)
+    dma.start()
+    task = dma.task_memcpy_alloc_init(src, dst)
+    task.submit()
+    while not done:
+        if not pe.progress():
+            time.sleep(0)
+    status, copied = task.get_status(), task.get_result_len()
+    task.free()
+    if status is not DocaErrorCode.SUCCESS:
+        raise DocaError(status, "the DMA memcpy task failed")
+    return copied
+
+
 def _check_lists(dma: Dma, *counts: int) -> None:
     for count in counts:
         if count > dma.max_buf_list_len:
@@ -101,10 +127,13 @@ def _local_copy(args: argparse.Namespace) -> int:
         stack.callback(src.dec_refcount)
         dst = _chain(inventory, dst_mmap, dst_mmap.addr, len(data), args.num_dst_buf, full=False)
         stack.callback(dst.dec_refcount)
-        workq = stack.enter_context(WorkQ(1))
-        dma.workq_add(workq)
-        dma.start()
-        copied = _run_one(dma, workq, src, dst)
+        if args.api == "task":  # DOCA 2.5+: a progress engine and a memcpy task
+            copied = _run_one_task(dma, src, dst)
+        else:
+            workq = stack.enter_context(WorkQ(1))
+            dma.workq_add(workq)
+            dma.start()
+            copied = _run_one(dma, workq, src, dst)
         if bytes(dst_mem) != data:
             raise CliError("the destination does not hold the source after the copy")
         log.info("DMA copy was done successfully (%d bytes)", copied)
@@ -287,6 +316,10 @@ def _add_sample_flags(p: argparse.ArgumentParser, *, remote: bool, dpu: bool) ->
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("dma-local-copy", help="DOCA DMA sample: copy a buffer locally")
     _add_sample_flags(p, remote=False, dpu=False)
+    p.add_argument(
+        "--api", choices=("job", "task"), default="job",
+        help="DOCA's job and work-queue API (default), or the task and progress-engine API of DOCA 2.5+",
+    )  # fmt: skip
     add_general_flags(p)
     p.set_defaults(handler=run(p, _local_copy))
 
