@@ -41,7 +41,7 @@ class Result:
 
 
 def load_cases() -> list[Case]:
-    from . import dut_requester, dut_responder  # noqa: F401 (registration)
+    from . import dut_requester, dut_responder, dut_responder_errors  # noqa: F401 (registration)
 
     return list(CASES)
 
