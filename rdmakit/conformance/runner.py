@@ -41,7 +41,7 @@ class Result:
 
 
 def load_cases() -> list[Case]:
-    from . import dut_requester, dut_responder, dut_responder_errors  # noqa: F401 (registration)
+    from . import dut_requester, dut_requester_errors, dut_responder, dut_responder_errors  # noqa: F401
 
     return list(CASES)
 
