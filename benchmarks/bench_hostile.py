@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 from rdmakit.engine import Access, CompletionQueue
 from rdmakit.transport import fastpath
-from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
+from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.wire import RETH, Opcode, Packet, encode, icrc_ipv4, pack_icrc, unpack_icrc
 
 BASE = f"127.{random.Random().randrange(150, 250)}.{random.Random().randrange(256)}"
@@ -207,10 +208,10 @@ def main(argv: list[str] | None = None) -> None:
             r = statistics.median(ratio[name])
             worst = max(worst, r) if not name.startswith("valid 64") else worst
             print(f"{name:42} {statistics.median(per[name]) * 1e6:10.2f} µs {r:8.2f}x")
-        c = rig.b.counters
+        n = rig.b.counters
         print(f"worst hostile kind: {worst:.2f}x a valid packet (aim: at most 3x); responder counters: "
-              f"solver runs {c.solver_runs}, limited {c.solver_limited}, bad ICRC {c.bad_icrc}, "
-              f"solved {c.icrc_solved}")  # fmt: skip
+              f"solver runs {n.solver_runs}, limited {n.solver_limited}, bad ICRC {n.bad_icrc}, "
+              f"solved {n.icrc_solved}")  # fmt: skip
     finally:
         rig.close()
 

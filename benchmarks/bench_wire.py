@@ -23,6 +23,7 @@ import sys
 import timeit
 import zlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import rdmakit.wire as w
@@ -87,12 +88,12 @@ def print_rows(title: str, best: dict[str, float], ratio_to: dict[str, str] | No
 def bench_codec(rounds: int) -> None:
     rows: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {}
     for name, pkt in PACKETS.items():
-        rows[f"encode_headers  {name}"] = (lambda p=pkt: w.encode_headers(p), nothing)
+        rows[f"encode_headers  {name}"] = (partial(w.encode_headers, pkt), nothing)
     for name, pkt in PACKETS.items():
-        rows[f"encode          {name}"] = (lambda p=pkt: w.encode(p), nothing)
+        rows[f"encode          {name}"] = (partial(w.encode, pkt), nothing)
     for name, pkt in PACKETS.items():
         data = w.encode(pkt)
-        rows[f"decode          {name}"] = (lambda d=data: w.decode(d), nothing)
+        rows[f"decode          {name}"] = (partial(w.decode, data), nothing)
     rows["parse_syndrome"] = (lambda: w.parse_syndrome(0x61), nothing)
     rows["psn_diff"] = (lambda: w.psn_diff(3, 0xFFFFFE), nothing)
     print_rows("codec", measure(rows, rounds))
@@ -107,7 +108,7 @@ def bench_crc(rounds: int, impls: dict[str, Callable[..., int]]) -> dict[str, fl
         buf = data[:size]
         for name, fn in impls.items():
             key = f"crc32 {size:>6} B  [{name}]"
-            rows[key] = (lambda f=fn, b=buf: f(b, SEED), nothing)
+            rows[key] = (partial(fn, buf, SEED), nothing)
             ratio[key] = f"crc32 {size:>6} B  [zlib]"
     best = measure(rows, rounds)
     print_rows("CRC-32 alone", best, ratio)

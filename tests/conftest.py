@@ -1,4 +1,10 @@
-"""Shared fixtures: unique loopback addresses so parallel tests never share a port."""
+"""Shared fixtures: unique loopback addresses so parallel tests never share a port.
+
+Tests marked ``slow`` (long hostile-network sweeps, the lab's lossy-tap run) run
+only when a ``-m`` expression names the marker (``-m slow``, or ``-m "slow or
+not slow"`` for everything); otherwise they are deselected, and the summary
+counts them as such: not skipped, since nothing about them was tried.
+"""
 
 import itertools
 import os
@@ -15,6 +21,18 @@ def _next_ip() -> str:
     # 127.<pid-spread>.<worker>.<n>: every test gets its own addresses in 127/8.
     n = next(_counter)
     return f"127.{100 + os.getpid() % 100}.{(_WORKER_NO * 8 + n // 250) % 256}.{1 + n % 250}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "slow" in (config.getoption("markexpr", "") or ""):
+        return
+    keep: list[pytest.Item] = []
+    slow: list[pytest.Item] = []
+    for item in items:
+        (slow if item.get_closest_marker("slow") else keep).append(item)
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")

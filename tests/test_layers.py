@@ -23,6 +23,10 @@ RESTRICTED = {
     "select": {"transport", "doca"},
     "pyverbs": {"verbs"},
     "trio": {"transport", "doca", "cli"},
+    # An optional dependency (the ``testing`` extra): rdmakit.testing.strategies only.
+    "hypothesis": {"testing"},
+    # GPL: a dissector the tests use, never part of the package.
+    "scapy": set(),
 }
 #: Modules the sans-IO layers may never import: no clock, no global random, no I/O.
 SANS_IO_FORBIDDEN = {"time", "socket", "select", "selectors", "os", "threading", "asyncio", "trio"}

@@ -1,398 +1,222 @@
-"""``rdmakit bench``: RDMA on the soft engine against raw sockets, in one run.
+"""``rdmakit bench``: RDMA on the soft engine against raw sockets and C tools, like for like.
 
 A child process (``rdmakit bench --serve``) plays the far side of every test;
-the two talk JSON lines over the child's stdin/stdout. Each figure is the
-median of ``--runs`` runs, and each RDMA figure is printed with its ratio to
-the raw-socket baseline measured in the same run:
+the two talk JSON lines over the child's stdin/stdout. Every figure is the
+median of ``--runs`` runs, printed with its spread (min–max), and every RDMA
+figure beside the raw-socket baseline that does the same thing without RDMA:
 
-- RDMA WRITE of 1 MiB messages over the TCP transport vs. a blocking TCP
-  stream of 1 MiB ``sendall``/``recv_into`` (target ≥ 0.9);
-- RDMA WRITE over RoCEv2/UDP at MTU 4096 vs. raw UDP GSO→GRO with the same
-  datagram size (target ≥ 0.5);
-- 8-byte RDMA WRITE round trips through the synchronous driver vs. a blocking
-  UDP ping-pong (target ≤ 1.5);
-- RDMA READ throughput and 8-byte atomic latency, alongside; the WRITE round
-  trip also against a ping-pong that busy-polls both ends (the software's
-  own cost, without the wake-ups a blocking socket pays), and again in
-  event-driven mode.
+- round trips of 8-byte operations with both ends polling (``--spin-us``:
+  poll that long after the last event, then block in epoll) against a UDP
+  ping-pong with the same spin policy; event-driven round trips (``--spin-us
+  0`` on both ends) against a blocking ping-pong;
+- READ, FETCH_ADD and CMP_SWP round trips against the WRITE round trip;
+- 1 MiB WRITE over the TCP transport against a TCP stream with the
+  transport's socket tuning (`rdmakit.transport.tuning`), warmed up and timed
+  the same way: from the first send to the last byte acknowledged;
+- 1 MiB WRITE and READ over RoCEv2/UDP at MTU 4096 against a flow-controlled
+  GSO→GRO stream of RoCE-sized datagrams in the same direction, through the
+  soft device's own socket setup.
 
-Both sides pump their device through the synchronous :class:`Driver`: they
-poll for ``--spin-us`` after the last event, then block in epoll (on a few
-shared cores a spinning process takes the CPU its peer needs). The polling
-must outlast the peer's turn-around (25–60 µs of Python per side here), or
-every round trip also pays two wake-ups from idle; the event-driven row
-(``--spin-us 0`` on both sides) shows that cost. The RDMA
-requester's window is ``--window`` PSNs (rxe's 128 is what a kernel peer
-expects; between two rdmakit peers the receiver's socket buffer holds more).
+Where installed, C tools run on the same two addresses as a second baseline
+(`rdmakit.cli.bench_tools`): iperf3 for the TCP stream, fi_pingpong (libfabric,
+``-p tcp -e msg``, same size) for the polling round trip, sockperf for the
+blocking one. `rdmakit.cli.bench_rows.TARGETS` holds every target; ``--check``
+fails the run when a median misses one, ``--json-out FILE`` writes the rows.
+``--sweep`` measures sizes 2 B … 8 MiB (``--plot`` draws them) and ``--scale``
+1 to 1024 connected QPs.
 """
 
 import argparse
-import contextlib
-import dataclasses
 import ipaddress
 import json
-import random
-import statistics
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any
 
-from rdmakit.cli.common import CliError, add_general_flags, float_in, int_in, run
-from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, SendWR, WcStatus, WrOpcode
-from rdmakit.transport import baseline, fastpath
-from rdmakit.transport.device import Endpoint, SoftDevice, TransportName, connect_qp, local_endpoint
-from rdmakit.transport.driver import Driver
-from rdmakit.transport.udp import UdpLink
-
-MiB = 1 << 20
-#: A RoCEv2 WRITE MIDDLE packet at MTU 4096: BTH + payload + ICRC.
-UDP_SEGMENT_SIZE = 12 + 4096 + 4
-
-
-# -- the far side --------------------------------------------------------------------------
+from rdmakit.cli import bench_doca, bench_scale, bench_sweep
+from rdmakit.cli.bench_measure import Measure, MiB, c_median
+from rdmakit.cli.bench_peer import Child, serve
+from rdmakit.cli.bench_rows import HEADER, Report, Row, failures, sample
+from rdmakit.cli.bench_tools import CTools
+from rdmakit.cli.errors import CliError
+from rdmakit.cli.lifecycle import run
+from rdmakit.cli.options import add_general_flags, float_in, int_in
+from rdmakit.engine import WrOpcode
+from rdmakit.transport import fastpath
 
 
-class _Responder:
-    """An RDMA responder: a device, a QP and target memory, progressed until stopped."""
-
-    def __init__(self, transport: TransportName, ip: str, size: int) -> None:
-        self.dev = SoftDevice(ip, transport=transport, port=0)
-        self.cq = CompletionQueue(1024)
-        self.qp = self.dev.create_qp(send_cq=self.cq, recv_cq=self.cq)
-        self.mem = bytearray(size)
-        every = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
-        self.mr = self.dev.pd.register(self.mem, 0x4000_0000, every)
-        self.psn = random.getrandbits(24)
-
-    def info(self) -> dict[str, Any]:
-        ep = local_endpoint(self.dev, self.qp, self.psn)
-        return {"endpoint": dataclasses.asdict(ep), "addr": self.mr.addr, "rkey": self.mr.rkey}
-
-    def serve(self, peer: dict[str, Any], stop: threading.Event, spin: float) -> dict[str, int]:
-        connect_qp(self.dev, self.qp, self.psn, Endpoint(**peer))
-        with Driver() as driver:
-            driver.add(self.dev)
-            while not stop.is_set():
-                driver.run_until(stop.is_set, 0.05, spin)
-        counters = self.dev.counters.as_dict()
-        self.dev.close()
-        return counters
-
-
-def _stop_on_line(inp: TextIO) -> threading.Event:
-    """An event set when the next line arrives: the pump polls it, never waits on stdin."""
-    stop = threading.Event()
-
-    def wait() -> None:
-        inp.readline()
-        stop.set()
-
-    threading.Thread(target=wait, daemon=True).start()
-    return stop
-
-
-def _serve(inp: TextIO, out: TextIO) -> int:
-    def reply(**kw: Any) -> None:
-        out.write(json.dumps(kw) + "\n")
-        out.flush()
-
-    for line in inp:
-        cmd = json.loads(line)
-        op = cmd["op"]
-        if op == "tcp-sink":
-            sink = baseline.TcpSink(cmd["ip"])
-            reply(port=sink.port)
-            got, secs = sink.serve(cmd["chunk"])
-            reply(bytes=got, secs=secs)
-        elif op == "udp-sink":
-            link = UdpLink(cmd["ip"], 0)
-            reply(port=link.port)
-            got, secs = baseline.udp_gro_sink(link, cmd["expect"])
-            link.close()
-            reply(bytes=got, secs=secs)
-        elif op == "udp-echo":
-            echo = baseline.UdpEcho(cmd["ip"])
-            reply(port=echo.port)
-            echo.serve(cmd["count"], bool(cmd.get("poll", False)))
-            reply(done=True)
-        elif op == "rdma":
-            r = _Responder(cmd["transport"], cmd["ip"], cmd["size"])
-            reply(**r.info())
-            peer = json.loads(inp.readline())["endpoint"]
-            reply(counters=r.serve(peer, _stop_on_line(inp), cmd["spin"]))
-        elif op == "quit":
-            return 0
-    return 0
-
-
-# -- the measuring side --------------------------------------------------------------------
-
-
-class _Child:
-    def __init__(self) -> None:
-        # -P: a folder named rdmakit in the current directory must not shadow the package.
-        self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "rdmakit", "bench", "--serve"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-        )  # fmt: skip
-
-    def send(self, **kw: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(kw) + "\n")
-        self.proc.stdin.flush()
-
-    def recv(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise CliError("the benchmark's far side exited")
-        return dict(json.loads(line))
-
-    def close(self) -> None:
-        try:
-            self.send(op="quit")
-            self.proc.wait(5)
-        except (OSError, subprocess.TimeoutExpired):
-            self.kill()
-
-    def kill(self) -> None:
-        """Stop the far side now (the measuring side is leaving on an error or a signal)."""
-        self.proc.kill()
-        self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-
-
-class _Requester:
-    def __init__(
-        self, child: _Child, transport: TransportName, ip: str, peer_ip: str, size: int, opts: "_Opts"
-    ) -> None:
-        self.child = child
-        child.send(op="rdma", transport=transport, ip=peer_ip, size=size, spin=opts.spin)
-        info = child.recv()
-        self.remote_addr, self.rkey = info["addr"], info["rkey"]
-        self.dev = SoftDevice(ip, transport=transport, port=0)
-        self.driver = Driver()
-        self.driver.add(self.dev)
-        self.spin = opts.spin
-        self.cq = CompletionQueue(4096)
-        # Between two rdmakit peers the window may exceed rxe's 128 PSNs: the
-        # receiver's 32 MiB socket buffer holds it (verbs peers keep 128).
-        self.qp = self.dev.create_qp(
-            send_cq=self.cq,
-            recv_cq=self.cq,
-            caps=QpCaps(large_mtu=transport == "tcp", max_unacked_psns=opts.window),
-        )
-        self.mem = bytearray(size)
-        self.mr = self.dev.pd.register(self.mem, 0x1000_0000, Access.LOCAL_WRITE)
-        psn = random.getrandbits(24)
-        child.send(endpoint=dataclasses.asdict(local_endpoint(self.dev, self.qp, psn)))
-        connect_qp(self.dev, self.qp, psn, Endpoint(**info["endpoint"]))
-        self.wr_id = 0
-
-    def _wr(self, opcode: WrOpcode, length: int, compare_add: int = 0, swap: int = 0) -> SendWR:
-        self.wr_id += 1
-        return SendWR(
-            wr_id=self.wr_id, opcode=opcode, sg_list=(SGE(self.mr.addr, length, self.mr.lkey),),
-            remote_addr=self.remote_addr, rkey=self.rkey, compare_add=compare_add, swap=swap,
-        )  # fmt: skip
-
-    def stream(self, opcode: WrOpcode, length: int, total: int, depth: int = 4) -> float:
-        """Seconds to complete ``total`` bytes of ``length``-byte operations, ``depth`` in flight."""
-        n = max(1, total // length)
-        posted = done = 0
-        qp, cq, run, spin = self.qp, self.cq, self.driver.run_until, self.spin
-
-        def completed() -> bool:
-            return len(cq) > 0
-
-        t0 = time.perf_counter()
-        while done < n:
-            while posted < n and posted - done < depth:
-                qp.post_send(self._wr(opcode, length))
-                posted += 1
-            run(completed, 10.0, spin)
-            for wc in cq.poll(16):
-                if wc.status is not WcStatus.SUCCESS:
-                    raise CliError(f"{opcode.name} failed: {wc.status.name}")
-                done += 1
-        return time.perf_counter() - t0
-
-    def round_trips(
-        self, opcode: WrOpcode, length: int, count: int, compare_add: int = 0, swap: int = 0
-    ) -> list[float]:
-        qp, cq, run, spin = self.qp, self.cq, self.driver.run_until, self.spin
-
-        def completed() -> bool:
-            return len(cq) > 0
-
-        out: list[float] = []
-        for _ in range(count):
-            wr = self._wr(opcode, length, compare_add, swap)
-            t0 = time.perf_counter()
-            qp.post_send(wr)
-            if not run(completed, 10.0, spin):
-                raise CliError(f"{opcode.name}: no completion within 10 s")
-            wcs = cq.poll(1)
-            out.append(time.perf_counter() - t0)
-            if wcs[0].status is not WcStatus.SUCCESS:
-                raise CliError(f"{opcode.name} failed: {wcs[0].status.name}")
-        return out
-
-    def close(self) -> dict[str, Any]:
-        self.child.send(op="stop")
-        counters = self.child.recv()["counters"]
-        self.driver.close()
-        self.dev.close()
-        return dict(counters)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Opts:
-    #: Requester window in PSNs (rxe: 128).
-    window: int = 128
-    #: Seconds of idle polling before the driver blocks in epoll.
-    spin: float = 0.0
-
-
-@dataclasses.dataclass
-class Row:
-    name: str
-    value: float
-    unit: str
-    baseline: float | None = None
-    target: str = ""
-
-    @property
-    def ratio(self) -> float | None:
-        if self.baseline is None or not self.baseline:
-            return None
-        return self.value / self.baseline
-
-
-def _median(fn: Callable[[], float], runs: int) -> float:
-    return float(statistics.median(fn() for _ in range(runs)))
-
-
-def _measure(args: argparse.Namespace, emit: Callable[[Row], None]) -> None:
-    a, b = args.ip_a, args.ip_b
+def headline(m: Measure, args: argparse.Namespace, rep: Report) -> None:
+    """The rows of a plain ``rdmakit bench``."""
+    runs, pings = int(args.runs), int(args.pings)
     total = int(args.total) * MiB
-    runs = int(args.runs)
-    opts = _Opts(window=int(args.window), spin=float(args.spin_us) * 1e-6)
-    child = _Child()
+    spin = float(args.spin_us) * 1e-6
+    warm = min(8 * MiB, total)
+    tools = m.tools
+
+    def add(key: str, name: str, unit: str, fn: Callable[[], float], **kw: Any) -> Row:
+        return rep.add(Row(key, name, unit, sample(fn, runs), **kw))
+
+    # Throughput, MB/s.
+    raw = add(
+        "tcp_raw",
+        "raw TCP stream, 1 MiB, transport's tuning",
+        "MB/s",
+        lambda: m.raw_tcp(MiB, total, warm) / 1e6,
+    )
+    iperf = c_median(lambda: tools.iperf3(total, MiB), runs)
+    add(
+        "tcp_write",
+        "RDMA WRITE 1 MiB, TCP transport",
+        "MB/s",
+        lambda: m.rdma_stream("tcp", WrOpcode.RDMA_WRITE, MiB, total, spin, warm) / 1e6,
+        baseline=raw.value,
+        baseline_name=raw.name,
+        c_baseline=None if iperf is None else iperf / 1e6,
+        c_baseline_name="iperf3 -l 1M, one stream",
+    )
+    out = add(
+        "udp_raw_out",
+        "raw UDP GSO→GRO stream, 1 MiB, A→B",
+        "MB/s",
+        lambda: m.raw_udp_out(MiB, total, spin) / 1e6,
+    )
+    add(
+        "udp_write",
+        "RDMA WRITE 1 MiB, RoCEv2/UDP, MTU 4096",
+        "MB/s",
+        lambda: m.rdma_stream("roce-udp", WrOpcode.RDMA_WRITE, MiB, total, spin, warm) / 1e6,
+        baseline=out.value,
+        baseline_name=out.name,
+    )
+    inn = add(
+        "udp_raw_in",
+        "raw UDP GSO→GRO stream, 1 MiB, B→A",
+        "MB/s",
+        lambda: m.raw_udp_in(MiB, total, spin) / 1e6,
+    )
+    add(
+        "udp_read",
+        "RDMA READ 1 MiB, RoCEv2/UDP, MTU 4096",
+        "MB/s",
+        lambda: m.rdma_stream("roce-udp", WrOpcode.RDMA_READ, MiB, total, spin, warm) / 1e6,
+        baseline=inn.value,
+        baseline_name=inn.name,
+    )
+
+    # Round trips, µs: polling rows against the polling ping, event-driven against blocking.
+    ping = add(
+        "ping_poll",
+        f"raw UDP ping 8 B, polling {args.spin_us:g} µs",
+        "µs",
+        lambda: m.raw_ping(8, pings, spin) * 1e6,
+    )
+    fi = c_median(lambda: tools.fi_pingpong(8, pings), runs)
+    fi_us = None if fi is None else fi * 1e6
+
+    def rtt(op: WrOpcode, compare_add: int = 0, swap: int = 0, s: float = spin) -> Callable[[], float]:
+        return lambda: m.rdma_rtt(op, 8, pings, s, compare_add, swap) * 1e6
+
+    common = {"baseline": ping.value, "baseline_name": ping.name}
+    add(
+        "rtt_write_poll",
+        "RDMA WRITE 8 B round trip, polling",
+        "µs",
+        rtt(WrOpcode.RDMA_WRITE),
+        c_baseline=fi_us,
+        c_baseline_name="fi_pingpong -p tcp -e msg -S 8",
+        **common,
+    )
+    add("rtt_read_poll", "RDMA READ 8 B round trip, polling", "µs", rtt(WrOpcode.RDMA_READ), **common)
+    add(
+        "rtt_fadd_poll",
+        "ATOMIC FETCH_ADD 8 B round trip, polling",
+        "µs",
+        rtt(WrOpcode.ATOMIC_FETCH_AND_ADD, compare_add=1),
+        **common,
+    )
+    add(
+        "rtt_cswap_poll",
+        "ATOMIC CMP_SWP 8 B round trip, polling",
+        "µs",
+        rtt(WrOpcode.ATOMIC_CMP_AND_SWP),
+        **common,
+    )
+    block = add("ping_block", "raw UDP ping 8 B, blocking", "µs", lambda: m.raw_ping(8, pings, 0.0) * 1e6)
+    sp = c_median(lambda: tools.sockperf(8), runs)
+    add(
+        "rtt_write_event",
+        "RDMA WRITE 8 B round trip, event-driven",
+        "µs",
+        rtt(WrOpcode.RDMA_WRITE, s=0.0),
+        baseline=block.value,
+        baseline_name=block.name,
+        c_baseline=None if sp is None else sp * 1e6,
+        c_baseline_name="sockperf ping-pong -m 14 (its minimum), blocking",
+    )
+
+    # The DOCA layer: both ends in this process, one progress engine, busy polling.
+    job = add(
+        "doca_job_rtt",
+        "DOCA job API: WRITE 8 B round trip, polling",
+        "µs",
+        lambda: bench_doca.write_round_trip("job", m.a, m.b, pings) * 1e6,
+        **common,
+    )
+    add(
+        "doca_task_rtt",
+        "DOCA task API: the same",
+        "µs",
+        lambda: bench_doca.write_round_trip("task", m.a, m.b, pings) * 1e6,
+        baseline=job.value,
+        baseline_name=job.name,
+    )
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.serve:
+        return serve(sys.stdin, sys.stdout)
+    if args.plot and not args.sweep:
+        raise CliError("--plot draws a sweep: add --sweep")
+    if args.plot:
+        bench_sweep.require_matplotlib()
+    quiet = args.json_out == "-"
+    rep = Report(quiet)
+    rep.say(f"rdmakit bench: {args.runs} runs each (median, min–max), {args.total} MiB per throughput run")
+    rep.say(f"UDP data plane: {fastpath.describe()}; polling: {args.spin_us:g} µs before blocking")
+    tools = CTools(args.ip_a, args.ip_b, rep.say, enabled=not args.no_c_baselines)
+    child = Child()
     ok = False
     try:
-
-        def raw_tcp() -> float:
-            child.send(op="tcp-sink", ip=b, chunk=MiB)
-            port = child.recv()["port"]
-            secs = baseline.tcp_source(b, port, MiB, total)
-            res = child.recv()
-            return float(res["bytes"]) / secs
-
-        def raw_udp() -> float:
-            child.send(op="udp-sink", ip=b, expect=total)
-            port = child.recv()["port"]
-            baseline.udp_gso_source(a, (b, port), UDP_SEGMENT_SIZE, total)
-            res = child.recv()
-            return float(res["bytes"]) / float(res["secs"])
-
-        def rdma_stream(transport: TransportName, opcode: WrOpcode) -> Callable[[], float]:
-            def measure() -> float:
-                r = _Requester(child, transport, a, b, MiB, opts)
-                try:
-                    r.stream(opcode, MiB, 8 * MiB)  # warm-up: caches, buffers, window
-                    return total / r.stream(opcode, MiB, total)
-                finally:
-                    r.close()
-
-            return measure
-
-        tcp_base = _median(raw_tcp, runs)
-        emit(Row("raw TCP stream, 1 MiB sendall/recv_into", tcp_base / 1e6, "MB/s"))
-        v = _median(rdma_stream("tcp", WrOpcode.RDMA_WRITE), runs)
-        emit(Row("RDMA WRITE 1 MiB, TCP transport", v / 1e6, "MB/s", tcp_base / 1e6, "≥ 0.9"))
-
-        udp_base = _median(raw_udp, runs)
-        emit(Row(f"raw UDP GSO→GRO, {UDP_SEGMENT_SIZE}-byte datagrams", udp_base / 1e6, "MB/s"))
-        v = _median(rdma_stream("roce-udp", WrOpcode.RDMA_WRITE), runs)
-        emit(Row("RDMA WRITE 1 MiB, RoCEv2/UDP, MTU 4096", v / 1e6, "MB/s", udp_base / 1e6, "≥ 0.5"))
-        v = _median(rdma_stream("roce-udp", WrOpcode.RDMA_READ), runs)
-        emit(Row("RDMA READ 1 MiB, RoCEv2/UDP, MTU 4096", v / 1e6, "MB/s", udp_base / 1e6))
-
-        n = args.pings
-
-        def raw_ping(poll: bool) -> Callable[[], float]:
-            def measure() -> float:
-                child.send(op="udp-echo", ip=b, count=n, poll=poll)
-                port = child.recv()["port"]
-                rtts = baseline.udp_ping(a, (b, port), n, 8, poll)
-                child.recv()
-                return statistics.median(rtts)
-
-            return measure
-
-        ping = _median(raw_ping(False), runs)
-        emit(Row("raw UDP ping-pong, 8 bytes, round trip", ping * 1e6, "µs"))
-        polled = _median(raw_ping(True), runs)
-        emit(Row("raw UDP ping-pong, busy-polling both ends", polled * 1e6, "µs"))
-
-        def rdma_rtt(
-            opcode: WrOpcode, compare_add: int = 0, swap: int = 0, how: _Opts = opts
-        ) -> Callable[[], float]:
-            def measure() -> float:
-                r = _Requester(child, "roce-udp", a, b, MiB, how)
-                try:
-                    r.round_trips(opcode, 8, 100, compare_add, swap)
-                    return statistics.median(r.round_trips(opcode, 8, n, compare_add, swap))
-                finally:
-                    r.close()
-
-            return measure
-
-        v = _median(rdma_rtt(WrOpcode.RDMA_WRITE), runs)
-        emit(Row("RDMA WRITE 8 bytes, round trip (sync driver)", v * 1e6, "µs", ping * 1e6, "≤ 1.5"))
-        emit(Row("  the same against the busy-polling ping", v * 1e6, "µs", polled * 1e6))
-        v = _median(rdma_rtt(WrOpcode.RDMA_READ), runs)
-        emit(Row("RDMA READ 8 bytes, round trip", v * 1e6, "µs", ping * 1e6))
-        v = _median(rdma_rtt(WrOpcode.ATOMIC_FETCH_AND_ADD, compare_add=1), runs)
-        emit(Row("ATOMIC FETCH_ADD 8 bytes, round trip", v * 1e6, "µs", ping * 1e6))
-        v = _median(rdma_rtt(WrOpcode.ATOMIC_CMP_AND_SWP, compare_add=0, swap=0), runs)
-        emit(Row("ATOMIC CMP_SWP 8 bytes, round trip", v * 1e6, "µs", ping * 1e6))
-        v = _median(rdma_rtt(WrOpcode.RDMA_WRITE, how=dataclasses.replace(opts, spin=0.0)), runs)
-        emit(Row("RDMA WRITE 8 bytes, round trip (event-driven)", v * 1e6, "µs", ping * 1e6))
+        m = Measure(args.ip_a, args.ip_b, child, tools, int(args.window))
+        rep.say(HEADER)
+        if args.sweep:
+            bench_sweep.sweep(m, args, rep)
+        elif args.scale:
+            bench_scale.scale(m, args, rep)
+        else:
+            headline(m, args, rep)
         ok = True
     finally:
         if ok:
             child.close()
         else:  # an error, Ctrl-C, SIGTERM or SIGHUP: the far side goes too, at once
             child.kill()
-
-
-def _bench(args: argparse.Namespace) -> int:
-    if args.serve:
-        return _serve(sys.stdin, sys.stdout)
-    rows: list[Row] = []
-
-    def emit(row: Row) -> None:
-        rows.append(row)
-        if args.json_out:
-            return
-        ratio = f"{row.ratio:6.2f}" if row.ratio is not None else "      "
-        print(f"{row.name:<48} {row.value:10.1f} {row.unit:<5} {ratio}  {row.target}".rstrip(), flush=True)
-
-    if not args.json_out:
-        print(f"rdmakit bench: {args.runs} runs each (median), {args.total} MiB per throughput run")
-        print(f"UDP data plane: {fastpath.describe()}")
-        print(f"{'test':<48} {'value':>10} {'unit':<5} {'ratio':>6}  target")
-    _measure(args, emit)
-    if args.json_out:
-        print(json.dumps([dataclasses.asdict(r) | {"ratio": r.ratio} for r in rows], indent=2))
+    rows = [r.as_json() for r in rep.rows.values()]
+    if quiet:
+        print(json.dumps(rows, indent=2))
+    elif args.json_out:
+        Path(args.json_out).write_text(json.dumps(rows, indent=2) + "\n")
+    if args.plot:
+        bench_sweep.plot(list(rep.rows.values()), args.plot)
+        rep.say(f"plot written to {args.plot}")
+    missed = failures(list(rep.rows.values()))
+    if args.check:
+        for line in missed:
+            print(f"target missed: {line}", file=sys.stderr)
+        if missed:
+            return 1
+        rep.say("every target with a figure holds")
     return 0
 
 
@@ -404,25 +228,46 @@ def _address(text: str) -> str:
 
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    p = sub.add_parser("bench", help="benchmark the soft engine against raw sockets (loopback)")
+    p = sub.add_parser("bench", help="benchmark the soft engine against raw sockets and C tools (loopback)")
     add_general_flags(p)
-    p.add_argument("--runs", type=int_in(1, 1000), default=3, help="runs per figure; the median is shown (3)")
+    p.add_argument("--runs", type=int_in(1, 1000), default=5, help="runs per figure; the median is shown (5)")
     p.add_argument("--total", type=int_in(1, 1 << 20), default=256, help="MiB per throughput run (256)")
     p.add_argument("--pings", type=int_in(1, 10**8), default=2000, help="round trips per latency run (2000)")
     p.add_argument(
         "--window",
         type=int_in(1, 1 << 22),
         default=1024,
-        help="requester window in PSNs, rdmakit to rdmakit (1024; rxe 128)",
+        help="requester window in PSNs, rdmakit to rdmakit (1024; rxe 128); the raw UDP stream's too",
     )
     p.add_argument(
         "--spin-us",
         type=float_in(0.0, 1e6),
         default=200.0,
-        help="µs of idle polling before blocking in epoll (200; 0: event-driven only)",
+        help="µs of polling after the last event before blocking, both ends and the raw ping (200)",
     )
     p.add_argument("--ip-a", type=_address, default="127.0.0.2", help="this side's loopback address")
     p.add_argument("--ip-b", type=_address, default="127.0.0.3", help="the far side's loopback address")
-    p.add_argument("--json-out", action="store_true", help="print the figures as JSON")
+    p.add_argument("--check", action="store_true", help="exit 1 when a median misses its target")
+    p.add_argument("--json-out", metavar="FILE", help="write the rows as JSON to FILE ('-': print only them)")
+    p.add_argument("--no-c-baselines", action="store_true", help="skip iperf3, sockperf and fi_pingpong")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--sweep", action="store_true", help="sizes 2 B … --sweep-max, powers of two")
+    mode.add_argument("--scale", action="store_true", help="1 … 1024 connected QPs (--scale-qps)")
+    p.add_argument(
+        "--sweep-max",
+        type=int_in(2, 1 << 30),
+        default=8 * MiB,
+        help="largest size of --sweep in bytes (8 MiB)",
+    )
+    p.add_argument("--plot", metavar="FILE.png", help="with --sweep: draw throughput and latency vs size")
+    p.add_argument(
+        "--scale-qps",
+        type=bench_scale.qp_counts,
+        default=bench_scale.DEFAULT_QPS,
+        help="with --scale: QP counts, comma-separated (1,16,256,1024)",
+    )
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=run(p, _bench))
+
+
+__all__ = ["headline", "register"]

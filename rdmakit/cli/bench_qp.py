@@ -16,12 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 from ipaddress import IPv6Address
 
-from rdmakit.cli.common import CliError
+from rdmakit.cli.errors import CliError
 from rdmakit.doca import DocaError, DocaErrorCode
 from rdmakit.doca.backend import BackendDevice, BackendQP, MemoryRegistration
 from rdmakit.doca.device import find_devinfo
-from rdmakit.doca.soft import SoftBackendQP
-from rdmakit.doca.verbs_glue import VerbsBackendDevice, VerbsBackendQP
+from rdmakit.doca.verbs_glue import VerbsBackendDevice
 from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, SendWR, WcStatus
 from rdmakit.transport.driver import wait_readable
 from rdmakit.verbs.buffers import buffer_address
@@ -116,15 +115,8 @@ class TestQp:
         self.mtu = int(mine["mtu"])  # type: ignore[call-overload]
 
     def set_options(self, **values: int) -> None:
-        """Set the RTR/RTS attributes the backend's options have (both have timeouts, retries, rd_atomic)."""
-        qp = self.qp
-        if isinstance(qp, SoftBackendQP):
-            known = {f.name for f in dataclasses.fields(qp.options)}
-            qp.options = dataclasses.replace(qp.options, **{k: v for k, v in values.items() if k in known})
-        elif isinstance(qp, VerbsBackendQP):
-            vq = qp.verbs
-            known = {f.name for f in dataclasses.fields(vq.options)}
-            vq.options = dataclasses.replace(vq.options, **{k: v for k, v in values.items() if k in known})
+        """Set RTR/RTS attributes (`ConnectAttrs` fields) for `connect`."""
+        self.qp.connect_attrs = dataclasses.replace(self.qp.connect_attrs, **values)
 
     def connect(self, *, gid: IPv6Address, qpn: int, psn: int, mtu: int) -> None:
         """RTR and RTS towards the peer the out-of-band exchange described."""

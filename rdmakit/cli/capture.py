@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import BinaryIO
 
-from rdmakit.cli.common import CliError, add_general_flags, float_in, int_in, log, run
+from rdmakit.cli.errors import CliError
+from rdmakit.cli.lifecycle import run
+from rdmakit.cli.options import add_general_flags, float_in, int_in, log
 from rdmakit.transport.capture import CaptureError, PacketSocket, PcapWriter, read_pcap
 from rdmakit.wire import ROCE_UDP_PORT
 from rdmakit.wire.frames import RoceDatagram, describe, parse_frame

@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rdmakit.cli.common import TIMEOUT, CliError, add_general_flags, int_in, run
+from rdmakit.cli.errors import CliError
+from rdmakit.cli.lifecycle import run
+from rdmakit.cli.options import TIMEOUT, add_general_flags, int_in
 from rdmakit.cli.session import ALL_REMOTE, Session
 from rdmakit.doca import (
     AccessFlag,

@@ -11,7 +11,10 @@ import json
 import logging
 from ipaddress import IPv6Address
 
-from rdmakit.cli.common import CliError, add_general_flags, data_plane, run
+from rdmakit.cli.about import data_plane
+from rdmakit.cli.errors import CliError
+from rdmakit.cli.lifecycle import run
+from rdmakit.cli.options import add_general_flags
 from rdmakit.doca import DevInfo, DocaError, JobType, devinfo_list, find_devinfo
 from rdmakit.verbs import pyverbs_missing
 

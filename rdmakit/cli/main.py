@@ -2,7 +2,7 @@
 
 Each module in :data:`COMMAND_MODULES` adds its subcommands with
 ``register(subparsers)``; a subcommand's handler takes the parsed arguments and
-returns the exit status (:data:`rdmakit.cli.common.EXIT_STATUSES`). Errors a
+returns the exit status (:data:`rdmakit.cli.errors.EXIT_STATUSES`). Errors a
 user can act on are one line on stderr; SIGINT, SIGTERM and SIGHUP remove
 what the program published and exit with 128 + the signal's number.
 """
@@ -12,15 +12,18 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from rdmakit.cli.common import EXIT_STATUS_HELP, EXIT_USAGE, main_errors, notice_pure_python, version_line
+from rdmakit.cli.about import notice_pure_python, version_line
+from rdmakit.cli.errors import EXIT_STATUS_HELP, EXIT_USAGE
+from rdmakit.cli.lifecycle import main_errors
 
 #: Modules that contribute subcommands, in help order.
 COMMAND_MODULES = (
     "rdmakit.cli.devices",
-    "rdmakit.cli.samples",
+    "rdmakit.cli.samples_tasks",  # the samples, with --api task
     "rdmakit.cli.demo",
     "rdmakit.cli.bench",
-    "rdmakit.cli.dma",
+    "rdmakit.cli.dma_copy",
+    "rdmakit.cli.dma_samples",
     "rdmakit.cli.capture",
     "rdmakit.cli.perftest",
     "rdmakit.cli.rc_pingpong",

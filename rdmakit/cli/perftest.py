@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rdmakit.cli.bench_qp import TestQp, oob_timeout, open_device
-from rdmakit.cli.common import CliError, run
+from rdmakit.cli.errors import CliError
+from rdmakit.cli.lifecycle import run
 from rdmakit.cli.oob_messages import (
     KEY_MSG_LEN,
     MIN_PEER_VERSION,
@@ -211,13 +212,15 @@ def _connect(p: Params, res: Resources, rem: list[PerftestDest], mtu: int) -> No
             max_rd_atomic=max(1, min(r.out_reads, MAX_OUT_READ)),
             hop_limit=255,
         )  # fmt: skip
+        if p.qp_timeout is not None:
+            q.set_options(timeout=p.qp_timeout)
         q.connect(gid=r.gid, qpn=r.qpn, psn=r.psn, mtu=mtu)
 
 
 def _test(p: Params, ex: Exchange, res: Resources, mtu: int) -> int:
     verb, nq = p.kind.verb, p.num_qps
     mine = [res.dest(i) for i in range(nq)]
-    gid_index = p.gid_index if p.gid_index is not None else _gid_index(res)
+    gid_index = p.gid_index if p.gid_index is not None else res.dev.gid_index
     print_test_info(p, res.dev, mtu, gid_index)
     lat_prefix = p.kind.lat and verb != "send"
     if lat_prefix:  # write_lat, read_lat, atomic_lat: one barrier before the keys
@@ -235,11 +238,6 @@ def _test(p: Params, ex: Exchange, res: Resources, mtu: int) -> int:
     if p.kind.lat:
         return _lat(p, ex, res, mine, rem)
     return _bw(p, ex, res, mine, rem)
-
-
-def _gid_index(res: Resources) -> int:
-    idx = getattr(res.dev, "gid_index", 0)
-    return int(idx) if isinstance(idx, int) else 0
 
 
 def _bw(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: list[PerftestDest]) -> int:

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rdmakit.cli.common import CliError
+from rdmakit.cli.errors import CliError
 from rdmakit.cli.oob_messages import (
     ANNOUNCED_VERSION,
 )
@@ -81,6 +81,8 @@ class Params:
     gbits: bool
     out_reads: int
     duration: int | None = None
+    #: ``-u``: the local ACK timeout code (4.096 µs × 2^code); None keeps the device's default.
+    qp_timeout: int | None = None
     sizes: list[int] = field(default_factory=list)
 
     @property
@@ -118,6 +120,9 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     p.add_argument("-o", "--outs", type=_int, help="outstanding reads/atomics (read and atomic tests)")
     p.add_argument("-D", "--duration", type=_int, help="run for this many seconds instead of -n iterations")
     p.add_argument("-F", "--CPU-freq", dest="cpu_freq", action="store_true", help="accepted; no effect here")
+    p.add_argument(
+        "-u", "--qp-timeout", dest="qp_timeout", type=_int, help="QP timeout, 4.096 µs * 2^timeout (0..31)"
+    )
     p.add_argument("--report_gbits", action="store_true", help="report Gb/sec instead of MB/sec")
     p.add_argument("-V", "--version", action="version", version=f"Version: {ANNOUNCED_VERSION}")
     return p
@@ -181,6 +186,8 @@ def parse(name: str, argv: Sequence[str]) -> Params:
         raise CliError(f"GID index must be 0..64, not {a.gid_index}")
     if not 1 <= a.port <= 65535:
         raise CliError(f"invalid port {a.port}")
+    if a.qp_timeout is not None and not 0 <= a.qp_timeout <= 31:
+        raise CliError(f"QP timeout must be 0..31, not {a.qp_timeout}")
     out_reads = 1
     if kind.verb in ("read", "atomic"):
         out_reads = a.outs if a.outs is not None else MAX_OUT_READ
@@ -193,5 +200,5 @@ def parse(name: str, argv: Sequence[str]) -> Params:
         size=MAX_SIZE if run_all else size, iters=iters, run_all=run_all, tx_depth=tx_depth,
         rx_depth=rx_depth, cq_mod=cq_mod, mtu=a.mtu, num_qps=a.qp, duplex=a.bidirectional,
         atomic_cas=a.atomic_type == "CMP_AND_SWAP", gbits=a.report_gbits, out_reads=out_reads, sizes=sizes,
-        duration=duration,
+        duration=duration, qp_timeout=a.qp_timeout,
     )  # fmt: skip

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rdmakit.cli.bench_qp import Memory, TestQp, oob_timeout, pump
-from rdmakit.cli.common import CliError
+from rdmakit.cli.errors import CliError
 from rdmakit.cli.oob_messages import (
     BwReport,
     PerftestDest,

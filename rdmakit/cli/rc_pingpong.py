@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from ipaddress import IPv6Address
 
 from rdmakit.cli.bench_qp import Memory, TestQp, oob_timeout, open_device, pump
-from rdmakit.cli.common import CliError, run
+from rdmakit.cli.errors import CliError
+from rdmakit.cli.lifecycle import run
 from rdmakit.cli.oob_messages import DONE, PINGPONG_MSG_LEN, OobFormatError, PingpongDest
 from rdmakit.doca.backend import BackendDevice
 from rdmakit.engine.types import SGE, Completion, RecvWR, SendWR, WcOpcode, WrOpcode

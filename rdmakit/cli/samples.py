@@ -23,25 +23,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rdmakit.cli.common import (
-    EXIT_USAGE,
+from rdmakit.cli.errors import EXIT_USAGE, CliError
+from rdmakit.cli.lifecycle import Terminated, run
+from rdmakit.cli.options import (
     TIMEOUT,
     U32,
     U64,
-    CliError,
-    PeerWatch,
-    Run,
-    StatusFile,
-    Terminated,
     add_foreign_flag,
     add_general_flags,
     foreign_allowed,
     int_in,
     log,
-    run,
-    wait_for_descriptor,
 )
 from rdmakit.cli.session import ConnectionBroke, Session
+from rdmakit.cli.status_files import PeerWatch, Run, StatusFile, wait_for_descriptor
 from rdmakit.doca import (
     AccessFlag,
     DocaError,
@@ -74,7 +69,7 @@ DEFAULT_IMMEDIATE = 0xABCD
 class Files:
     """The descriptor files of one side: what it publishes, what it reads, and its peer.
 
-    Published files go through :func:`rdmakit.cli.common.publish` (removed on
+    Published files go through :func:`rdmakit.cli.publishing.publish` (removed on
     any exit) and are listed in this side's status file beside ``-ld``, which
     the peer watches; the peer's status file, beside ``-re``, is watched in
     turn once connected (:class:`PeerWatch`).
@@ -222,7 +217,7 @@ def _wait_done(args: argparse.Namespace, s: Session, job: RdmaRecvJob, mem: byte
     assert isinstance(ev.result, RdmaResult)
     try:
         note = json.loads(bytes(mem[: ev.result.length]))
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise CliError("the requester's completion note is not JSON") from e
     if not isinstance(note, dict):
         raise CliError("the requester's completion note is not a JSON object")
@@ -394,6 +389,11 @@ def atomic_requester(args: argparse.Namespace, files: Files) -> int:
         s.run(job, args.timeout, f"the atomic {args.op}")
         original = int.from_bytes(result, sys.byteorder)
         _send_done(args, s, {"done": args.op, "original": original})
+    return report_atomic(args, original)
+
+
+def report_atomic(args: argparse.Namespace, original: int) -> int:
+    """The atomic requester's last line (both APIs)."""
     if args.op == "cas":
         swapped = "swapped" if original == args.compare else "not swapped"
         print(f"Compare-and-swap: original value {original}, {swapped}")
@@ -405,7 +405,11 @@ def atomic_requester(args: argparse.Namespace, files: Files) -> int:
 def atomic_responder(args: argparse.Namespace, files: Files) -> int:
     word = bytearray(args.initial.to_bytes(8, sys.byteorder))
     perms = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_ATOMIC | AccessFlag.RDMA_READ
-    note = _one_sided_responder(args, files, word, perms)
+    return report_atomic_responder(args, word, _one_sided_responder(args, files, word, perms))
+
+
+def report_atomic_responder(args: argparse.Namespace, word: bytearray, note: dict[str, object]) -> int:
+    """The atomic responder's last line (both APIs)."""
     final = int.from_bytes(word, sys.byteorder)
     print(f"Atomic {note.get('done')}: value was {args.initial}, is now {final}")
     return 0
@@ -469,12 +473,16 @@ def _check(args: argparse.Namespace, fn: Callable[[argparse.Namespace, Files], i
     _check_paths(args, fn)
 
 
-def _runner(fn: Callable[[argparse.Namespace, Files], int]) -> Callable[[argparse.Namespace], int]:
+Sample = Callable[[argparse.Namespace, Files], int]
+
+
+def _runner(fn: Sample, task_fn: Sample | None = None) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         _check(args, fn)
         files = Files(args)
+        chosen = task_fn if task_fn is not None and getattr(args, "api", "job") == "task" else fn
         try:
-            return fn(args, files)
+            return chosen(args, files)
         except CliError as e:
             message = files.failed(str(e), isinstance(e, ConnectionBroke))
             if message == str(e):
@@ -495,7 +503,10 @@ def _runner(fn: Callable[[argparse.Namespace, Files], int]) -> Callable[[argpars
     return handler
 
 
-def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(
+    sub: "argparse._SubParsersAction[argparse.ArgumentParser]", task_api: dict[Sample, Sample] | None = None
+) -> None:
+    """The sample subcommands; `task_api` maps a sample to its task-API version (``--api task``)."""
     for name, (summary, fn, extras) in SAMPLES.items():
         p = sub.add_parser(name, help=summary, description=f"DOCA RDMA sample: {summary}.")
         add_general_flags(p)
@@ -545,4 +556,12 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
             p.add_argument("--add", type=U64, default=1, help="value to add, modulo 2^64 (faa)")
         if "initial" in extras:
             p.add_argument("--initial", type=U64, default=0, help="the word's initial value (0)")
-        p.set_defaults(handler=run(p, _runner(fn)))
+        task_fn = None if task_api is None else task_api.get(fn)
+        if task_fn is not None:
+            p.add_argument(
+                "--api",
+                choices=("job", "task"),
+                default="job",
+                help="DOCA API: job (doca_workq, DOCA 2.0) or task (doca_pe and tasks, DOCA 2.5+)",
+            )
+        p.set_defaults(handler=run(p, _runner(fn, task_fn)))

@@ -11,7 +11,7 @@ import ipaddress
 import time
 from collections.abc import Callable, Iterable
 
-from rdmakit.cli.common import CliError
+from rdmakit.cli.errors import CliError
 from rdmakit.doca import (
     AccessFlag,
     Buf,

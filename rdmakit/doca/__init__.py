@@ -7,6 +7,7 @@ from rdmakit.doca.backend import (
     BackendCaps,
     BackendDevice,
     BackendQP,
+    ConnectAttrs,
     DeviceCaps,
     JobType,
     MemoryRegistration,
@@ -55,6 +56,7 @@ from rdmakit.doca.dma import (
     Dma,
     DmaMemcpyJob,
 )
+from rdmakit.doca.dma_tasks import DmaTaskMemcpy
 from rdmakit.doca.errors import (
     DocaError,
     DocaErrorCode,
@@ -82,7 +84,7 @@ from rdmakit.doca.mmap import (
     Mmap,
     MmapDescriptor,
 )
-from rdmakit.doca.pe import PeContext, ProgressEngine, thread_engine
+from rdmakit.doca.pe import PE, PeContext, ProgressEngine, thread_engine
 from rdmakit.doca.rdma import (
     RDMA_PERMISSIONS,
     Rdma,
@@ -100,6 +102,16 @@ from rdmakit.doca.rdma import (
     RdmaWriteImmJob,
     RdmaWriteJob,
 )
+from rdmakit.doca.rdma_tasks import (
+    RdmaTaskAtomicCmpSwp,
+    RdmaTaskAtomicFetchAdd,
+    RdmaTaskRead,
+    RdmaTaskReceive,
+    RdmaTaskSend,
+    RdmaTaskSendImm,
+    RdmaTaskWrite,
+    RdmaTaskWriteImm,
+)
 from rdmakit.doca.shm import (
     DPU_DESCRIPTOR_FORMAT,
     DpuDescriptor,
@@ -116,6 +128,7 @@ from rdmakit.doca.sync_event import (
     SyncEventWaitEqJob,
     SyncEventWaitGtJob,
 )
+from rdmakit.doca.tasks import Task, TaskCallback, TaskConf, TaskState
 from rdmakit.doca.verbs_glue import install as _install_verbs
 
 __all__ = [
@@ -128,6 +141,7 @@ __all__ = [
     "LOCAL_CAPS",
     "MAX_DESCRIPTOR_SIZE",
     "MAX_REFCOUNT",
+    "PE",
     "RDMA_PERMISSIONS",
     "SOFT_CAPS",
     "U64_MAX",
@@ -141,6 +155,7 @@ __all__ = [
     "BufPool",
     "CommChannel",
     "CommChannelServer",
+    "ConnectAttrs",
     "ConnectionDescriptor",
     "Ctx",
     "CtxState",
@@ -150,6 +165,7 @@ __all__ = [
     "DeviceCaps",
     "Dma",
     "DmaMemcpyJob",
+    "DmaTaskMemcpy",
     "DocaError",
     "DocaErrorCode",
     "DpuDescriptor",
@@ -179,6 +195,14 @@ __all__ = [
     "RdmaSendImmJob",
     "RdmaSendJob",
     "RdmaState",
+    "RdmaTaskAtomicCmpSwp",
+    "RdmaTaskAtomicFetchAdd",
+    "RdmaTaskRead",
+    "RdmaTaskReceive",
+    "RdmaTaskSend",
+    "RdmaTaskSendImm",
+    "RdmaTaskWrite",
+    "RdmaTaskWriteImm",
     "RdmaTransportType",
     "RdmaWriteImmJob",
     "RdmaWriteJob",
@@ -192,6 +216,10 @@ __all__ = [
     "SyncEventSetJob",
     "SyncEventWaitEqJob",
     "SyncEventWaitGtJob",
+    "Task",
+    "TaskCallback",
+    "TaskConf",
+    "TaskState",
     "Transport",
     "UserCallback",
     "WorkQ",

@@ -15,6 +15,18 @@ job. An event nobody waits for is kept until `wait_job` or `next_event`
 takes it, so a cancelled wait loses nothing: the job stays in flight and its
 event can still be awaited.
 
+Tasks (DOCA 2.5+)::
+
+    task = rdma.task_write_allocate_init(src, dst)
+    await aio.run_task(task)           # submit, then wait until its callback ran
+    await aio.progress(pe)             # doca_pe_progress, sleeping until there is progress
+
+The engine is driven in the loop of ``doca_pe_request_notification``
+(progress until nothing happens, request, ``wait_readable`` on the
+notification handle, clear), one trio task at a time; the task's own
+callbacks (``set_conf``) still run, inside ``progress``, before the await
+returns.
+
 Failed jobs are returned, not raised: check ``event.ok`` and ``event.error``
 as with ``WorkQ.progress_retrieve``. Misuse (submitting to a stopped context,
 a full WorkQ, ...) raises `DocaError` at once, as ``WorkQ.submit`` does.
@@ -27,8 +39,10 @@ import trio
 
 from rdmakit.doca.ctx import Event, Job, WorkQ
 from rdmakit.doca.errors import DocaError, DocaErrorCode
+from rdmakit.doca.pe import ProgressEngine
+from rdmakit.doca.tasks import Task, TaskState
 
-__all__ = ["next_event", "run_job", "run_jobs", "wait_job"]
+__all__ = ["next_event", "progress", "run_job", "run_jobs", "run_task", "wait_job", "wait_task"]
 
 
 class _Waiters:
@@ -145,3 +159,102 @@ async def run_jobs(workq: WorkQ, jobs: Sequence[Job]) -> list[Event]:
 async def next_event(workq: WorkQ) -> Event:
     """The next event of `workq` that no `wait_job` is waiting for."""
     return await _wait(workq, _Waiters.take_any)
+
+
+# -- the task API (DOCA 2.5+): await tasks and progress of a `ProgressEngine` ---------------------
+
+
+class _Driver:
+    """Per-engine state: whether a trio task is driving it, and who waits for a change."""
+
+    __slots__ = ("changed", "driving")
+
+    def __init__(self) -> None:
+        self.driving = False
+        self.changed = trio.Event()
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+_by_pe: "weakref.WeakKeyDictionary[ProgressEngine, _Driver]" = weakref.WeakKeyDictionary()
+
+
+def _driver(pe: ProgressEngine) -> _Driver:
+    st = _by_pe.get(pe)
+    if st is None:
+        st = _by_pe[pe] = _Driver()
+    return st
+
+
+async def _drive_until(pe: ProgressEngine, done: Callable[[], bool]) -> None:
+    """Progress `pe` (one trio task at a time) until `done()`, sleeping on its notification handle."""
+    st = _driver(pe)
+    await trio.lowlevel.checkpoint_if_cancelled()
+    while not done():
+        if st.driving:
+            await st.changed.wait()
+            continue
+        st.driving = True
+        try:
+            if pe.progress():
+                while pe.progress():
+                    if done():
+                        break
+                continue
+            pe.request_notification()
+            await trio.lowlevel.wait_readable(pe.fileno())
+            pe.clear_notification()
+        finally:
+            st.driving = False
+            st.wake()
+    await trio.lowlevel.cancel_shielded_checkpoint()
+
+
+async def progress(pe: ProgressEngine) -> bool:
+    """``doca_pe_progress`` that waits: True once `pe` made progress, sleeping on its handle until then.
+
+    If another trio task is driving `pe`, its progress counts.
+    """
+    st = _driver(pe)
+    await trio.lowlevel.checkpoint_if_cancelled()
+    while True:
+        if st.driving:
+            await st.changed.wait()
+            return True
+        st.driving = True
+        try:
+            made = pe.progress()
+            if not made:
+                pe.request_notification()
+                await trio.lowlevel.wait_readable(pe.fileno())
+                pe.clear_notification()
+        finally:
+            st.driving = False
+            st.wake()
+        if made:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return True
+
+
+async def wait_task(task: Task) -> Task:
+    """Wait until `task`, submitted, has completed and its callback ran; returns it.
+
+    Check ``task.get_status()``: a failed task is returned, not raised. The
+    task's context must be connected to a progress engine.
+    """
+    pe = task.ctx.pe
+    if pe is None:
+        raise DocaError(DocaErrorCode.NOT_CONNECTED, "the task's context has no progress engine")
+    seen = task._completions
+    if task.state is not TaskState.SUBMITTED:
+        raise DocaError(DocaErrorCode.BAD_STATE, f"{task!r} is not submitted")
+    await _drive_until(pe, lambda: task._completions != seen)
+    return task
+
+
+async def run_task(task: Task) -> Task:
+    """Submit `task` and wait for its completion (`wait_task`)."""
+    task.submit()
+    return await wait_task(task)

@@ -34,6 +34,7 @@ __all__ = [
     "BackendCaps",
     "BackendDevice",
     "BackendQP",
+    "ConnectAttrs",
     "DeviceCaps",
     "JobType",
     "MemoryRegistration",
@@ -122,6 +123,30 @@ class Pump(Protocol):
         """A descriptor readable whenever `progress` has work; None: polling only."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectAttrs:
+    """The RC attributes `BackendQP.connect` sets on the way to RTS (IBTA §11.2.5.3, ``ibv_modify_qp``).
+
+    The defaults are the ones both backends connect with unless told
+    otherwise: ``retry_cnt`` 6, not 7, because rxe never exhausts 7 and a
+    vanished peer must end in RETRY_EXC_ERR, not a hang; ``rnr_retry`` 7
+    waits for receives as long as it takes (IBTA §9.7.5.2.8), as perftest
+    does. `timeout` None is the backend's own: 14 on a verbs device (its
+    kernel or firmware runs the timer), more on the soft engine, whose timer
+    runs in a Python pump. `hop_limit` is the IP TTL (the GRH hop limit) of a
+    verbs QP's packets; the soft engine's packets leave through its device's
+    socket, with the system's TTL.
+    """
+
+    max_rd_atomic: int = 16  # RDMA READ / atomic requests in flight as requester (RTS)
+    max_dest_rd_atomic: int = 16  # ... accepted as responder (RTR)
+    min_rnr_timer: int = 12  # the RNR NAK timer code a responder sends (RTR)
+    timeout: int | None = None  # local ACK timeout, 4.096 µs * 2**timeout (RTS)
+    retry_cnt: int = 6  # transport retries (RTS)
+    rnr_retry: int = 7  # RNR retries; 7 is infinite (RTS)
+    hop_limit: int = 64  # GRH hop limit, the IP TTL (RTR)
+
+
 @runtime_checkable
 class BackendQP(Protocol):
     """An RC queue pair with its own completion queue (``ibv_qp`` + ``ibv_cq``).
@@ -134,6 +159,9 @@ class BackendQP(Protocol):
     are posted without blocking; the device's `Pump` does the I/O;
     completions are collected with `poll`.
     """
+
+    #: The attributes `connect` uses; set before `connect` to change them.
+    connect_attrs: ConnectAttrs
 
     @property
     def qpn(self) -> int: ...

@@ -26,27 +26,25 @@ is a return value rather than an exception. A job that failed is still an
 ``doca_workq_progress_retrieve`` returns IO_FAILED with the event filled in).
 Misuse raises `DocaError`.
 
-A WorkQ progresses through a `ProgressEngine` (``rdmakit.doca.pe``, DOCA's
+A `WorkQ` progresses through a `ProgressEngine` (``rdmakit.doca.pe``,
 ``doca_pe``): attaching a context to a WorkQ connects it to the WorkQ's
-engine, and ``progress_retrieve`` runs that engine, which pumps the devices
-opened under it and advances every context connected to it, those of other
-WorkQs on the same engine included (their events go to their own WorkQs).
-Without an explicit engine a WorkQ uses its thread's (`thread_engine`).
+engine (its thread's, `thread_engine`, by default), and ``progress_retrieve``
+runs that engine, which advances every context connected to it. The task API
+of DOCA 2.5+ (``rdmakit.doca.tasks``) connects a context to an engine
+directly (``ProgressEngine.connect_ctx``) and runs over the same `_dispatch`
+and `_complete` as jobs; a task's completion counts as in flight until its
+callback ran inside ``progress``, so STOPPING becomes IDLE only after that.
 
 Event-driven mode: ``WorkQ(depth, event_driven=True)`` has an event handle,
-`WorkQ.fileno`, a real file descriptor (an epoll instance holding an
-eventfd and the engine's notification handle), so it works with ``select``,
-``selectors``/epoll and ``trio.lowlevel.wait_readable``. The loop is the one
-in ``doca_workq_event_handle_arm``: drain with ``progress_retrieve`` until
-None, ``arm()``, wait for the handle, ``clear()``, repeat.
+`WorkQ.fileno` (an epoll set of an eventfd and the engine's notification
+handle), for ``select``, ``selectors`` and ``trio.lowlevel.wait_readable``,
+in the loop of ``doca_workq_event_handle_arm``: drain with
+``progress_retrieve`` until None, ``arm()``, wait, ``clear()``, repeat.
 
-Writing a context: subclass `Ctx`, implement `Ctx._submit` (start a job) and
-`Ctx._progress` (advance the engine), and report each finished job with
-`Ctx._complete`. Optionally override `Ctx._start` (return False to stay
-STARTING until `Ctx._connected`), `Ctx._stop`, `Ctx._cancel`, `Ctx._close`
-and `Ctx._check_dev`, and call `Ctx._watch_fd` for descriptors that become
-readable when `_progress` has work. The base does the lifecycle, the
-bookkeeping and the event delivery.
+Writing a context: subclass `Ctx`, implement `Ctx._submit` and
+`Ctx._progress`, report each finished job with `Ctx._complete`; optionally
+override `_start` (False: STARTING until `_connected`), `_stop`, `_cancel`,
+`_close`, `_check_dev`, and `_watch_fd` descriptors that wake `_progress`.
 """
 
 import contextlib
@@ -123,7 +121,8 @@ class Event:
 
 
 J = TypeVar("J", bound=Job)
-StateChangedCallback = Callable[["Ctx[Any]", CtxState, CtxState], None]
+#: ``doca_ctx_state_changed_callback_t``: (ctx user data, ctx, previous state, next state).
+StateChangedCallback = Callable[[object, "Ctx[Any]", CtxState, CtxState], None]
 
 
 class _Sink(Protocol):
@@ -315,6 +314,10 @@ class Ctx(Generic[J]):
         self._pending: dict[int, tuple[J, _Sink]] = {}
         self._fds: list[int] = []
         self._closed = False
+        self._pe: ProgressEngine | None = None  # connected by ProgressEngine.connect_ctx (tasks)
+        self._user_data: object = None
+        self._held = 0  # tasks completed whose callback has not run yet (rdmakit.doca.tasks)
+        self._task_confs: dict[type, Any] = {}  # task class -> its TaskConf (rdmakit.doca.tasks)
 
     # -- properties -------------------------------------------------------------
 
@@ -331,9 +334,23 @@ class Ctx(Generic[J]):
         return self._workq
 
     @property
+    def pe(self) -> ProgressEngine | None:
+        """The engine progressing this context: the one it is connected to, or its WorkQ's."""
+        return self._pe if self._pe is not None or self._workq is None else self._workq.pe
+
+    @property
     def num_inflight(self) -> int:
-        """Jobs submitted and not yet completed (``doca_ctx_get_num_inflight_tasks``)."""
-        return len(self._pending)
+        """Jobs and tasks in flight, a task until its callback ran (``doca_ctx_get_num_inflight_tasks``)."""
+        return len(self._pending) + self._held
+
+    @property
+    def user_data(self) -> object:
+        """What the state-changed and task callbacks get as ctx user data (``doca_ctx_get_user_data``)."""
+        return self._user_data
+
+    def set_user_data(self, user_data: object) -> None:
+        """``doca_ctx_set_user_data``."""
+        self._user_data = user_data
 
     @property
     def closed(self) -> bool:
@@ -348,7 +365,7 @@ class Ctx(Generic[J]):
             raise DocaError(DocaErrorCode.BAD_STATE, f"{event.value} is not allowed in state {prev.name}")
         self._state = nxt
         if self._state_cb is not None:
-            self._state_cb(self, prev, nxt)
+            self._state_cb(self._user_data, self, prev, nxt)
 
     def _check_not_closed(self) -> None:
         if self._closed:
@@ -361,7 +378,7 @@ class Ctx(Generic[J]):
             raise DocaError(DocaErrorCode.BAD_STATE, f"{what}: context is {self._state.name}, not IDLE")
 
     def set_state_changed_cb(self, cb: StateChangedCallback | None) -> None:
-        """``cb(ctx, prev_state, next_state)`` after every transition (``doca_ctx_set_state_changed_cb``)."""
+        """``cb(user_data, ctx, prev, next)`` after each transition (``doca_ctx_set_state_changed_cb``)."""
         self._state_cb = cb
 
     def start(self) -> None:
@@ -381,8 +398,16 @@ class Ctx(Generic[J]):
         self._check_not_closed()
         self._transition(_Input.STOP)
         self._stop()
-        if not self._pending and self._state is CtxState.STOPPING:  # _stop may have flushed
+        self._check_drained()  # _stop may have flushed
+
+    def _check_drained(self) -> None:  # STOPPING -> IDLE: nothing in flight, every task callback ran
+        if not self._pending and not self._held and self._state is CtxState.STOPPING:
             self._transition(_Input.DRAINED)
+
+    def _release_held(self) -> None:
+        """For tasks: a completed task's callback ran."""
+        self._held -= 1
+        self._check_drained()
 
     # -- devices and work queue ---------------------------------------------------
 
@@ -391,8 +416,9 @@ class Ctx(Generic[J]):
         self._require_idle("add_dev")
         if dev in self._devs:
             raise DocaError(DocaErrorCode.IN_USE, f"{dev.name} was already added")
-        if self._workq is not None:
-            self._check_engine(dev, self._workq.pe)
+        pe = self.pe
+        if pe is not None:
+            self._check_engine(dev, pe)
         self._check_dev(dev)
         dev._adopt(self)
         self._devs.append(dev)
@@ -409,11 +435,11 @@ class Ctx(Generic[J]):
         """Attach to `workq` (``doca_ctx_workq_add``); one WorkQ per context."""
         self._check_not_closed()
         workq._check_open()
-        if self._workq is not None:
-            raise DocaError(DocaErrorCode.IN_USE, "context is already attached to a WorkQ")
+        if self._workq is not None or self._pe is not None:
+            raise DocaError(DocaErrorCode.IN_USE, "context is already attached to a WorkQ or an engine")
         for dev in self._devs:
             self._check_engine(dev, workq.pe)
-        workq.pe.connect_ctx(self)
+        workq.pe._connect(self)
         for fd in self._fds:
             workq.pe.watch(fd)
         workq._ctxs.append(self)
@@ -436,16 +462,35 @@ class Ctx(Generic[J]):
             workq.pe.disconnect_ctx(self)
             workq._ctxs.remove(self)
 
+    def _pe_connected(self, pe: ProgressEngine) -> None:
+        """``ProgressEngine.connect_ctx`` (``doca_pe_connect_ctx``): `pe` progresses it, for tasks."""
+        self._check_not_closed()
+        if self._workq is not None or self._pe is not None:
+            raise DocaError(DocaErrorCode.IN_USE, "a context can only be connected to one progress engine")
+        for dev in self._devs:
+            self._check_engine(dev, pe)
+        for fd in self._fds:
+            pe.watch(fd)
+        self._pe = pe
+
+    def _pe_disconnected(self, pe: ProgressEngine) -> None:
+        if self._pe is pe:
+            for fd in self._fds:
+                pe.unwatch(fd)
+            self._pe = None
+
     def _watch_fd(self, fd: int) -> None:
         """For subclasses: `fd` becomes readable when `_progress` has work (event-driven mode)."""
         self._fds.append(fd)
-        if self._workq is not None:
-            self._workq.pe.watch(fd)
+        pe = self.pe
+        if pe is not None:
+            pe.watch(fd)
 
     def _unwatch_fd(self, fd: int) -> None:
         self._fds.remove(fd)
-        if self._workq is not None:
-            self._workq.pe.unwatch(fd)
+        pe = self.pe
+        if pe is not None:
+            pe.unwatch(fd)
 
     @staticmethod
     def _check_engine(dev: Dev, pe: ProgressEngine) -> None:
@@ -486,8 +531,7 @@ class Ctx(Generic[J]):
         del self._pending[id(job)]
         status = DocaErrorCode.SUCCESS if error is None else DocaErrorCode.IO_FAILED
         entry[1]._deliver(Event(job=job, status=status, result=result, error=error))
-        if not self._pending and self._state is CtxState.STOPPING:
-            self._transition(_Input.DRAINED)
+        self._check_drained()
 
     def _flush(self, reason: str) -> None:
         """Complete every in-flight job as failed with SHUTDOWN."""
@@ -507,6 +551,8 @@ class Ctx(Generic[J]):
             self.stop()
         self._flush("context closed")
         self._detach_workq()
+        if self._pe is not None:
+            self._pe.disconnect_ctx(self)
         for dev in self._devs:
             dev._disown(self)
         self._devs.clear()

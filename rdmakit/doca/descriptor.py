@@ -89,7 +89,7 @@ _FIELDS = ("format", "transport", "gid", "ip", "port", "qpn", "psn", "mtu")
 _IB_MTUS = frozenset({256, 512, 1024, 2048, 4096})  # the IB path MTUs (ibv_mtu)
 _MAX_TCP_MTU = 1 << 20
 _U24 = 1 << 24
-#: The TCP transport's connection secret (``rdmakit.transport.tcp.SECRET_LEN`` bytes), as hex.
+#: The TCP transport's connection secret (``rdmakit.transport.tcp_limits.SECRET_LEN`` bytes), as hex.
 _SECRET_HEX = frozenset("0123456789abcdef")
 _SECRET_DIGITS = 32
 

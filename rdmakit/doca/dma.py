@@ -2,8 +2,10 @@
 
 A `Dma` context copies with `DmaMemcpyJob` s submitted to its `WorkQ`; a
 job's event arrives after a later ``progress_retrieve``, with ``result`` the
-number of bytes copied. The buffer rules (``doca_dma_task_memcpy_alloc_init``
-and DOCA Core's buffer rules):
+number of bytes copied. The task API (``task_memcpy_set_conf``,
+``task_memcpy_alloc_init``, ``rdmakit.doca.dma_tasks``) runs the same jobs.
+The buffer rules (``doca_dma_task_memcpy_alloc_init`` and DOCA Core's buffer
+rules):
 
 - The source is the data section of `src`, of every element of its list in
   order (gather). `src` and `dst` are list heads.
@@ -53,22 +55,15 @@ from typing import NamedTuple
 
 from rdmakit.doca.backend import JobType
 from rdmakit.doca.buf import Buf
-from rdmakit.doca.ctx import Ctx, CtxState, Event, Job
+from rdmakit.doca.ctx import CtxState, Event
 from rdmakit.doca.device import Dev, DevInfo
+from rdmakit.doca.dma_tasks import DmaMemcpyJob, DmaTaskApi
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.doca.inventory import BufInventory
 from rdmakit.doca.mmap import Mmap, MmapDescriptor
 from rdmakit.doca.rdma import Rdma, RdmaReadJob, RdmaWriteJob
 
 __all__ = ["Dma", "DmaMemcpyJob"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DmaMemcpyJob(Job):
-    """Copy `src`'s data to the tail of `dst` (``doca_dma_task_memcpy``); ``result`` is the byte count."""
-
-    src: Buf
-    dst: Buf
 
 
 class _Segment(NamedTuple):
@@ -154,7 +149,7 @@ def _release_piece(event: Event) -> None:
     piece.dst_buf.dec_refcount()
 
 
-class Dma(Ctx[DmaMemcpyJob]):
+class Dma(DmaTaskApi):
     """A DMA context (``doca_dma``) on one device; see the module docstring for the rules."""
 
     def __init__(self, dev: Dev | None = None) -> None:

@@ -29,22 +29,23 @@ synthetic and real ranges never overlap. Either way the mmap holds a
 import itertools
 import json
 from dataclasses import dataclass
-from enum import IntFlag
 from ipaddress import IPv6Address
 from typing import TYPE_CHECKING, Self
 
 from rdmakit.doca._addresses import address_problem
 from rdmakit.doca._fields import DescriptorReader
+from rdmakit.doca._memory import PCI_FLAGS as _PCI_FLAGS
+from rdmakit.doca._memory import RDMA_FLAGS as _RDMA_FLAGS
+from rdmakit.doca._memory import WRITE_FLAGS as _WRITE_FLAGS
+from rdmakit.doca._memory import AccessFlag, address_of, verbs_access
 from rdmakit.doca.backend import MemoryRegistration
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode
+from rdmakit.doca.shm import DpuDescriptor, SharedRegion, export_range, import_region
 from rdmakit.engine.types import Access
-from rdmakit.verbs.buffers import buffer_address
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from 3.12
-
-    from rdmakit.doca.shm import DpuDescriptor, SharedRegion
 
 __all__ = [
     "DESCRIPTOR_FORMAT",
@@ -54,42 +55,9 @@ __all__ = [
 ]
 
 
-class AccessFlag(IntFlag):
-    """``enum doca_access_flag`` (``doca_types.h``)."""
-
-    LOCAL_READ_ONLY = 0  # a local device may read, not write
-    LOCAL_READ_WRITE = 1 << 0  # a local device may read and write
-    RDMA_READ = 1 << 1  # a remote device may read over RDMA
-    RDMA_WRITE = 1 << 2  # a remote device may write over RDMA
-    RDMA_ATOMIC = 1 << 3  # a remote device may run atomics over RDMA
-    PCI_READ_ONLY = 1 << 4  # a device on the same PCI may read (doca_mmap_export_pci)
-    PCI_READ_WRITE = 1 << 5  # a device on the same PCI may read and write
-    PCI_RELAXED_ORDERING = 1 << 6  # the system may reorder accesses to the memory
-
-
 _ALL_MASK = int(sum(AccessFlag))
-_RDMA_FLAGS = AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC
-_PCI_FLAGS = AccessFlag.PCI_READ_ONLY | AccessFlag.PCI_READ_WRITE
-# Permissions under which a device writes into the memory.
-_WRITE_FLAGS = (
-    AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC | AccessFlag.PCI_READ_WRITE
-)
 _U64 = 1 << 64
 _U32 = 1 << 32
-
-
-def _verbs_access(flags: AccessFlag) -> Access:
-    """DOCA permissions -> ``ibv_access_flags`` (remote write/atomic imply local write)."""
-    access = Access.NONE
-    if flags & (AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC):
-        access |= Access.LOCAL_WRITE
-    if flags & AccessFlag.RDMA_READ:
-        access |= Access.REMOTE_READ
-    if flags & AccessFlag.RDMA_WRITE:
-        access |= Access.REMOTE_WRITE
-    if flags & AccessFlag.RDMA_ATOMIC:
-        access |= Access.REMOTE_ATOMIC
-    return access
 
 
 # ---------------------------------------------------------------------------
@@ -97,11 +65,6 @@ def _verbs_access(flags: AccessFlag) -> Access:
 
 
 _synthetic_base = itertools.count(1 << 62, 1 << 40)  # 1 TiB apart; ranges are smaller
-
-
-def _buffer_address(view: memoryview) -> int | None:
-    """The virtual address of `view`'s first byte (C-contiguous), or None where it has none."""
-    return buffer_address(view) or None
 
 
 def _as_bytes_view(buffer: "Buffer") -> memoryview:
@@ -318,7 +281,7 @@ class Mmap:
         if self._view is not None:
             raise DocaError(DocaErrorCode.NOT_PERMITTED, "memrange can be set only once")
         view = _as_bytes_view(buffer)
-        addr = _buffer_address(view)
+        addr = address_of(view)
         self._synthetic = addr is None
         if addr is None:
             addr = next(_synthetic_base)
@@ -369,7 +332,7 @@ class Mmap:
         if self._view is None:
             raise DocaError(DocaErrorCode.INVALID_VALUE, "start: memrange was never set")
         self._check_writable_memory()
-        access = _verbs_access(self._permissions)
+        access = verbs_access(self._permissions)
         try:
             for dev in self._devs:
                 self._regs[dev] = dev.backend.register_memory(self._view, self._addr, access)
@@ -472,8 +435,6 @@ class Mmap:
         machine, and the range must lie in a `SharedMemory` (NOT_SUPPORTED
         otherwise): see ``rdmakit.doca.shm``.
         """
-        from rdmakit.doca import shm  # shm builds on this module
-
         self._check_alive()
         if self._remote is not None:
             raise DocaError(DocaErrorCode.NOT_PERMITTED, "cannot re-export an imported mmap")
@@ -482,7 +443,7 @@ class Mmap:
         if not self._permissions & _PCI_FLAGS:
             raise DocaError(DocaErrorCode.NOT_PERMITTED, "export_dpu: no PCI_READ_ONLY/READ_WRITE permission")
         self.registration(dev)
-        descriptor = shm.export_range(self._addr, self._length, self._permissions, dev.name)
+        descriptor = export_range(self._addr, self._length, self._permissions, dev.name)
         self._exported = True
         return descriptor
 
@@ -499,9 +460,7 @@ class Mmap:
         a local `view`; `fd` is the memory's descriptor, which came with the
         descriptor over a Unix-socket comm channel (required).
         """
-        from rdmakit.doca import shm  # shm builds on this module
-
-        if shm.DpuDescriptor.matches(descriptor):
+        if DpuDescriptor.matches(descriptor):
             return cls._create_from_dpu_export(descriptor, dev, fd)
         if fd is not None:
             raise DocaError(DocaErrorCode.INVALID_VALUE, "fd goes only with an export_dpu descriptor")
@@ -517,10 +476,8 @@ class Mmap:
 
     @classmethod
     def _create_from_dpu_export(cls, descriptor: bytes, dev: Dev, fd: int | None) -> Self:
-        from rdmakit.doca import shm
-
         dev.backend  # noqa: B018 - raises BAD_STATE when closed
-        region = shm.import_region(descriptor, fd=fd)
+        region = import_region(descriptor, fd=fd)
         desc = region.descriptor
         access = Access.LOCAL_WRITE if region.writable else Access.NONE
         try:

@@ -19,6 +19,16 @@ descriptors, the contexts' own descriptors and an eventfd that `notify`
 writes once a notification was requested, so it works with ``select``,
 ``selectors`` and ``trio.lowlevel.wait_readable``.
 
+Tasks (DOCA 2.5+, ``rdmakit.doca.tasks``): `connect_ctx` connects a context
+to the engine for the task API (``doca_pe_connect_ctx``); a context is
+connected to one engine, directly or through its WorkQ. A task's completion
+is queued on the engine of its context (`defer`) and its callback runs in a
+later ``progress`` only, never inside ``submit`` or ``stop`` and never from
+another thread; ``progress`` runs the callbacks queued when it began, after
+the pumps and the contexts, and counts them as progress.
+
+`PE` is another name of `ProgressEngine`, as DOCA calls it.
+
 A `WorkQ` progresses the engine it was created with; without one it uses the
 engine of the creating thread (`thread_engine`), as does `Dev.open`. One
 engine per thread is the default because a soft device is only pumped by its
@@ -35,12 +45,14 @@ import os
 import select
 import threading
 import weakref
+from collections import deque
+from collections.abc import Callable
 from typing import Protocol, Self
 
 from rdmakit.doca.backend import Pump
 from rdmakit.doca.errors import DocaError, DocaErrorCode
 
-__all__ = ["PeContext", "ProgressEngine", "thread_engine"]
+__all__ = ["PE", "PeContext", "ProgressEngine", "thread_engine"]
 
 
 class PeContext(Protocol):
@@ -50,6 +62,11 @@ class PeContext(Protocol):
     def num_inflight(self) -> int: ...
 
     def _progress(self) -> bool: ...
+
+    def _pe_connected(self, pe: "ProgressEngine") -> None:
+        """`connect_ctx` connected it for tasks; raise to refuse (e.g. IN_USE elsewhere)."""
+
+    def _pe_disconnected(self, pe: "ProgressEngine") -> None: ...
 
 
 def _close_fds(fds: list[int]) -> None:
@@ -64,6 +81,7 @@ class ProgressEngine:
     def __init__(self) -> None:
         """``doca_pe_create``."""
         self._ctxs: list[PeContext] = []
+        self._deferred: deque[Callable[[], None]] = deque()  # task callbacks for the next progress
         # A pump -> (our duplicate of its descriptor or -1, how many devices use it).
         self._pumps: dict[Pump, tuple[int, int]] = {}
         self._watched: dict[int, int] = {}  # a context's descriptor -> our duplicate
@@ -78,7 +96,19 @@ class ProgressEngine:
     # -- contexts -----------------------------------------------------------------------------
 
     def connect_ctx(self, ctx: PeContext) -> None:
-        """Progress `ctx` from now on (``doca_pe_connect_ctx``); ALREADY_EXIST if it is."""
+        """Progress `ctx` from now on and run its tasks (``doca_pe_connect_ctx``).
+
+        ALREADY_EXIST if it is connected here; IN_USE if it is connected to
+        another engine or attached to a WorkQ (one engine per context).
+        """
+        self._check_open()
+        if any(c is ctx for c in self._ctxs):
+            raise DocaError(DocaErrorCode.ALREADY_EXIST, f"{ctx!r} is already connected to this engine")
+        ctx._pe_connected(self)
+        self._ctxs.append(ctx)
+
+    def _connect(self, ctx: PeContext) -> None:
+        """For WorkQs: progress `ctx`, whose jobs the WorkQ runs."""
         self._check_open()
         if any(c is ctx for c in self._ctxs):
             raise DocaError(DocaErrorCode.ALREADY_EXIST, f"{ctx!r} is already connected to this engine")
@@ -86,7 +116,9 @@ class ProgressEngine:
 
     def disconnect_ctx(self, ctx: PeContext) -> None:
         """Stop progressing `ctx`; a no-op if it is not connected."""
-        self._ctxs = [c for c in self._ctxs if c is not ctx]
+        if any(c is ctx for c in self._ctxs):
+            self._ctxs = [c for c in self._ctxs if c is not ctx]
+            ctx._pe_disconnected(self)
 
     @property
     def ctxs(self) -> tuple[PeContext, ...]:
@@ -94,8 +126,19 @@ class ProgressEngine:
 
     @property
     def num_inflight_tasks(self) -> int:
-        """Jobs in flight on the connected contexts (``doca_pe_get_num_inflight_tasks``)."""
+        """Jobs and tasks in flight on the connected contexts (``doca_pe_get_num_inflight_tasks``).
+
+        A completed task counts until its callback ran.
+        """
         return sum(c.num_inflight for c in self._ctxs)
+
+    def get_num_inflight_tasks(self) -> int:
+        return self.num_inflight_tasks
+
+    def defer(self, callback: Callable[[], None]) -> None:
+        """For tasks: run `callback` in the next `progress` (and wake an armed waiter)."""
+        self._deferred.append(callback)
+        self.notify()
 
     # -- pumps and descriptors ----------------------------------------------------------------
 
@@ -169,6 +212,12 @@ class ProgressEngine:
         for ctx in list(self._ctxs):
             if ctx._progress():
                 busy = True
+        deferred = self._deferred
+        if deferred:
+            # The callbacks queued so far; those they cause wait for the next call.
+            for _ in range(len(deferred)):
+                deferred.popleft()()
+            busy = True
         return busy
 
     # -- notification --------------------------------------------------------------------------
@@ -185,10 +234,14 @@ class ProgressEngine:
     def request_notification(self) -> None:
         """Arm: the next `notify` makes the handle readable (``doca_pe_request_notification``).
 
-        The pumps' and contexts' descriptors make it readable whenever they are.
+        The pumps' and contexts' descriptors make it readable whenever they are,
+        and task completions queued for the next `progress` (a stop's flush)
+        make it readable at once.
         """
         self._check_open()
         self._armed = True
+        if self._deferred:
+            self.notify()
 
     def clear_notification(self) -> None:
         """Reset the handle after it fired (``doca_pe_clear_notification``)."""
@@ -217,7 +270,9 @@ class ProgressEngine:
         """``doca_pe_destroy``: forget contexts and pumps, release the handle. Idempotent."""
         if self._epoll.closed:
             return
-        self._ctxs.clear()
+        for ctx in list(self._ctxs):
+            self.disconnect_ctx(ctx)
+        self._deferred.clear()
         self._pumps.clear()
         self._watched.clear()
         self._epoll.close()
@@ -247,3 +302,7 @@ def thread_engine() -> ProgressEngine:
     if pe is None or pe.closed:
         pe = _per_thread.engine = ProgressEngine()
     return pe
+
+
+#: DOCA's name of the progress engine (``struct doca_pe``).
+PE = ProgressEngine

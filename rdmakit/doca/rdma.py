@@ -22,7 +22,9 @@ every later job completes with IO_FAILED (flushed) until the recovery flow:
 ``workq_rm``, ``stop``, ``start``, ``export``, ``connect`` again, on both
 sides (the peer's QP is in ERROR too when it refused a request).
 
-The jobs, and how each becomes a work request, are in ``rdmakit.doca.rdma_jobs``.
+The jobs, and how each becomes a work request, are in ``rdmakit.doca.rdma_jobs``;
+the tasks of DOCA 2.5+ (``task_<x>_set_conf``, ``task_<x>_allocate_init``) are
+in ``rdmakit.doca.rdma_tasks`` and run as those jobs.
 
 Permissions (guide §5.1.4, "summary of necessary permissions"), enforced on
 both sides:
@@ -66,7 +68,7 @@ import itertools
 from enum import IntEnum
 
 from rdmakit.doca.backend import BackendQP, JobType
-from rdmakit.doca.ctx import Ctx, CtxState, Job, _Sink
+from rdmakit.doca.ctx import CtxState, Job, _Sink
 from rdmakit.doca.descriptor import ConnectionDescriptor
 from rdmakit.doca.device import Dev, DevInfo
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
@@ -90,6 +92,7 @@ from rdmakit.doca.rdma_jobs import (
     check_uint,
     wc_error,
 )
+from rdmakit.doca.rdma_tasks import RdmaTaskApi
 from rdmakit.engine.states import QpState
 from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, WcOpcode, WcStatus
 
@@ -134,7 +137,7 @@ RDMA_PERMISSIONS = (
 )
 
 
-class Rdma(Ctx[Job]):
+class Rdma(RdmaTaskApi):
     """A DOCA RDMA context (``doca_rdma``): one RC connection to one peer."""
 
     def __init__(self) -> None:

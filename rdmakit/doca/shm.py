@@ -44,8 +44,9 @@ from pathlib import Path
 from typing import Self
 
 from rdmakit.doca._fields import DescriptorReader
+from rdmakit.doca._memory import PCI_FLAGS as _PCI_FLAGS
+from rdmakit.doca._memory import AccessFlag, address_of
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_os
-from rdmakit.doca.mmap import AccessFlag, _buffer_address
 
 __all__ = [
     "DPU_DESCRIPTOR_FORMAT",
@@ -68,7 +69,6 @@ _FIELDS = (
     "boot_id",
 )
 _U64 = 1 << 64
-_PCI_FLAGS = AccessFlag.PCI_READ_ONLY | AccessFlag.PCI_READ_WRITE
 _POPULATE = getattr(stdlib_mmap, "MAP_POPULATE", 0)
 
 
@@ -233,7 +233,7 @@ class SharedMemory:
 
 
 def _address(view: memoryview) -> int:
-    addr = _buffer_address(view)
+    addr = address_of(view)
     if addr is None:
         raise DocaError(DocaErrorCode.NOT_SUPPORTED, "this Python cannot tell buffer addresses")
     return addr

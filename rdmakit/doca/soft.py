@@ -22,11 +22,10 @@ import itertools
 import random
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from ipaddress import IPv6Address
 
 from rdmakit.doca._addresses import address_problem, gid_mismatch
-from rdmakit.doca.backend import DeviceCaps, JobType
+from rdmakit.doca.backend import ConnectAttrs, DeviceCaps, JobType
 from rdmakit.doca.device import DevInfo, register_provider, register_resolver
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_engine, error_from_os
 from rdmakit.engine import (
@@ -42,16 +41,10 @@ from rdmakit.engine import (
     SendWR,
 )
 from rdmakit.engine.types import SGE
-from rdmakit.transport.device import (
-    ConnectOptions,
-    Endpoint,
-    SoftDevice,
-    TransportName,
-    connect_qp,
-    init_qp,
-    local_endpoint,
-)
+from rdmakit.transport.connect import ConnectOptions, Endpoint, connect_qp, init_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
+from rdmakit.transport.port import TransportName
 from rdmakit.wire import PSN_MASK, ROCE_UDP_PORT
 
 __all__ = ["SOFT_CAPS", "SoftBackendDevice", "SoftBackendQP", "soft_devinfo"]
@@ -120,7 +113,8 @@ class SoftBackendQP:
         self._cq = CompletionQueue(depth)
         self._qp: QueuePair = self._dev.create_qp(send_cq=self._cq, recv_cq=self._cq, caps=caps)
         self._psn = self._dev.rng.getrandbits(24) & PSN_MASK
-        self.options = ConnectOptions()
+        self._access = ConnectOptions().access
+        self.connect_attrs = ConnectAttrs()
         self._closed = False
 
     @property
@@ -146,12 +140,20 @@ class SoftBackendQP:
         return info
 
     def init(self, access: Access | None = None) -> None:
-        """RESET → INIT with the responder's `access` (None: ``options.access``), so receives can be
-        posted before the peer is known."""
+        """RESET → INIT with the responder's `access` (None: as before, all of them at first), so
+        receives can be posted before the peer is known."""
         if access is not None:
-            self.options = replace(self.options, access=int(access))
+            self._access = int(access)
         if self._qp.state is QpState.RESET:
-            init_qp(self._qp, self.options.access)
+            init_qp(self._qp, self._access)
+
+    def _options(self) -> ConnectOptions:
+        """The transport's RTR/RTS attributes: `connect_attrs` (the TTL aside) and the access of `init`."""
+        a = self.connect_attrs
+        return ConnectOptions(
+            access=self._access, max_rd_atomic=a.max_rd_atomic, max_dest_rd_atomic=a.max_dest_rd_atomic,
+            min_rnr_timer=a.min_rnr_timer, timeout=a.timeout, retry_cnt=a.retry_cnt, rnr_retry=a.rnr_retry,
+        )  # fmt: skip
 
     def connect(self, remote: Mapping[str, object]) -> None:
         transport = remote.get("transport")
@@ -178,7 +180,7 @@ class SoftBackendQP:
             why = f"ip {ip} {problem}" if problem else gid_mismatch(IPv6Address(peer.gid), ip)
             if why is not None:
                 raise DocaError(DocaErrorCode.INVALID_VALUE, f"bad connection info: {why}", Fault.PEER)
-            connect_qp(self._dev, self._qp, self._psn, peer, self.options)
+            connect_qp(self._dev, self._qp, self._psn, peer, self._options())
         except EngineError as e:
             raise error_from_engine(e) from e
         except (KeyError, TypeError, ValueError) as e:

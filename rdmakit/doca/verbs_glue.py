@@ -20,12 +20,12 @@ from dataclasses import replace
 from ipaddress import IPv6Address
 from typing import TYPE_CHECKING
 
-from rdmakit.doca.backend import DeviceCaps
+from rdmakit.doca.backend import ConnectAttrs, DeviceCaps
 from rdmakit.doca.device import DevInfo, register_provider
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.engine.states import QpState
 from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, SendWR
-from rdmakit.verbs import VerbsDeviceInfo, VerbsError, list_devices
+from rdmakit.verbs import ConnectOptions, VerbsDeviceInfo, VerbsError, list_devices
 
 if TYPE_CHECKING:
     from rdmakit.verbs.device import VerbsDevice, VerbsMR, VerbsQP
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 __all__ = ["VerbsBackendDevice", "VerbsBackendQP", "install", "to_doca_error", "verbs_devinfo"]
 
 log = logging.getLogger("rdmakit.verbs")
+
+#: The local ACK timeout of a verbs QP whose `ConnectAttrs.timeout` is None.
+_VERBS_TIMEOUT = ConnectOptions().timeout
 
 
 def to_doca_error(exc: VerbsError) -> DocaError:
@@ -54,6 +57,7 @@ class VerbsBackendQP:
     def __init__(self, qp: "VerbsQP", pump: "VerbsPump | None" = None) -> None:
         self.verbs = qp
         self._pump = pump
+        self.connect_attrs = ConnectAttrs()
 
     @property
     def qpn(self) -> int:
@@ -78,6 +82,12 @@ class VerbsBackendQP:
             self.verbs.to_error()
 
     def connect(self, remote: Mapping[str, object]) -> None:
+        a = self.connect_attrs
+        self.verbs.options = replace(
+            self.verbs.options, max_rd_atomic=a.max_rd_atomic, max_dest_rd_atomic=a.max_dest_rd_atomic,
+            min_rnr_timer=a.min_rnr_timer, timeout=_VERBS_TIMEOUT if a.timeout is None else a.timeout,
+            retry_cnt=a.retry_cnt, rnr_retry=a.rnr_retry, hop_limit=a.hop_limit,
+        )  # fmt: skip
         with _doca_errors():
             self.verbs.connect(remote)
 

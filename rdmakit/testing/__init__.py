@@ -1,5 +1,15 @@
-"""Test tools that ship with rdmakit, as ``trio.testing`` does: conformance suites for its protocols.
+"""Test tools that ship with rdmakit, as ``trio.testing`` does with trio's.
 
-`rdmakit.testing.backend.check_backend_pair` checks a DOCA backend
-(``rdmakit.doca.backend``) against every promise the DOCA layer relies on.
+* `rdmakit.testing.backend.check_backend_pair` checks a DOCA backend
+  (``rdmakit.doca.backend``) against every promise the DOCA layer relies on.
+* `rdmakit.testing.engine`: two connected engine QPs on a simulated network
+  (`make_pair`), random workloads that check their own outcome (`Workload`),
+  and `pump` for two QPs back to back.
+* `rdmakit.testing.faults`: named fault profiles (loss, duplication,
+  reordering, corruption) for that network.
+* `rdmakit.testing.strategies`: hypothesis strategies for RC packets; needs
+  hypothesis (``pip install 'rdmakit[testing]'``).
+
+Each is imported on its own (``from rdmakit.testing.engine import make_pair``):
+this package imports none of them, so a program that uses one pays for no other.
 """

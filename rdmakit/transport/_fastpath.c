@@ -1180,7 +1180,10 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     crc_init_tables();
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    /* RDMAKIT_NO_CLMUL (any value) keeps the CRC to the tables, RDMAKIT_NO_VPCLMUL to
+     * PCLMULQDQ: each implementation can be tested on a CPU that has a faster one. */
+    have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1") &&
+                 getenv("RDMAKIT_NO_CLMUL") == NULL;
     have_vclmul = have_clmul && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("vpclmulqdq") &&
                   getenv("RDMAKIT_NO_VPCLMUL") == NULL;
 #endif

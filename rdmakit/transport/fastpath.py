@@ -11,13 +11,31 @@ the package when a C compiler is there (``setup.py``; the build goes on
 without it otherwise). Set ``RDMAKIT_PURE_PYTHON=1`` to run without it;
 ``native`` is None then.
 
+This module is the one place that chooses, at import: ``CODEC`` is the
+:class:`~rdmakit.transport.codec.SegmentCodec` devices use (``NATIVE`` when
+there is one, else ``PYTHON``, the reference in
+:mod:`rdmakit.transport.codec_py`).
+
 Its CRC-32 folds 256 bits at a time with VPCLMULQDQ where the CPU has it and
 AVX2, else 128 bits with PCLMULQDQ, else uses tables (``native.CLMUL``: 2, 1,
-0). ``RDMAKIT_NO_VPCLMUL=1`` (any value) keeps it to PCLMULQDQ.
+0). ``RDMAKIT_NO_VPCLMUL=1`` (any value) keeps it to PCLMULQDQ and
+``RDMAKIT_NO_CLMUL=1`` to the tables (read once, at import).
 """
 
+from __future__ import annotations
+
 import os
+import socket
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+from rdmakit.wire import IcrcFlow, Packet
+
+from .codec import RecvRuns, SegmentCodec
+from .codec_py import PythonCodec
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from 3.12
 
 
 def _load() -> ModuleType | None:
@@ -35,6 +53,54 @@ def _load() -> ModuleType | None:
 
 #: The native module, or None (not built, or switched off).
 native: ModuleType | None = _load()
+
+
+class NativeCodec:
+    """The segment codec of ``_fastpath.c`` (the functions take the socket's descriptor)."""
+
+    name = "native"
+
+    def __init__(self, mod: ModuleType) -> None:
+        self.mod = mod
+        # No socket involved: the C functions themselves, without a Python frame.
+        self.check_decode = mod.check_decode
+        self.place_run = mod.place_run
+        self.recv_runs: RecvRuns | None = mod.recv_runs
+
+    def send_packet(
+        self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow
+    ) -> int:
+        v6 = sock.family == socket.AF_INET6
+        return int(self.mod.send_packet(sock.fileno(), addr, v6, pkt, states, flow))
+
+    def send_train(
+        self,
+        sock: socket.socket,
+        addr: tuple[str, int],
+        gso: bool,
+        op: int,
+        dqpn: int,
+        psn: int,
+        count: int,
+        payload: Buffer,
+        mtu: int,
+        ack_first: int,
+        ack_every: int,
+        states: Buffer,
+    ) -> tuple[int, int]:
+        v6 = sock.family == socket.AF_INET6
+        sent, err = self.mod.send_train(
+            sock.fileno(), addr, v6, gso, op, dqpn, psn, count, payload, mtu, ack_first, ack_every, states
+        )
+        return int(sent), int(err)
+
+
+#: The pure-Python codec (always there: the reference, and ``bulk=False``'s).
+PYTHON: SegmentCodec = PythonCodec()
+#: The native codec, or None (not built, or switched off).
+NATIVE: SegmentCodec | None = NativeCodec(native) if native is not None else None
+#: The codec devices use.
+CODEC: SegmentCodec = NATIVE if NATIVE is not None else PYTHON
 
 
 def describe() -> str:

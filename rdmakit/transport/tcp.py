@@ -56,192 +56,42 @@ event loop that something is ready.
 import contextlib
 import errno
 import hmac
-import os
 import secrets
 import select
 import socket
-import struct
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections.abc import Iterator, Sequence
 
-from rdmakit.wire import BTH_LEN, FRAME_HEADER, Packet, encode_headers, max_frame_body, pad_bytes
+from rdmakit.transport.tuning import STREAM_SEND_BUFFER, tune_stream_sender
+from rdmakit.wire import FRAME_HEADER, Packet, encode_headers, max_frame_body, pad_bytes
 
-PREFACE_MAGIC = b"RDMAKIT\x02"
-#: Bytes of a connection secret (128 bits, as RFC 4086 §8 asks of a key).
-SECRET_LEN = 16
-#: The magic, the sender's listener (its address as 16 bytes, IPv4-mapped for IPv4,
-#: and its port), the QPN the stream is for, and that QP's secret.
-_PREFACE = struct.Struct(f">8s16sHI{SECRET_LEN}s")
-PREFACE_LEN = _PREFACE.size
-#: Seconds an accepted connection may take to send its whole preface.
-PREFACE_TIMEOUT = 5.0
-#: Connections waiting for their preface; one more closes the oldest.
-MAX_PENDING = 64
-#: Authenticated incoming streams; one more is refused.
-MAX_STREAMS = 1024
-#: Bytes an outgoing stream queues beyond its socket before the device holds packets back.
-MAX_QUEUED = 16 << 20
-#: Seconds an outgoing stream's queue may stand still before its peer counts as gone.
-STALL_TIMEOUT = 10.0
-#: The read buffer of an authenticated stream.
-READ_BUFFER = 4 << 20
+from .tcp_limits import (
+    MAX_PENDING,
+    MAX_QUEUED,
+    MAX_STREAMS,
+    PREFACE,
+    PREFACE_LEN,
+    PREFACE_MAGIC,
+    PREFACE_TIMEOUT,
+    READ_BUFFER,
+    SECRET_LEN,
+    STALL_TIMEOUT,
+    Placed,
+    Placer,
+    Route,
+    TcpCounters,
+    ip16,
+    ip_str,
+)
+from .tcp_stream import Grant, Stream, failure, read_frames
+
 _IOV_MAX = 512
-#: Send buffer of outgoing streams.
-_BUF = 32 << 20
-_U32 = struct.Struct(">I")
-_U24 = 0xFFFFFF
-#: Bytes of a frame (length and BTH) up to and including the destination QPN.
-_QPN_END = FRAME_HEADER.size + 8
-
-Addr = tuple[str, int]
-
-
-def _ip16(ip: str) -> bytes:
-    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    b = socket.inet_pton(fam, ip)
-    return b if len(b) == 16 else b"\0" * 10 + b"\xff\xff" + b
-
-
-def _ip_str(b: bytes) -> str:
-    if b[:12] == b"\0" * 10 + b"\xff\xff":
-        return socket.inet_ntop(socket.AF_INET, b[12:])
-    return socket.inet_ntop(socket.AF_INET6, b)
-
-
-#: Frames at least this long may be received straight into place (see ``TcpLink.place``).
-DIRECT_MIN = 64 << 10
-#: Bytes of a frame's body that must be in before the placer is asked (all RC headers fit).
-_PEEK = 64
-#: Most bytes a direct read waits for before the stream counts as readable (SO_RCVLOWAT).
-_LOWAT_MAX = 256 << 10
-
-
-@dataclass(slots=True)
-class TcpCounters:
-    """Streams the TCP link refused or closed, by reason (``SoftDevice`` counts them too)."""
-
-    #: A preface without the magic.
-    tcp_bad_preface: int = 0
-    #: A preface claiming an address other than the socket's remote address.
-    tcp_spoofed: int = 0
-    #: A preface naming no grant of this device, or with the wrong secret.
-    tcp_bad_secret: int = 0
-    #: A preface from a peer device other than the one the granting QP is connected to.
-    tcp_wrong_peer: int = 0
-    #: Connections without a whole preface after ``PREFACE_TIMEOUT``.
-    tcp_preface_timeout: int = 0
-    #: Waiting connections closed to make room for a new one (``MAX_PENDING``).
-    tcp_pending_dropped: int = 0
-    #: Authenticated streams refused (``MAX_STREAMS``).
-    tcp_streams_refused: int = 0
-    #: Frames whose length is outside [BTH, the grant's MTU plus headers].
-    tcp_bad_length: int = 0
-    #: Frames for a QP the stream's secret does not open.
-    tcp_unauthorised: int = 0
-    #: Bytes from the far end of an outgoing stream.
-    tcp_unexpected_data: int = 0
-    #: Outgoing streams whose peer stopped reading (``STALL_TIMEOUT``).
-    tcp_stalled: int = 0
-    #: Transmit rounds in which a QP's packets waited for room in its stream (backpressure).
-    tcp_held: int = 0
-
-
-class Route(NamedTuple):
-    """Where an outgoing stream goes: the peer device's listener, the peer QP, and the
-    secret that QP's connection descriptor carried."""
-
-    ip: str
-    port: int
-    qpn: int
-    secret: bytes
-
-
-class Placed(NamedTuple):
-    """A frame whose payload was received straight into place: its headers, and the payload."""
-
-    header: bytes
-    payload: memoryview
-
-
-#: ``place(peer ip, the first bytes of a frame body, body length)``: None, or the header
-#: length and the buffer that takes the rest of the body (see ``SoftDevice``).
-Placer = Callable[[str, memoryview, int], "tuple[int, memoryview] | None"]
-
-
-class _Direct:
-    __slots__ = ("filled", "header", "lowat", "target")
-
-    def __init__(self, header: bytes, target: memoryview, filled: int) -> None:
-        self.header, self.target, self.filled = header, target, filled
-        self.lowat = 1  # the socket's SO_RCVLOWAT
-
-
-class _Grant:
-    """A QP's secret and what it opens (see the module docstring)."""
-
-    __slots__ = ("mtu", "peer", "qpn", "secret", "stream")
-
-    def __init__(self, qpn: int, mtu: int) -> None:
-        self.qpn = qpn
-        self.secret = secrets.token_bytes(SECRET_LEN)
-        #: The largest MTU the QP's descriptors offered: no valid frame is longer.
-        self.mtu = mtu
-        #: The peer device (16-byte address, port) once the QP is connected; None: any.
-        self.peer: tuple[bytes, int] | None = None
-        #: The authenticated stream that presented the secret, if one is open.
-        self.stream: _Stream | None = None
-
-
-class _Stream:
-    __slots__ = (
-        "buf", "dead", "direct", "end", "error", "grant", "large", "limit", "moved", "out", "peer",
-        "pollout", "queued", "remote16", "route", "since", "sock", "start",
-    )  # fmt: skip
-
-    def __init__(self, sock: socket.socket, route: Route | None, now: float, remote16: bytes = b"") -> None:
-        self.sock = sock
-        #: Outgoing: where it goes. None: accepted.
-        self.route = route
-        #: Accepted: the grant its preface opened, once authenticated.
-        self.grant: _Grant | None = None
-        #: The remote device (its listener): the route's, or an authenticated preface's.
-        self.peer: Addr | None = (route.ip, route.port) if route is not None else None
-        #: Accepted: the socket's real remote address (16 bytes, as in the preface).
-        self.remote16 = remote16
-        #: Accepted: when. Outgoing: when the queue last moved (see ``STALL_TIMEOUT``).
-        self.since = now
-        self.moved = False
-        self.out: deque[memoryview] = deque()
-        self.queued = 0  # bytes in ``out``
-        self.pollout = False  # registered for EPOLLOUT
-        #: Accepted: the preface until it is in, then the read buffer.
-        self.buf = bytearray(PREFACE_LEN if route is None else 0)
-        self.start = 0
-        self.end = 0
-        self.limit = 0  # the longest frame body the grant allows
-        self.dead = False
-        #: Outgoing: the errno that ended the stream (ECONNREFUSED …), 0 if none was seen.
-        self.error = 0
-        #: The frame being received straight into place, if any.
-        self.direct: _Direct | None = None
-        #: The last frame was a large one (the next may be too: read its header first).
-        self.large = False
-
-
-def _failure(s: _Stream, route: Route) -> str:
-    where = f"{route.ip}:{route.port}"
-    if s.error == errno.ECONNREFUSED:
-        return f"connection refused by {where} (nothing listens there: has the peer exited?)"
-    if s.error == errno.ETIMEDOUT:
-        return f"the peer at {where} stopped reading"
-    if s.error:
-        return f"the connection to {where} failed: {os.strerror(s.error)}"
-    return f"the peer at {where} closed the connection"
+#: Send buffer of outgoing streams (`rdmakit.transport.tuning`; the tests shrink it).
+_BUF = STREAM_SEND_BUFFER
 
 
 class TcpLink:
+    """The TCP transport of one device: its listener, grants and streams (module docstring)."""
+
     def __init__(self, ip: str, port: int, counters: TcpCounters | None = None) -> None:
         self.ip = ip
         self.family = socket.AF_INET6 if ":" in ip else socket.AF_INET
@@ -262,15 +112,15 @@ class TcpLink:
         self.counters = counters if counters is not None else TcpCounters()
         self._ep = select.epoll()
         self._ep.register(self._lfd, select.EPOLLIN)
-        self._by_fd: dict[int, _Stream] = {}
-        self._out: dict[Route, _Stream] = {}
+        self._by_fd: dict[int, Stream] = {}
+        self._out: dict[Route, Stream] = {}
         #: Why each route ``poll`` reported failed, until ``pop_failure`` takes it.
         self._why: dict[Route, str] = {}
         #: Accepted connections without a whole preface, oldest first.
-        self._pending: dict[int, _Stream] = {}
-        self._grants: dict[int, _Grant] = {}
+        self._pending: dict[int, Stream] = {}
+        self._grants: dict[int, Grant] = {}
         self._streams = 0  # authenticated incoming streams
-        self._ip16 = _ip16(ip)
+        self._ip16 = ip16(ip)
         self._decoy = secrets.token_bytes(SECRET_LEN)  # compared against when no grant matches
         self._scratch = bytearray(256)
         #: Who says where a large frame's payload goes (``SoftDevice`` sets it); None: nowhere.
@@ -298,7 +148,7 @@ class TcpLink:
         """The secret of QP ``qpn``'s grant (made on first use), offering path MTUs up to ``mtu``."""
         g = self._grants.get(qpn)
         if g is None:
-            g = self._grants[qpn] = _Grant(qpn, mtu)
+            g = self._grants[qpn] = Grant(qpn, mtu)
         g.mtu = max(g.mtu, mtu)
         return g.secret
 
@@ -308,9 +158,9 @@ class TcpLink:
         g = self._grants.get(qpn)
         if g is None:
             return  # no descriptor was handed out: no stream can reach the QP
-        g.peer = (_ip16(ip), port)
+        g.peer = (ip16(ip), port)
         s = g.stream
-        if s is not None and s.peer is not None and (_ip16(s.peer[0]), s.peer[1]) != g.peer:
+        if s is not None and s.peer is not None and (ip16(s.peer[0]), s.peer[1]) != g.peer:
             self.counters.tcp_wrong_peer += 1
             self._drop(s)
 
@@ -337,21 +187,20 @@ class TcpLink:
         if s is not None:
             self._drop(s)
 
-    def _stream_to(self, route: Route) -> _Stream:
+    def _stream_to(self, route: Route) -> Stream:
         s = self._out.get(route)
         if s is not None and not s.dead:
             return s
         sock = socket.socket(self.family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUF)
+        tune_stream_sender(sock, _BUF)
         sock.bind((self.ip, 0))  # the peer checks the stream comes from the address it claims
         sock.setblocking(False)
         err = sock.connect_ex((route.ip, route.port))
-        s = _Stream(sock, route, 0.0)
+        s = Stream(sock, route, 0.0)
         if err not in (0, errno.EINPROGRESS):
             s.dead = True
             s.error = err
-        s.out.append(memoryview(_PREFACE.pack(PREFACE_MAGIC, self._ip16, self.port, route.qpn, route.secret)))
+        s.out.append(memoryview(PREFACE.pack(PREFACE_MAGIC, self._ip16, self.port, route.qpn, route.secret)))
         s.queued = PREFACE_LEN
         s.moved = True
         self._out[route] = s
@@ -380,7 +229,7 @@ class TcpLink:
         s.queued += q
         self._flush(s)
 
-    def _flush(self, s: _Stream) -> None:
+    def _flush(self, s: Stream) -> None:
         out = s.out
         while out and not s.dead:
             iov = [out[i] for i in range(min(len(out), _IOV_MAX))]
@@ -431,7 +280,7 @@ class TcpLink:
                     failed = bool(s.out) and self._out.get(route) is s
                     self._drop(s)
                     if failed:
-                        self._why[route] = _failure(s, route)
+                        self._why[route] = failure(s, route)
                         yield [], route.ip, route
                 elif not s.out and s.pollout:
                     self._ep.modify(fd, select.EPOLLIN)
@@ -461,7 +310,7 @@ class TcpLink:
                     s.error = errno.ETIMEDOUT
             if s.dead:
                 self._drop(s)
-                self._why[route] = _failure(s, route)
+                self._why[route] = failure(s, route)
                 yield [], route.ip, route
             elif s.out and not s.pollout:
                 self._ep.modify(s.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
@@ -497,10 +346,10 @@ class TcpLink:
                 self.counters.tcp_pending_dropped += 1
                 self._drop(next(iter(self._pending.values())))
             try:
-                remote16 = _ip16(addr[0].partition("%")[0])  # (no IPv6 zone: it is not in a preface)
+                remote16 = ip16(addr[0].partition("%")[0])  # (no IPv6 zone: it is not in a preface)
             except OSError:
                 remote16 = b""  # matches no preface
-            s = _Stream(sock, None, now, remote16)
+            s = Stream(sock, None, now, remote16)
             fd = sock.fileno()
             self._by_fd[fd] = s
             self._pending[fd] = s
@@ -511,7 +360,7 @@ class TcpLink:
             if s.dead:
                 self._drop(s)
 
-    def _read_preface(self, s: _Stream) -> None:
+    def _read_preface(self, s: Stream) -> None:
         try:
             n = s.sock.recv_into(memoryview(s.buf)[s.end :])
         except (BlockingIOError, InterruptedError):
@@ -526,9 +375,9 @@ class TcpLink:
         if s.end == PREFACE_LEN:
             self._authenticate(s)
 
-    def _authenticate(self, s: _Stream) -> None:
+    def _authenticate(self, s: Stream) -> None:
         """The whole preface is in: open the stream to its grant, or close it (module docstring)."""
-        magic, ip16, port, qpn, secret = _PREFACE.unpack(s.buf)
+        magic, ip16, port, qpn, secret = PREFACE.unpack(s.buf)
         c = self.counters
         s.dead = True
         if magic != PREFACE_MAGIC:
@@ -554,12 +403,12 @@ class TcpLink:
         del self._pending[s.sock.fileno()]
         g.stream, s.grant = s, g
         self._streams += 1
-        s.peer = (_ip_str(ip16), port)
+        s.peer = (ip_str(ip16), port)
         s.limit = max_frame_body(g.mtu)
         s.buf = bytearray(max(READ_BUFFER, FRAME_HEADER.size + s.limit))
         s.start = s.end = 0
 
-    def _drop(self, s: _Stream) -> None:
+    def _drop(self, s: Stream) -> None:
         s.dead = True
         fd = s.sock.fileno()
         if fd >= 0:
@@ -576,7 +425,7 @@ class TcpLink:
             g.stream = None
             self._streams -= 1
 
-    def _read_outgoing(self, s: _Stream) -> None:
+    def _read_outgoing(self, s: Stream) -> None:
         """An outgoing stream is readable: the peer went away, or broke the protocol."""
         try:
             n = s.sock.recv_into(self._scratch)
@@ -590,152 +439,11 @@ class TcpLink:
             self.counters.tcp_unexpected_data += 1
         s.dead = True
 
-    def _read_direct(self, s: _Stream, d: _Direct) -> Placed | None:
-        """Receive the rest of a frame straight into place; the frame once complete."""
-        target = d.target
-        sock = s.sock
-        while d.filled < len(target):
-            try:
-                n = sock.recv_into(target[d.filled :])
-            except (BlockingIOError, InterruptedError):
-                # Wake the reader only once a good part of the rest is in (one
-                # system call here saves many rounds of the pump meanwhile).
-                low = min(len(target) - d.filled, _LOWAT_MAX)
-                if low != d.lowat:
-                    self._lowat(s, low)
-                    d.lowat = low
-                return None
-            except OSError:
-                s.dead = True
-                return None
-            if n == 0:
-                s.dead = True
-                return None
-            d.filled += n
-        if d.lowat != 1:
-            self._lowat(s, 1)
-        s.direct = None
-        self.placed_frames += 1
-        return Placed(d.header, target)
-
-    @staticmethod
-    def _lowat(s: _Stream, n: int) -> None:
-        with contextlib.suppress(OSError):
-            s.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
-
-    def _read(self, s: _Stream) -> list[memoryview | Placed]:
-        """Read what is there of an authenticated stream and return the whole frames it completes.
-
-        Frame bodies are views into the stream's buffer, so once one is
-        parsed the buffer stays where it is until the next call. A large frame
-        whose payload has a home (``place``) is read there instead; after one,
-        the next read at a frame boundary takes only the header first, so that
-        the following large frame can go straight into place too. Every frame's
-        length and destination QPN are checked as soon as they are in.
-        """
-        frames: list[memoryview | Placed] = []
-        d = s.direct
-        if d is not None:
-            done = self._read_direct(s, d)
-            return frames if done is None else [done]
-        g = s.grant
-        assert g is not None
-        qpn, limit = g.qpn, s.limit
-        c = self.counters
-        parsed = False  # frames of this call point into s.buf: it must not move
-        buf = s.buf
-        while not s.dead:
-            pos, end = s.start, s.end
-            view = memoryview(buf)
-            while end - pos >= 4:
-                (n,) = FRAME_HEADER.unpack_from(buf, pos)
-                if not BTH_LEN <= n <= limit:
-                    s.dead = True  # garbage on the stream: nothing after it can be trusted
-                    c.tcp_bad_length += 1
-                    break
-                if end - pos < _QPN_END:
-                    break
-                if _U32.unpack_from(buf, pos + 8)[0] & _U24 != qpn:
-                    s.dead = True
-                    c.tcp_unauthorised += 1
-                    break
-                if end - pos - 4 < n:
-                    break
-                frames.append(view[pos + 4 : pos + 4 + n])
-                parsed = True
-                s.large = n >= DIRECT_MIN
-                pos += 4 + n
-            s.start = pos
-            if s.dead:
-                break
-            if self._placeable(s):
-                # Whether the payload has a home depends on the frames before it:
-                # the engine sees those first, then the next call asks.
-                if frames:
-                    break
-                if self._place(s):
-                    assert s.direct is not None
-                    done = self._read_direct(s, s.direct)
-                    if done is not None:
-                        frames.append(done)
-                    break
-            if s.start == s.end and not parsed:
-                s.start = s.end = 0  # nothing kept: start over at the front, for free
-            need = 0
-            if s.end - s.start >= 4:
-                need = 4 + FRAME_HEADER.unpack_from(buf, s.start)[0]  # checked: fits the buffer
-            if s.start + need > len(buf) or s.end == len(buf):
-                # The frame under way does not fit where it is: move it to the front,
-                # unless frames of this call still sit in front of it.
-                if parsed or not s.start:
-                    break  # (not s.start: a buffer full from the front holds whole frames, parsed above)
-                rest = s.end - s.start
-                buf[:rest] = buf[s.start : s.end]
-                s.start, s.end = 0, rest
-            limit_read = len(buf) - s.end
-            if s.large and s.start == s.end and self.place is not None:
-                limit_read = min(limit_read, 4 + _PEEK)  # a frame boundary after a large frame: header first
-            try:
-                n = s.sock.recv_into(memoryview(buf)[s.end : s.end + limit_read])
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                s.dead = True
-                break
-            if n == 0:
-                s.dead = True
-                break
-            s.end += n
+    def _read(self, s: Stream) -> list[memoryview | Placed]:
+        frames = read_frames(s, self.place, self.counters)
+        if frames and type(frames[-1]) is Placed:  # (at most one per read, the last)
+            self.placed_frames += 1
         return frames
-
-    def _placeable(self, s: _Stream) -> bool:
-        """A large frame is under way and enough of it is in to ask where it goes."""
-        pos, end = s.start, s.end
-        if self.place is None or end - pos < 4 + _PEEK:
-            return False
-        n = int(FRAME_HEADER.unpack_from(s.buf, pos)[0])
-        return DIRECT_MIN <= n <= s.limit and end - pos - 4 < n
-
-    def _place(self, s: _Stream) -> bool:
-        """The large frame under way (``_placeable``): if its payload has a home, take
-        what is here of it there and read the rest there too."""
-        place = self.place
-        assert place is not None
-        assert s.peer is not None
-        pos, end = s.start, s.end
-        (n,) = FRAME_HEADER.unpack_from(s.buf, pos)
-        view = memoryview(s.buf)
-        got = place(s.peer[0], view[pos + 4 : end], n)
-        if got is None or len(got[1]) != n - got[0]:
-            return False
-        hlen, target = got
-        body = pos + 4 + hlen
-        have = end - body
-        target[:have] = view[body:end]
-        s.direct = _Direct(bytes(view[pos + 4 : body]), target, have)
-        s.start = s.end
-        s.large = True
-        return True
 
     # -- accounting --------------------------------------------------------------------
     @property

@@ -32,14 +32,9 @@ from rdmakit.verbs.attrs import (
     transition_mask,
 )
 from rdmakit.verbs.buffers import buffer_address
-from rdmakit.verbs.discovery import (
-    RDMA_JOB_TYPES,
-    VerbsCaps,
-    VerbsDeviceInfo,
-    list_devices,
-    pyverbs_missing,
-)
+from rdmakit.verbs.discovery import list_devices, pyverbs_missing
 from rdmakit.verbs.errors import VerbsError
+from rdmakit.verbs.info import RDMA_JOB_TYPES, VerbsCaps, VerbsDeviceInfo
 from rdmakit.verbs.sysfs import SYSFS_ROOT, GidEntry, PortInfo, SysfsDevice, scan, select_gid
 from rdmakit.verbs.wr import WrTracker, imm_from_verbs, imm_to_verbs
 

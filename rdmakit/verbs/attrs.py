@@ -262,7 +262,7 @@ def export_descriptor(*, gid: IPv6Address, qpn: int, psn: int, mtu: int) -> dict
 class ConnectOptions:
     """RTR/RTS attributes a verbs QP connects with (IBTA §11.2.5.3).
 
-    As the soft engine's (``rdmakit.transport.device.ConnectOptions``):
+    As the soft engine's (``rdmakit.transport.connect.ConnectOptions``):
     ``retry_cnt`` 6, not 7, because rxe never exhausts 7 and a vanished peer
     must end in RETRY_EXC_ERR, not a hang; ``rnr_retry`` 7 waits for receives
     as long as it takes. ``timeout`` 14 (4.096 µs × 2^14 ≈ 67 ms) is the usual

@@ -51,8 +51,8 @@ from rdmakit.verbs.attrs import (
     transition_mask,
 )
 from rdmakit.verbs.buffers import buffer_address
-from rdmakit.verbs.discovery import VerbsCaps, VerbsDeviceInfo, caps_of, device_info
 from rdmakit.verbs.errors import ErrorCode, VerbsError, code_for_errno
+from rdmakit.verbs.info import VerbsCaps, VerbsDeviceInfo, caps_of, device_info
 from rdmakit.verbs.mr import VerbsMR
 from rdmakit.verbs.sysfs import SYSFS_ROOT, GidEntry, SysfsDevice, event_fds, find_device, select_gid
 from rdmakit.verbs.wr import SEND_SIGNALED, WrTracker, imm_to_verbs, needs_imm

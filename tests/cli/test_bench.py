@@ -1,17 +1,20 @@
-"""``rdmakit bench``: every figure measured against its same-run baseline.
+"""``rdmakit bench`` end to end, tiny: which rows, which baselines, which targets, the exit status.
 
-Only the shape of the report is checked (which rows, which baselines, which
-targets): times are never asserted in a test.
+Only the shape of the report is checked: times are never asserted in a test
+(``--check``'s status is checked against the verdicts the same run wrote).
 """
 
 import json
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 
-def bench(*args: str) -> subprocess.CompletedProcess[str]:
+def bench(ips: tuple[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rdmakit", "bench", "--ip-a", "127.0.5.2", "--ip-b", "127.0.5.3", *args],
+        [sys.executable, "-m", "rdmakit", "bench", "--ip-a", ips[0], "--ip-b", ips[1], *args],
         check=False,
         capture_output=True,
         text=True,
@@ -19,54 +22,104 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_json_report_has_every_figure_with_its_baseline_ratio() -> None:
-    out = bench("--runs", "1", "--total", "8", "--pings", "50", "--json-out")
-    assert out.returncode == 0, out.stderr
-    rows = {r["name"]: r for r in json.loads(out.stdout)}
+def rows_of(path: Path) -> dict[str, dict[str, Any]]:
+    return {r["key"]: r for r in json.loads(path.read_text())}
+
+
+def test_headline_rows_each_against_its_like(tmp_path: Path, new_ip: Callable[[], str]) -> None:
+    out_file = tmp_path / "bench.json"
+    small = ("--runs", "2", "--total", "4", "--pings", "30", "--no-c-baselines")
+    out = bench((new_ip(), new_ip()), *small, "--check", "--json-out", str(out_file))
+    rows = rows_of(out_file)
     assert list(rows) == [
-        "raw TCP stream, 1 MiB sendall/recv_into",
-        "RDMA WRITE 1 MiB, TCP transport",
-        "raw UDP GSO→GRO, 4112-byte datagrams",
-        "RDMA WRITE 1 MiB, RoCEv2/UDP, MTU 4096",
-        "RDMA READ 1 MiB, RoCEv2/UDP, MTU 4096",
-        "raw UDP ping-pong, 8 bytes, round trip",
-        "raw UDP ping-pong, busy-polling both ends",
-        "RDMA WRITE 8 bytes, round trip (sync driver)",
-        "  the same against the busy-polling ping",
-        "RDMA READ 8 bytes, round trip",
-        "ATOMIC FETCH_ADD 8 bytes, round trip",
-        "ATOMIC CMP_SWP 8 bytes, round trip",
-        "RDMA WRITE 8 bytes, round trip (event-driven)",
-    ]
-    for name, r in rows.items():
-        assert r["value"] > 0, name
-        if name.startswith("raw "):
-            assert r["baseline"] is None, name
-            assert r["ratio"] is None, name
-        else:
-            assert r["ratio"] == r["value"] / r["baseline"], name
-    tcp = rows["raw TCP stream, 1 MiB sendall/recv_into"]["value"]
-    assert rows["RDMA WRITE 1 MiB, TCP transport"]["baseline"] == tcp
-    assert rows["RDMA WRITE 1 MiB, TCP transport"]["target"] == "≥ 0.9"
-    assert rows["RDMA WRITE 1 MiB, RoCEv2/UDP, MTU 4096"]["target"] == "≥ 0.5"
-    assert rows["RDMA WRITE 8 bytes, round trip (sync driver)"]["target"] == "≤ 1.5"
-    ping = rows["raw UDP ping-pong, 8 bytes, round trip"]["value"]
-    polled = rows["raw UDP ping-pong, busy-polling both ends"]["value"]
-    write = rows["RDMA WRITE 8 bytes, round trip (sync driver)"]
-    assert write["baseline"] == ping
-    assert rows["  the same against the busy-polling ping"]["baseline"] == polled
-    assert rows["  the same against the busy-polling ping"]["value"] == write["value"]
-    assert rows["RDMA WRITE 8 bytes, round trip (event-driven)"]["baseline"] == ping
-
-
-def test_table_names_the_data_plane_and_rejects_bad_flags() -> None:
-    out = bench("--runs", "1", "--total", "4", "--pings", "20", "--spin-us", "0")
-    assert out.returncode == 0, out.stderr
+        "tcp_raw", "tcp_write", "udp_raw_out", "udp_write", "udp_raw_in", "udp_read",
+        "ping_poll", "rtt_write_poll", "rtt_read_poll", "rtt_fadd_poll", "rtt_cswap_poll",
+        "ping_block", "rtt_write_event", "doca_job_rtt", "doca_task_rtt",
+    ]  # fmt: skip
+    for key, r in rows.items():
+        assert r["runs"] == 2, key
+        assert r["min"] <= r["value"] <= r["max"], key
+        assert r["value"] > 0, key
+        assert r["c_baseline"] is None, key  # --no-c-baselines
+    # Like for like: each RDMA row is divided by the raw row that does the same thing.
+    pairs = {
+        "tcp_write": "tcp_raw",
+        "udp_write": "udp_raw_out",
+        "udp_read": "udp_raw_in",  # the same direction as READ's data
+        "rtt_write_poll": "ping_poll",  # the same spin policy
+        "rtt_read_poll": "ping_poll",
+        "rtt_write_event": "ping_block",  # both event-driven
+        "doca_job_rtt": "ping_poll",
+        "doca_task_rtt": "doca_job_rtt",  # the task API against the job API
+    }
+    for key, base in pairs.items():
+        assert rows[key]["baseline"] == rows[base]["value"], key
+        assert rows[key]["baseline_name"] == rows[base]["name"], key
+    for key in ("tcp_raw", "udp_raw_out", "udp_raw_in", "ping_poll", "ping_block"):
+        assert rows[key]["baseline"] is None, key
+        assert rows[key]["target"] is None, key
+    assert rows["rtt_write_poll"]["target"] == "≤ 1.5 vs raw"
+    assert rows["rtt_write_poll"]["ratio"] == rows["rtt_write_poll"]["value"] / rows["ping_poll"]["value"]
+    assert [t["target"] for t in rows["rtt_write_poll"]["targets"]] == ["≤ 1.5 vs raw", "≤ 1 vs C"]
+    assert rows["rtt_write_poll"]["targets"][1]["pass"] is None  # no C tool, no verdict
+    for key in ("rtt_read_poll", "rtt_fadd_poll", "rtt_cswap_poll"):
+        assert rows[key]["target"] == "0.9–1.1 vs WRITE"
+        assert rows[key]["ratio"] == rows[key]["value"] / rows["rtt_write_poll"]["value"]
+    assert rows["rtt_write_event"]["target"] == "≤ 1.3 vs raw"
+    assert rows["udp_write"]["target"] == rows["udp_read"]["target"] == "≥ 0.9 vs raw"
+    assert rows["tcp_write"]["target"] == "≥ 1 vs C"
+    assert rows["doca_task_rtt"]["target"] == "≤ 1.05 vs job API"
+    # --check fails exactly when a verdict of this run is a miss.
+    missed = [k for k, r in rows.items() if any(t["pass"] is False for t in r["targets"])]
+    assert out.returncode == (1 if missed else 0), out.stderr
+    for key in missed:
+        assert f"target missed: {rows[key]['name']}" in out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("rdmakit bench: 1 runs each (median), 4 MiB per throughput run")
+    assert lines[0].startswith("rdmakit bench: 2 runs each (median, min–max), 4 MiB per throughput run")
     assert lines[1].startswith("UDP data plane: ")
-    (write,) = [line for line in lines if line.startswith("RDMA WRITE 8 bytes, round trip (sync driver)")]
-    assert write.endswith("≤ 1.5")
-    bad = bench("--runs", "x")
+
+
+def test_json_on_stdout_and_a_tiny_sweep(new_ip: Callable[[], str]) -> None:
+    out = bench(
+        (new_ip(), new_ip()),
+        *("--runs", "1", "--total", "1", "--pings", "10", "--no-c-baselines"),
+        *("--sweep", "--sweep-max", "8", "--json-out", "-"),
+    )
+    assert out.returncode == 0, out.stderr
+    rows = {r["key"]: r for r in json.loads(out.stdout)}
+    assert list(rows) == [f"{kind}:{size}" for size in (2, 4, 8) for kind in
+                          ("sweep_raw_bw", "sweep_bw", "sweep_raw_rtt", "sweep_rtt")]  # fmt: skip
+    for size in (2, 4, 8):
+        assert rows[f"sweep_bw:{size}"]["baseline"] == rows[f"sweep_raw_bw:{size}"]["value"]
+        assert rows[f"sweep_rtt:{size}"]["baseline"] == rows[f"sweep_raw_rtt:{size}"]["value"]
+    assert "rdmakit bench: 1 runs" in out.stderr  # the table's lines go to stderr
+
+
+def test_tiny_scale_run(new_ip: Callable[[], str]) -> None:
+    out = bench(
+        (new_ip(), new_ip()),
+        *("--runs", "1", "--total", "1", "--pings", "10", "--no-c-baselines"),
+        *("--scale", "--scale-qps", "1,4", "--json-out", "-"),
+    )
+    assert out.returncode == 0, out.stderr
+    rows = {r["key"]: r for r in json.loads(out.stdout)}
+    kinds = ("scale_setup", "scale_rss", "scale_rss_peer", "scale_bw", "scale_rtt")
+    assert list(rows) == [f"{k}:{n}" for n in (1, 4) for k in kinds]
+    for n in (1, 4):
+        assert rows[f"scale_setup:{n}"]["unit"] == "QP/s"
+        assert rows[f"scale_rss:{n}"]["unit"] == "KiB"
+        for k in ("scale_setup", "scale_bw", "scale_rtt"):
+            assert rows[f"{k}:{n}"]["value"] > 0
+    assert rows["scale_rtt:4"]["name"] == "RDMA WRITE 8 B round trip, 3 QPs busy"
+
+
+def test_bad_flags(new_ip: Callable[[], str]) -> None:
+    ips = (new_ip(), new_ip())
+    bad = bench(ips, "--runs", "x")
     assert bad.returncode == 2
     assert "--runs" in bad.stderr
+    assert bench(ips, "--scale-qps", "0").returncode == 2
+    assert bench(ips, "--sweep", "--scale").returncode == 2
+    plot = bench(ips, "--plot", "x.png")
+    assert plot.returncode != 0
+    assert "--plot draws a sweep" in plot.stderr

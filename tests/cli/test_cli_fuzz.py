@@ -58,7 +58,7 @@ NUMBERS = st.one_of(
     st.text(max_size=6),
 )
 TIMEOUTS = st.sampled_from(["0.05", "0.2", "-1", "0", "nan", "inf", "1e999", "", "x", "-0", "1e-300"])
-TEXT = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=24)
+TEXT = st.text(st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), max_size=24)
 LEVELS = st.sampled_from(["10", "20", "40", "60", "70", "99", "-1", "x", ""])
 
 

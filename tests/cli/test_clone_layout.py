@@ -85,4 +85,4 @@ def test_bench_and_its_far_side(clone_parent: tuple[Path, dict[str, str]], new_i
     p = start([*cmd, "--ip-a", new_ip(), "--ip-b", new_ip()], clone_parent)
     assert p.returncode == 0, p.stderr
     assert "RDMA WRITE 1 MiB, TCP transport" in p.stdout
-    assert "ATOMIC CMP_SWP 8 bytes, round trip" in p.stdout
+    assert "ATOMIC CMP_SWP 8 B round trip, polling" in p.stdout

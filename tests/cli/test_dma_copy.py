@@ -8,56 +8,18 @@ import hashlib
 import json
 import os
 import pty
-import select
 import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from rdmakit.cli.dma import _Unwind
+from rdmakit.cli.lifecycle import Unwind
 from rdmakit.doca import DocaError, DocaErrorCode, SharedMemory
-
-MIB = 1 << 20
-WAIT = 120  # seconds a test waits for a process before calling it hung
-
-
-@dataclass
-class Done:
-    rc: int
-    out: str
-    err: str
-
-
-def start(cwd: Path, *args: str, stderr: int = subprocess.PIPE) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "rdmakit", *args], cwd=cwd, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=stderr, text=True,
-    )  # fmt: skip
-
-
-def finish(proc: subprocess.Popen[str]) -> Done:
-    try:
-        out, err = proc.communicate(timeout=WAIT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"hung: {proc.args!r}\n{err}") from None
-    return Done(proc.returncode, out, err or "")
-
-
-def one_line_error(done: Done) -> str:
-    """The process failed with exactly one line on stderr, the program's own."""
-    assert done.rc != 0, done
-    lines = done.err.strip().splitlines()
-    assert len(lines) == 1, done.err
-    assert lines[0].startswith("rdmakit dma-copy: "), lines[0]
-    return lines[0]
+from tests.cli.dma_copy_util import MIB, killed_mid_copy, one_line_error, random_file, start, wait_for_line
+from tests.processes import Done, finish
 
 
 @pytest.fixture
@@ -88,12 +50,6 @@ def run_pair(
         procs[role] = start(cwd, *copy_args(role, file, service, *extra))
         time.sleep(0.3)  # a head start for the first one (the order must not matter either way)
     return finish(procs["host"]), finish(procs["dpu"])
-
-
-def random_file(path: Path, size: int) -> str:
-    data = os.urandom(size)
-    path.write_bytes(data)
-    return hashlib.sha256(data).hexdigest()
 
 
 # -- copies --------------------------------------------------------------------------------------
@@ -267,56 +223,6 @@ def test_no_peer_times_out(tmp_path: Path, service: str) -> None:
     assert "DOCA_ERROR_TIME_OUT" in one_line_error(done)
 
 
-def wait_for_line(proc: subprocess.Popen[str], needle: str) -> None:
-    """Read `proc`'s stderr until a line contains `needle` (the process keeps running)."""
-    assert proc.stderr is not None
-    deadline = time.monotonic() + WAIT
-    seen = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], 1)
-        if ready:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            seen.append(line)
-            if needle in line:
-                return
-    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
-
-
-#: How a test's CLI arguments are made: (role, file, *extra flags) -> argv.
-ArgsFor = Callable[..., list[str]]
-
-
-def killed_mid_copy(sides: tuple[Path, Path], args_for: ArgsFor, victim: str) -> None:
-    """The copier's peer dies in the middle of an 8 MiB copy (128 jobs, 10 ms apart).
-
-    ``victim`` "dpu": DPU -> host, the DPU dies; "host": host -> DPU, the host
-    dies. The survivor stops, says so in one line and leaves no file.
-    """
-    host_dir, dpu_dir = sides
-    slow = ("--chunk-size", "65536", "--pause", "0.01")
-    if victim == "dpu":
-        random_file(dpu_dir / "f.bin", 8 * MIB)
-        dead = start(dpu_dir, *args_for("dpu", "f.bin", "-l", "60", *slow))
-        survivor = start(host_dir, *args_for("host", "f.bin"))
-        wait_for_line(dead, "copy: ")  # the copier's progress: the copy is under way
-        gone, survivor_dir = "DPU", host_dir
-    else:
-        random_file(host_dir / "f.bin", 8 * MIB)
-        survivor = start(dpu_dir, *args_for("dpu", "f.bin", *slow))
-        dead = start(host_dir, *args_for("host", "f.bin", "-l", "60"))
-        wait_for_line(dead, "the DPU: copy ")  # the host hears the DPU's progress
-        gone, survivor_dir = "host", dpu_dir
-    dead.kill()
-    dead.communicate()
-    error = one_line_error(finish(survivor))
-    assert error == (
-        f"rdmakit dma-copy: the {gone} went away before the copy was complete (DOCA_ERROR_CONNECTION_RESET)"
-    )
-    assert os.listdir(survivor_dir) == []
-
-
 @pytest.mark.parametrize("victim", ["dpu", "host"])
 def test_peer_killed_mid_copy(sides: tuple[Path, Path], service: str, victim: str) -> None:
     killed_mid_copy(sides, lambda role, file, *extra: copy_args(role, file, service, *extra), victim)
@@ -356,7 +262,7 @@ def test_progress_bar_on_a_tty(sides: tuple[Path, Path], service: str) -> None:
 
 
 def _hold_a_view_and_raise(exc: BaseException | None) -> None:
-    with _Unwind() as stack:
+    with Unwind() as stack:
         memory = stack.enter_context(SharedMemory(4096))
         view = memory.buf[:10]  # held by this frame, as a traceback holds it after Ctrl-C
         assert len(view) == 10

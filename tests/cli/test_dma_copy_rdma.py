@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_dma_copy import MIB, Done, finish, killed_mid_copy, one_line_error, random_file, start
+from tests.cli.dma_copy_util import MIB, killed_mid_copy, one_line_error, random_file, start
+from tests.processes import Done, finish
 
 PORT = 47391  # with an address of its own per test, the port never collides
 

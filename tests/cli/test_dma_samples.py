@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-WAIT = 120
+from tests.processes import finish
 
 
 def rdmakit(cwd: Path, *args: str) -> subprocess.Popen[str]:
@@ -18,16 +18,6 @@ def rdmakit(cwd: Path, *args: str) -> subprocess.Popen[str]:
         [sys.executable, "-m", "rdmakit", *args], cwd=cwd, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-
-
-def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=WAIT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"hung: {proc.args!r}\n{err}") from None
-    return proc.returncode, out, err
 
 
 @pytest.fixture
@@ -44,15 +34,28 @@ def test_local_copy_default_text(tmp_path: Path) -> None:
     assert out == "Memory content: This is a sample piece of text\n"
 
 
+@pytest.mark.parametrize("api", ["job", "task"])
 @pytest.mark.parametrize(("src", "dst"), [(1, 1), (3, 5), (16, 2)])
-def test_local_copy_through_buffer_lists(tmp_path: Path, src: int, dst: int) -> None:
-    """The source split into `src` chained bufs is gathered, the destination list of `dst` filled in order."""
+def test_local_copy_through_buffer_lists(tmp_path: Path, src: int, dst: int, api: str) -> None:
+    """The source split into `src` chained bufs is gathered, the destination list of `dst` filled in order.
+
+    With ``--api task`` the copy is a ``doca_dma_task_memcpy`` on a progress engine, as DOCA 2.9's
+    ``dma_local_copy`` sample runs it; the output is the job API's, byte for byte."""
     text = "gathered from one list and scattered over another"
     rc, out, err = finish(
-        rdmakit(tmp_path, "dma-local-copy", "-t", text, "--num-src-buf", str(src), "--num-dst-buf", str(dst))
-    )
+        rdmakit(
+            tmp_path, "dma-local-copy", "-t", text, "--num-src-buf", str(src), "--num-dst-buf", str(dst),
+            "--api", api,
+        )
+    )  # fmt: skip
     assert (rc, err) == (0, "")
     assert out == f"Memory content: {text}\n"
+
+
+def test_local_copy_task_api_refuses_what_the_job_api_refuses(tmp_path: Path) -> None:
+    rc, _, err = finish(rdmakit(tmp_path, "dma-local-copy", "--num-src-buf", "17", "--api", "task"))
+    assert rc == 1
+    assert err == "rdmakit dma-local-copy: 17 bufs in a list: local0 takes at most 16\n"
 
 
 def test_local_copy_list_longer_than_the_device_takes(tmp_path: Path) -> None:

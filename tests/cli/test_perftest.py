@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from .perftest_output import PP_ADDR, PP_BYTES, PP_ITERS, parse_perftest
+from tests.cli.perftest_output import PP_ADDR, PP_BYTES, PP_ITERS, parse_perftest
 
 
 def free_port() -> int:
@@ -103,8 +103,9 @@ def test_perftest_pair(new_ip: Callable[[], str], test: str, flags: list[str]) -
         ("ib_write_bw", ["-n", "5", "-a"], [(1 << i, 5) for i in range(1, 24)]),
         ("ib_send_lat", ["-n", "5", "-a"], [(1 << i, 5) for i in range(1, 24)]),
         ("ib_read_bw", ["-n", "10", "--report_gbits", "-t", "4", "-Q", "2"], [(65536, 10)]),
+        ("ib_write_bw", ["-n", "8", "-u", "18"], [(65536, 8)]),
     ],
-    ids=["write-q2", "send-q2", "write-b", "read-b", "send-b", "cas-b", "write-a", "slat-a", "gbits"],
+    ids=["write-q2", "send-q2", "write-b", "read-b", "send-b", "cas-b", "write-a", "slat-a", "gbits", "u18"],
 )
 def test_perftest_options(
     new_ip: Callable[[], str], test: str, flags: list[str], rows: list[tuple[int, int]]
@@ -177,6 +178,9 @@ def test_perftest_flag_errors() -> None:
     rc, _, err = finish(rdmakit("perftest", "ib_atomic_bw", "-s", "16", "-d", "127.0.0.1"))
     assert rc != 0
     assert err.strip() == "rdmakit perftest: Message size cannot be changed for Atomic tests"
+    rc, _, err = finish(rdmakit("perftest", "ib_write_bw", "-u", "32", "-d", "127.0.0.1"))
+    assert rc != 0
+    assert err.strip() == "rdmakit perftest: QP timeout must be 0..31, not 32"
     rc, out, _ = finish(rdmakit("perftest", "ib_write_bw", "-V"))
     assert rc == 0
     assert out.strip() == "Version: 6.06"

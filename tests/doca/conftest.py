@@ -1,4 +1,4 @@
-"""Fixtures for the DOCA layer: seeded local devices and started memory maps."""
+"""Fixtures for the DOCA layer: seeded local devices, started memory maps, two-sided RDMA pairs."""
 
 import os
 import random
@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from rdmakit.doca import AccessFlag, Dev, LocalBackendDevice, Mmap, SyncEvent, WorkQ, local_devinfo
+from tests.doca.rdma_harness import PAIR_CONFIGS, Mode, Pair, PairFactory, TransportName
+from tests.doca.util import MmapFactory
 
 
 @pytest.fixture
@@ -32,9 +34,6 @@ def dev(rng: random.Random) -> Iterator[Dev]:
 def backend(dev: Dev) -> LocalBackendDevice:
     assert isinstance(dev.backend, LocalBackendDevice)
     return dev.backend
-
-
-MmapFactory = Callable[..., Mmap]
 
 
 @pytest.fixture
@@ -71,3 +70,26 @@ def event(workq: WorkQ) -> Iterator[SyncEvent]:
         ev.workq_add(workq)
         ev.start()
         yield ev
+
+
+@pytest.fixture(params=PAIR_CONFIGS)
+def pair_cfg(request: pytest.FixtureRequest) -> tuple[TransportName, Mode]:
+    """(transport, mode): every RDMA rule runs over UDP and TCP, polling and event-driven."""
+    cfg: tuple[TransportName, Mode] = request.param
+    return cfg
+
+
+@pytest.fixture
+def make_pair(pair_cfg: tuple[TransportName, Mode], new_ip: Callable[[], str]) -> Iterator[PairFactory]:
+    """``make_pair(perms_a=..., perms_b=..., ...)`` -> a `Pair` in the test's configuration, closed after."""
+    made: list[Pair] = []
+    transport, mode = pair_cfg
+
+    def make(**kwargs: object) -> Pair:
+        pair = Pair(transport, mode, new_ip, **kwargs)  # type: ignore[arg-type]
+        made.append(pair)
+        return pair
+
+    yield make
+    for pair in made:
+        pair.close()

@@ -25,8 +25,7 @@ from rdmakit.doca import (
     WorkQ,
     aio,
 )
-
-from .test_rdma_harness import Pair
+from tests.doca.rdma_harness import Pair
 
 RW = AccessFlag.LOCAL_READ_WRITE
 

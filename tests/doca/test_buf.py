@@ -13,9 +13,7 @@ from rdmakit.doca import (
     DocaErrorCode,
     Mmap,
 )
-
-from .conftest import MmapFactory
-from .util import error_code
+from tests.doca.util import MmapFactory, error_code
 
 
 @pytest.fixture

@@ -35,9 +35,7 @@ from rdmakit.doca import (
     local_devinfo,
 )
 from rdmakit.engine import Access, MemoryRegion, QpCaps
-
-from .conftest import MmapFactory
-from .util import error_code
+from tests.doca.util import MmapFactory, error_code
 
 
 @pytest.fixture

@@ -25,8 +25,7 @@ from rdmakit.doca import (
 )
 from rdmakit.transport import comm, comm_auth
 from rdmakit.transport.comm_auth import SECRET_ENV
-
-from .util import error_code
+from tests.doca.util import error_code
 
 
 @pytest.fixture(autouse=True)

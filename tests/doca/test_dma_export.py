@@ -28,8 +28,7 @@ from rdmakit.doca import (
     WorkQ,
     local_devinfo,
 )
-
-from .util import error_code
+from tests.doca.util import error_code
 
 PCI_RO = AccessFlag.LOCAL_READ_WRITE | AccessFlag.PCI_READ_ONLY
 PCI_RW = AccessFlag.LOCAL_READ_WRITE | AccessFlag.PCI_READ_WRITE

@@ -29,8 +29,7 @@ from rdmakit.doca import (
     RdmaState,
     WorkQ,
 )
-
-from .util import error_code
+from tests.doca.util import error_code
 
 REMOTE_RW = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE
 #: Progress calls a test allows a job before calling it hung (no wall-clock limit).

@@ -24,6 +24,7 @@ def test_every_module_is_covered() -> None:
         "descriptor",
         "device",
         "dma",
+        "dma_tasks",
         "errors",
         "graph",
         "inventory",
@@ -32,9 +33,11 @@ def test_every_module_is_covered() -> None:
         "pe",
         "rdma",
         "rdma_jobs",
+        "rdma_tasks",
         "shm",
         "soft",
         "sync_event",
+        "tasks",
     ]
 
 

@@ -16,8 +16,7 @@ from rdmakit.doca import (
     SyncEventWaitGtJob,
     WorkQ,
 )
-
-from .util import error_code
+from tests.doca.util import error_code
 
 
 @pytest.fixture

@@ -7,9 +7,7 @@ import tracemalloc
 import pytest
 
 from rdmakit.doca import BufArray, BufInventory, BufPool, DocaError, DocaErrorCode, Fault, Mmap
-
-from .conftest import MmapFactory
-from .util import error_code
+from tests.doca.util import MmapFactory, error_code
 
 # -- BufInventory -----------------------------------------------------------------------------
 

@@ -3,9 +3,10 @@
 import ctypes
 import json
 import mmap as stdlib_mmap
+from functools import partial
 from ipaddress import IPv6Address
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pytest
@@ -25,9 +26,16 @@ from rdmakit.doca import (
     MmapDescriptor,
     local_devinfo,
 )
+from tests.doca.util import MmapFactory, error_code
 
-from .conftest import MmapFactory
-from .util import error_code
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+
+def as_buffer(array: np.ndarray[Any, Any]) -> "Buffer":
+    """`array` as the Buffer it is: numpy's stubs give ndarray ``__buffer__`` only from Python 3.12."""
+    return cast("Buffer", array)
+
 
 RDMA_RW = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE
 
@@ -47,7 +55,7 @@ def test_access_flags_match_doca_types_h() -> None:
         "PCI_READ_WRITE": 32,
         "PCI_RELAXED_ORDERING": 64,
     }
-    assert AccessFlag.LOCAL_READ_ONLY == 0
+    assert int(AccessFlag.LOCAL_READ_ONLY) == 0
 
 
 def test_undefined_access_bits_are_invalid() -> None:
@@ -86,7 +94,7 @@ def test_numpy_array_maps_its_data() -> None:
     """A numpy array maps its data buffer; the address is the array's own."""
     array = np.zeros((4, 8), dtype=np.float64)
     mmap = Mmap()
-    mmap.set_memrange(array)
+    mmap.set_memrange(as_buffer(array))
     assert mmap.memrange == (array.ctypes.data, array.nbytes)
 
 
@@ -95,10 +103,10 @@ def test_read_only_numpy_array_needs_read_only_permissions() -> None:
     array = np.arange(16, dtype=np.uint8)
     array.setflags(write=False)
     refused = Mmap()
-    assert error_code(lambda: refused.set_memrange(array)) is DocaErrorCode.INVALID_VALUE
+    assert error_code(lambda: refused.set_memrange(as_buffer(array))) is DocaErrorCode.INVALID_VALUE
     accepted = Mmap()
     accepted.set_permissions(AccessFlag.LOCAL_READ_ONLY | AccessFlag.RDMA_READ)
-    accepted.set_memrange(array)
+    accepted.set_memrange(as_buffer(array))
     assert accepted.addr == array.ctypes.data
 
 
@@ -319,7 +327,7 @@ def test_create_from_export_is_a_remote_mmap(make_mmap: MmapFactory, dev: Dev) -
     assert remote.started
     assert remote.memrange == local.memrange
     assert remote.permissions == RDMA_RW
-    assert remote.descriptor is not None
+    assert isinstance(remote.descriptor, MmapDescriptor)
     assert remote.descriptor.rkey == local.registration(dev).rkey
     assert error_code(lambda: remote.view(remote.addr, 1)) is DocaErrorCode.NOT_PERMITTED
     assert error_code(lambda: remote.set_memrange(bytearray(1))) is DocaErrorCode.NOT_PERMITTED
@@ -366,7 +374,8 @@ def test_descriptor_codec_both_ways(desc: MmapDescriptor, raw: bytes) -> None:
 
 
 def _valid() -> dict[str, Any]:
-    return json.loads(DESCRIPTORS[0][1])
+    valid: dict[str, Any] = json.loads(DESCRIPTORS[0][1])
+    return valid
 
 
 def _with(**changes: Any) -> bytes:
@@ -431,8 +440,9 @@ def test_bad_descriptor_is_invalid_value_naming_the_field(dev: Dev, raw: bytes, 
 
 def test_descriptor_must_be_bytes(dev: Dev) -> None:
     """A str or dict is not a descriptor."""
-    for value in (DESCRIPTORS[0][1].decode(), _valid()):
-        assert error_code(lambda v=value: Mmap.create_from_export(v, dev)) is DocaErrorCode.INVALID_VALUE
+    not_bytes: list[Any] = [DESCRIPTORS[0][1].decode(), _valid()]
+    for value in not_bytes:
+        assert error_code(partial(Mmap.create_from_export, value, dev)) is DocaErrorCode.INVALID_VALUE
 
 
 JSON = st.recursive(
@@ -476,6 +486,7 @@ def corrupted_descriptors(draw: st.DrawFn) -> bytes:
 @given(raw=st.binary(max_size=300) | mutated_descriptors() | corrupted_descriptors())
 def test_create_from_export_fuzz_only_invalid_value(dev: Dev, raw: bytes) -> None:
     """DOCA Core 3.3: any descriptor either imports or fails with DocaError(INVALID_VALUE), nothing else."""
+    code: DocaErrorCode | None
     try:
         remote = Mmap.create_from_export(raw, dev)
     except DocaError as exc:

@@ -8,8 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from rdmakit.doca import Dev, Dma, DocaErrorCode, ProgressEngine, WorkQ, local_devinfo, thread_engine
-
-from .util import error_code
+from tests.doca.util import error_code
 
 
 class FakePump:
@@ -37,6 +36,12 @@ class FakeCtx:
     def _progress(self) -> bool:
         self.runs += 1
         return self.busy
+
+    def _pe_connected(self, pe: ProgressEngine) -> None:
+        pass
+
+    def _pe_disconnected(self, pe: ProgressEngine) -> None:
+        pass
 
 
 def readable(fd: int) -> bool:

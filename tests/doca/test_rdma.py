@@ -41,14 +41,8 @@ from rdmakit.doca import (
     WorkQ,
     local_devinfo,
 )
-
-from . import test_rdma_harness as harness
-from .test_rdma_harness import ALL_RDMA, Pair, PairFactory, result
-from .util import error_code
-
-# The harness's fixtures, bound here so pytest finds them (a plain import would be shadowed).
-make_pair = harness.make_pair
-pair_cfg = harness.pair_cfg
+from tests.doca.rdma_harness import ALL_RDMA, Pair, PairFactory, result
+from tests.doca.util import error_code
 
 RW = AccessFlag.LOCAL_READ_WRITE
 Via = Literal["bytes", "files"]
@@ -156,7 +150,7 @@ def test_state_callback_drives_the_connection(make_pair: PairFactory) -> None:
     p.b.rdma.start()
     seen: list[tuple[CtxState, CtxState]] = []
 
-    def on_change(ctx: object, prev: CtxState, nxt: CtxState) -> None:
+    def on_change(user_data: object, ctx: object, prev: CtxState, nxt: CtxState) -> None:
         seen.append((prev, nxt))
         if nxt is CtxState.STARTING:
             p.a.rdma.connect(p.b.rdma.export())

@@ -32,8 +32,7 @@ from rdmakit.doca import (
     write_descriptor,
 )
 from rdmakit.doca._addresses import address_problem
-
-from .test_rdma_harness import Pair
+from tests.doca.rdma_harness import Pair
 
 GID = IPv6Address("::ffff:127.0.0.2")
 SECRET = "00112233445566778899aabbccddeeff"

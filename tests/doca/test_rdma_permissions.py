@@ -41,13 +41,7 @@ from rdmakit.doca import (
     RdmaWriteImmJob,
     RdmaWriteJob,
 )
-
-from . import test_rdma_harness as harness
-from .test_rdma_harness import ALL_RDMA, Pair, PairFactory, result
-
-# The harness's fixtures, bound here so pytest finds them (a plain import would be shadowed).
-make_pair = harness.make_pair
-pair_cfg = harness.pair_cfg
+from tests.doca.rdma_harness import ALL_RDMA, Pair, PairFactory, result
 
 RW = AccessFlag.LOCAL_READ_WRITE
 Op = Literal["read", "write", "write_imm", "cmp_swp", "fetch_add"]

@@ -22,13 +22,7 @@ from rdmakit.doca import (
     RdmaState,
     RdmaWriteJob,
 )
-
-from . import test_rdma_harness as harness
-from .test_rdma_harness import Pair, PairFactory
-
-# The harness's fixtures, bound here so pytest finds them (a plain import would be shadowed).
-make_pair = harness.make_pair
-pair_cfg = harness.pair_cfg
+from tests.doca.rdma_harness import Pair, PairFactory
 
 RW = AccessFlag.LOCAL_READ_WRITE
 WRITABLE = RW | AccessFlag.RDMA_WRITE

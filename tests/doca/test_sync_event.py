@@ -19,8 +19,7 @@ from rdmakit.doca import (
     SyncEventWaitGtJob,
     WorkQ,
 )
-
-from .util import error_code
+from tests.doca.util import error_code
 
 
 def _run(workq: WorkQ, job: Job) -> Event:

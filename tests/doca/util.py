@@ -4,7 +4,10 @@ from collections.abc import Callable
 
 import pytest
 
-from rdmakit.doca import DocaError, DocaErrorCode
+from rdmakit.doca import DocaError, DocaErrorCode, Mmap
+
+#: The ``make_mmap`` fixture (tests/doca/conftest.py): ``make_mmap(size_or_buffer, access=...)``.
+MmapFactory = Callable[..., Mmap]
 
 
 def error_code(call: Callable[[], object]) -> DocaErrorCode:

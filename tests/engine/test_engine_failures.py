@@ -3,7 +3,6 @@
 import random
 
 import pytest
-from engine_harness import ALL_ACCESS, Faults, Pair, fill, make_pair, pump, recv_wr, send_wr
 
 from rdmakit.engine import (
     SGE,
@@ -20,6 +19,8 @@ from rdmakit.engine import (
     rnr_delay,
     transport_timeout,
 )
+from rdmakit.testing.engine import ALL_ACCESS, Pair, fill, make_pair, pump, recv_wr, send_wr
+from rdmakit.testing.faults import Faults
 from rdmakit.wire import AETH, RETH, AtomicETH, NakCode, Opcode, Packet, ack_syndrome, nak_syndrome
 
 S = WcStatus
@@ -151,6 +152,7 @@ def test_rnr_wait_follows_the_ibta_table(code: int) -> None:
     pump(a, b, now=1.0)
     assert a.stats.rnr_naks_received == 1
     deadline = a.get_timer()
+    assert deadline is not None
     assert deadline == pytest.approx(1.0 + rnr_delay(code))
     assert a.poll_transmit(deadline - 1e-9) == []  # waits out the RNR timer
     a.handle_timer(deadline)

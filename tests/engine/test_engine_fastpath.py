@@ -13,15 +13,16 @@ import random
 from typing import Any
 
 import pytest
-from engine_harness import Faults, Workload, fill, make_pair
 
 from rdmakit.engine import QpCaps, completer, qp, resp_runs
+from rdmakit.testing.engine import Workload, fill, make_pair
+from rdmakit.testing.faults import ALL_AT_ONCE, CLEAN, DUPLICATE_REORDER, Faults
 from rdmakit.wire import Packet, Train
 
 CONFIGS = {
-    "clean": Faults(),
-    "all_at_once": Faults(loss=0.2, duplicate=0.1, reorder=0.3, corrupt=0.05, jitter=20e-6),
-    "dup_reorder": Faults(duplicate=0.1, reorder=0.3),
+    "clean": CLEAN,
+    "all_at_once": ALL_AT_ONCE,
+    "dup_reorder": DUPLICATE_REORDER,
 }
 
 

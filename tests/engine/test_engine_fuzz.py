@@ -9,11 +9,11 @@ reconnected, and a fresh pair still transfers data.
 
 import random
 
-from engine_harness import Pair, fill, make_pair, pump, recv_wr, send_wr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rdmakit.engine import QpState, WcStatus, WrOpcode
+from rdmakit.testing.engine import Captured, Pair, fill, make_pair, pump, recv_wr, send_wr
 from rdmakit.wire import AETH, OPCODE_INFO, RETH, AtomicETH, Opcode, Packet, WireError, decode, encode
 
 SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -53,7 +53,7 @@ def packets(draw: st.DrawFn, p: Pair, to_b: bool, psn_base: int) -> Packet:
     )
     if draw(st.integers(0, 19)) == 0:  # a header combination the opcode doesn't allow
         field = draw(st.sampled_from(["reth", "aeth", "atomic_eth", "atomic_ack", "imm", "payload"]))
-        pkt = pkt._replace(**{field: None if field != "payload" else b"junk"})
+        pkt = Packet(**{**pkt._asdict(), field: None if field != "payload" else b"junk"})
     return pkt
 
 
@@ -148,7 +148,7 @@ def exchange(seed: int) -> tuple[list[bytes], list[bytes]]:
     """The packets of a normal transfer, encoded: (a -> b, b -> a)."""
     p = live_pair(seed)
     post_mixed(p)
-    cap: list = []
+    cap: Captured = []
     pump(p.a.qp, p.b.qp, capture=cap)
     to_b = [encode(x) for src, x in cap if src is p.a.qp]
     to_a = [encode(x) for src, x in cap if src is p.b.qp]

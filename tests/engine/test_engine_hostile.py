@@ -6,30 +6,58 @@ intact, completions in posting order and all successful, receive completions
 in order with the right length and immediate, every FETCH_ADD executed exactly
 once (the responder's counter equals the number posted, and the requesters saw
 distinct original values), compare-and-swap results.
+
+The ``slow`` sweeps take their seeds through the ``seed_sample`` fixture
+(``conftest.py``): all of them, or CI's fixed sample (``RDMAKIT_SLOW_SAMPLE``).
 """
 
 import random
+from collections.abc import Iterable, Sequence
+from typing import Unpack
 
 import pytest
-from engine_harness import Faults, Workload, fill, make_pair
+
+from rdmakit.engine import QpCaps, WrOpcode
+from rdmakit.testing.engine import ConnectOptions, Pair, Workload, connect, fill, make_pair, make_side
+from rdmakit.testing.faults import LONG_REORDER, PROFILES, Faults
+from rdmakit.transport.simnet import SimNet
+from tests.engine.seeds import SeedSample
 
 CI_SEEDS = 200
 SLOW_SEEDS = 2000
 
 
+def _half(n: int, max_len: int) -> int:
+    return 1 << max(14, (2 * n * (max_len + 16)).bit_length())
+
+
 def scenario(
-    seed: int, faults: Faults, *, n: int = 12, mtu: int = 256, max_len: int = 700, **conn: object
+    seed: int,
+    faults: Faults,
+    *,
+    n: int = 12,
+    max_len: int = 700,
+    ops: tuple[WrOpcode, ...] = tuple(WrOpcode),
+    bulk: bool = False,
+    partitions: Sequence[tuple[float, float]] = (),
+    **conn: Unpack[ConnectOptions],
 ) -> float:
-    """One bidirectional workload; returns the virtual time it took."""
-    half = 1 << max(14, (2 * n * (max_len + 16)).bit_length())
-    p = make_pair(seed, faults, mtu=mtu, mem_size=2 * half, **conn)
+    """One bidirectional workload; returns the virtual time it took.
+
+    ``partitions``: (start, end) virtual-time windows in which every packet
+    between the two ends is dropped (each heals at its end)."""
+    half = _half(n, max_len)
+    conn.setdefault("mtu", 256)
+    p = make_pair(seed, faults, mem_size=2 * half, bulk=bulk, **conn)
+    for start, end in partitions:
+        p.net.partition(start, end, between=("a", "b"))
     rng = random.Random(seed ^ 0x5EED)
     fill(p.a.mem, rng)
     fill(p.b.mem, rng)
     w1 = Workload(p.a, p.b, rng, n, max_len, 0, half)
-    w1.post()
+    w1.post(ops)
     w2 = Workload(p.b, p.a, rng, n, max_len, 0, half)
-    w2.post()
+    w2.post(ops)
 
     def done() -> bool:
         p.drain()
@@ -46,24 +74,75 @@ def scenario(
     return p.net.now
 
 
-def sweep(seeds: range, faults: Faults, **kw: object) -> None:
+def shared_link_scenario(
+    seed: int, faults: Faults, *, qps: int = 4, n: int = 10, max_len: int = 3000
+) -> float:
+    """``qps`` connected QP pairs between the same two addresses of one SimNet (one link, its
+    bandwidth and faults shared), random mixed work in both directions on every pair at once."""
+    rng = random.Random(seed)
+    net = SimNet(seed, faults)
+    half = _half(n, max_len)
+    pairs = []
+    for _ in range(qps):
+        a = make_side("a", rng, 2 * half, QpCaps(), 4096)
+        b = make_side("b", rng, 2 * half, QpCaps(), 4096)
+        connect(a.qp, b.qp, rng, mtu=1024)
+        net.attach("a", a.qp)
+        net.attach("b", b.qp)
+        pairs.append(Pair(net, a, b))
+    work = []
+    for p in pairs:
+        fill(p.a.mem, rng)
+        fill(p.b.mem, rng)
+        w1 = Workload(p.a, p.b, rng, n, max_len, 0, half)
+        w1.post()
+        w2 = Workload(p.b, p.a, rng, n, max_len, 0, half)
+        w2.post()
+        work.append((p, w1, w2))
+
+    def done() -> bool:
+        for p, w1, w2 in work:
+            p.drain()
+            if (
+                len(p.a.sent) < w1.n_signaled
+                or len(p.b.received) < len(w1.expect_recv)
+                or len(p.b.sent) < w2.n_signaled
+                or len(p.a.received) < len(w2.expect_recv)
+            ):
+                return False
+        return True
+
+    assert net.run(until=done, max_time=600.0), net.stats
+    for _p, w1, w2 in work:
+        w1.check()
+        w2.check()
+    return net.now
+
+
+class ScenarioOptions(ConnectOptions, total=False):
+    """`scenario`'s own keyword arguments, beside the connection's."""
+
+    n: int
+    max_len: int
+    ops: tuple[WrOpcode, ...]
+    bulk: bool
+    partitions: Sequence[tuple[float, float]]
+
+
+def sweep(
+    seeds: Iterable[int], faults: Faults, sample: SeedSample | None = None, **kw: Unpack[ScenarioOptions]
+) -> None:
     for seed in seeds:
         try:
-            scenario(seed, faults, **kw)  # type: ignore[arg-type]
+            scenario(seed, faults, **kw)
         except BaseException:
             print(f"FAILED seed={seed} faults={faults} {kw}")
             raise
+        if sample is not None:
+            sample.passed()
 
 
-CONFIGS = {
-    "clean": Faults(),
-    "loss1": Faults(loss=0.01),
-    "loss10": Faults(loss=0.10),
-    "dup5": Faults(duplicate=0.05),
-    "reorder10": Faults(reorder=0.10),
-    "corrupt": Faults(corrupt=0.05),
-    "all_at_once": Faults(loss=0.2, duplicate=0.1, reorder=0.3, corrupt=0.05, jitter=20e-6),
-}
+CONFIGS = PROFILES
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -73,14 +152,14 @@ def test_hostile_network(name: str) -> None:
 
 SLOW_CONFIGS = {
     **CONFIGS,
-    "long_reorder": Faults(loss=0.05, reorder=0.5, reorder_delay=300e-6),
+    "long_reorder": LONG_REORDER,
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SLOW_CONFIGS)
-def test_hostile_network_many_seeds(name: str) -> None:
-    sweep(range(CI_SEEDS, SLOW_SEEDS), SLOW_CONFIGS[name])
+def test_hostile_network_many_seeds(name: str, seed_sample: SeedSample) -> None:
+    sweep(seed_sample.seeds(range(CI_SEEDS, SLOW_SEEDS)), SLOW_CONFIGS[name], seed_sample)
 
 
 @pytest.mark.slow
@@ -94,5 +173,74 @@ def test_hostile_network_many_seeds(name: str) -> None:
         ("many_wrs", {"n": 60}),
     ],
 )
-def test_hostile_variants(label: str, kw: dict[str, object]) -> None:
-    sweep(range(300), Faults(loss=0.1, reorder=0.2, duplicate=0.02), **kw)
+def test_hostile_variants(label: str, kw: ScenarioOptions, seed_sample: SeedSample) -> None:
+    sweep(seed_sample.seeds(range(300)), Faults(loss=0.1, reorder=0.2, duplicate=0.02), seed_sample, **kw)
+
+
+HOSTILE = Faults(loss=0.05, reorder=0.2, duplicate=0.02, jitter=20e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bulk", [False, True], ids=["packets", "bulk"])
+def test_several_mib_messages_at_mtu_4096(bulk: bool, seed_sample: SeedSample) -> None:
+    """Messages of up to 3 MiB (768 packets each) at MTU 4096, data and atomics checked. Rare
+    faults: with go-back-N every loss resends the rest of a message (seconds per seed here)."""
+    faults = Faults(loss=0.002, reorder=0.01, duplicate=0.002, jitter=5e-6)
+    seeds = seed_sample.seeds(range(30), cap=3)
+    sweep(seeds, faults, seed_sample, n=3, mtu=4096, max_len=3 << 20, bulk=bulk)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qps", [3, 8])
+def test_mixed_operations_on_qps_sharing_one_link(qps: int, seed_sample: SeedSample) -> None:
+    for seed in seed_sample.seeds(range(150)):
+        try:
+            shared_link_scenario(seed, HOSTILE, qps=qps)
+        except BaseException:
+            print(f"FAILED seed={seed} qps={qps}")
+            raise
+        seed_sample.passed()
+
+
+def _healing_partitions(seed: int, count: int) -> list[tuple[float, float]]:
+    """``count`` partitions in the first few ms, each healing well inside the retry budget
+    (timeout 8: about 1 ms per try, 7 retries)."""
+    rng = random.Random(seed ^ 0xBAD)
+    out, t = [], 0.0
+    for _ in range(count):
+        t += rng.uniform(0.0, 2e-3)
+        length = rng.uniform(0.2e-3, 3e-3)
+        out.append((t, t + length))
+        t += length
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("count", [1, 3])
+def test_partitions_that_heal(count: int, seed_sample: SeedSample) -> None:
+    for seed in seed_sample.seeds(range(300)):
+        cuts = _healing_partitions(seed, count)
+        try:
+            scenario(seed, Faults(loss=0.02, reorder=0.1), n=30, partitions=cuts)
+        except BaseException:
+            print(f"FAILED seed={seed} partitions={cuts}")
+            raise
+        seed_sample.passed()
+
+
+STORM_OPS = (WrOpcode.RDMA_READ, WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_rd_atomic", [1, 4, 16])
+def test_read_and_atomic_storms_at_max_rd_atomic(max_rd_atomic: int, seed_sample: SeedSample) -> None:
+    """Many more READs and atomics posted than ``max_rd_atomic`` lets out at once, both ways."""
+    sweep(
+        seed_sample.seeds(range(300)),
+        Faults(loss=0.1, reorder=0.2, duplicate=0.05),
+        seed_sample,
+        n=80,
+        max_len=2000,
+        ops=STORM_OPS,
+        max_rd_atomic=max_rd_atomic,
+    )

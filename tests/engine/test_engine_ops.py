@@ -1,12 +1,15 @@
 """Every RC operation end to end, and the requester's packet-level rules."""
 
 import random
+from typing import Unpack
 
 import pytest
-from engine_harness import (
+
+from rdmakit.engine import SGE, Access, EngineError, QpCaps, WcOpcode, WcStatus, WrOpcode
+from rdmakit.testing.engine import (
     Captured,
-    Faults,
     Pair,
+    PairOptions,
     Workload,
     fill,
     make_pair,
@@ -14,9 +17,8 @@ from engine_harness import (
     recv_wr,
     send_wr,
 )
-
-from rdmakit.engine import SGE, Access, EngineError, QpCaps, WcOpcode, WcStatus, WrOpcode
-from rdmakit.wire import Opcode
+from rdmakit.testing.faults import Faults
+from rdmakit.wire import Opcode, Packet
 
 MTU = 1024
 SIZES = [0, 1, MTU - 1, MTU, MTU + 1, 3 * MTU + 17]
@@ -207,13 +209,13 @@ def test_unsignaled_complete_silently() -> None:
 # -- packet-level rules (IBTA §9.7.1, rxe_req.c) --
 
 
-def direct(seed: int = 1, **conn: object) -> Pair:
+def direct(seed: int = 1, **conn: Unpack[PairOptions]) -> Pair:
     p = make_pair(seed, **conn)
     fill(p.a.mem, random.Random(seed))
     return p
 
 
-def data_packets(cap: Captured, p: Pair) -> list:
+def data_packets(cap: Captured, p: Pair) -> list[Packet]:
     return [pkt for src, pkt in cap if src is p.a.qp]
 
 
@@ -347,9 +349,8 @@ def test_msn_counts_messages() -> None:
 
 
 def test_one_cq_for_send_and_receive() -> None:
-    from engine_harness import connect
-
     from rdmakit.engine import CompletionQueue, ProtectionDomain, QueuePair
+    from rdmakit.testing.engine import connect
 
     rng = random.Random(10)
     sides = []

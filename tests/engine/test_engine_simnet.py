@@ -4,13 +4,14 @@ import itertools
 import random
 
 import pytest
-from engine_harness import Workload, fill, make_pair, send_wr
 
 from rdmakit.engine import WcStatus, WrOpcode
+from rdmakit.testing.engine import Workload, fill, make_pair, send_wr
+from rdmakit.testing.faults import MIXED
 from rdmakit.transport.simnet import Faults, SimNet
 from rdmakit.wire import ROCE_UDP_PORT, Opcode, Packet, encode, icrc_ipv4, pack_icrc
 
-HOSTILE = Faults(loss=0.05, duplicate=0.05, reorder=0.2, corrupt=0.02, jitter=5e-6)
+HOSTILE = MIXED
 
 
 def traced_run(seed: int, faults: Faults) -> tuple[str, list[tuple[int, WcStatus]], bytes]:

@@ -13,6 +13,7 @@ from rdmakit.engine import (
     EngineError,
     ModifyAttrs,
     ProtectionDomain,
+    QpAttrs,
     QpCaps,
     QpState,
     QueuePair,
@@ -68,6 +69,11 @@ VALUES: dict[str, Any] = {
 }  # fmt: skip
 
 
+#: Attributes the QP keeps in another form than given: outstanding RDMA READ/atomic depths
+#: round up to a power of two (rxe_qp_from_attr()).
+APPLIED: dict[str, Any] = {"max_dest_rd_atomic": 4, "max_rd_atomic": 8}
+
+
 def new_qp(caps: QpCaps | None = None) -> QueuePair:
     rng = random.Random(0)
     return QueuePair(
@@ -109,10 +115,18 @@ REACHABLE = [S.RESET, S.INIT, S.RTR, S.RTS, S.SQD, S.ERR]
 def test_each_transition_with_required_attrs(cur: QpState, to: QpState) -> None:
     qp = new_qp()
     reach(qp, cur)
+    before = qp.attrs
     t = TRANSITIONS[(cur, to)]
     qp.modify(to, **{k: VALUES[k] for k in t.required})
     assert qp.state is to
     assert qp.attrs.state is to
+    if to is S.RESET:
+        assert qp.attrs == QpAttrs(state=S.RESET)  # RESET forgets every attribute
+    elif cur is to:
+        assert qp.attrs == before  # a modify to the same state with nothing given changes nothing
+    else:
+        for name in t.required:
+            assert getattr(qp.attrs, name) == APPLIED.get(name, VALUES[name]), name
 
 
 @pytest.mark.parametrize(("cur", "to"), [k for k in TRANSITIONS if k[0] in REACHABLE])
@@ -123,6 +137,11 @@ def test_each_transition_with_all_optional_attrs(cur: QpState, to: QpState) -> N
     attrs = {k: VALUES.get(k, cur) for k in t.required | t.optional}
     qp.modify(to, **attrs)
     assert qp.state is to
+    if to is S.RESET:
+        assert qp.attrs == QpAttrs(state=S.RESET)
+    else:
+        for name in t.required | t.optional - {"cur_state"}:
+            assert getattr(qp.attrs, name) == APPLIED.get(name, VALUES[name]), name
 
 
 @pytest.mark.parametrize(

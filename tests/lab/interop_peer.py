@@ -79,7 +79,9 @@ class Side:
 
     def create_qp(self) -> Any:
         qp = self.dev.create_qp(QpCaps())
-        if self.qp_timeout is not None:  # both backends' options have ``timeout``
+        if self.qp_timeout is not None and self.side == "host":  # a SoftBackendQP
+            qp.connect_attrs = dataclasses.replace(qp.connect_attrs, timeout=self.qp_timeout)
+        elif self.qp_timeout is not None:  # a VerbsQP
             qp.options = dataclasses.replace(qp.options, timeout=self.qp_timeout)
         return qp
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from labvm import GUEST_SHARE, HOST_ADDR, LabGuest, skip_reason
+
+from tests.lab.labvm import GUEST_SHARE, HOST_ADDR, LabGuest, skip_reason
 
 PEER = Path(__file__).with_name("interop_peer.py")
 INSTANCE = "interop-" + os.environ.get("PYTEST_XDIST_WORKER", "main")

@@ -2,8 +2,11 @@
 
 Runs wherever pyverbs and a RoCE device with a RoCE v2 GID are present;
 skipped elsewhere with the reason, as ``test_verbs_device.py``. Checks the
-backend conformance suite, the GID a verbs mmap descriptor exports and that
-``Rdma.set_gid_index`` reaches the queue pair's address vector.
+backend conformance suite, the connect attributes a verbs QP is given
+(``ibv_query_qp``), the GID a verbs mmap descriptor exports and that
+``Rdma.set_gid_index`` reaches the queue pair's address vector: two contexts
+connected through the chosen GID move a message, an index without a RoCE v2
+GID is refused.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from rdmakit.engine.types import QpCaps
 from rdmakit.testing.backend import check_backend_pair
 from rdmakit.verbs import list_devices, pyverbs_missing
 
-pytestmark = pytest.mark.lab
+pytestmark: list[pytest.MarkDecorator] = [pytest.mark.lab]
 
 _missing = pyverbs_missing()
 _devices = list_devices() if _missing is None else []
@@ -51,6 +54,44 @@ def doca_dev() -> Iterator[Any]:
 def test_verbs_backend_keeps_the_protocols_promises() -> None:
     """Two contexts of one device (rxe loops its QPs back) pass the suite the soft backend passes."""
     check_backend_pair(lambda: (_backend(), _backend()))
+
+
+def test_connect_attrs_reach_the_verbs_qp() -> None:
+    """BackendQP.connect_attrs are what ibv_query_qp reports after connect (IBTA §11.2.5.3)."""
+    from rdmakit.doca import ConnectAttrs
+    from rdmakit.engine.types import Access
+    from rdmakit.verbs.attrs import QpAttrMask
+
+    dev = _backend()
+    try:
+        qp, peer = dev.create_qp(QpCaps()), dev.create_qp(QpCaps())
+        limits = dev.verbs.info.caps
+        want = ConnectAttrs(
+            max_rd_atomic=min(2, limits.max_qp_init_rd_atom),
+            max_dest_rd_atomic=min(4, limits.max_qp_rd_atom),  # a power of two: rxe rounds up
+            min_rnr_timer=20, timeout=17, retry_cnt=4, rnr_retry=5, hop_limit=9,
+        )  # fmt: skip
+        qp.connect_attrs = want
+        qp.init(Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        peer.init(Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        qp.connect(peer.export())
+        peer.connect(qp.export())
+        mask = (
+            QpAttrMask.TIMEOUT | QpAttrMask.RETRY_CNT | QpAttrMask.RNR_RETRY | QpAttrMask.MIN_RNR_TIMER
+            | QpAttrMask.MAX_QP_RD_ATOMIC | QpAttrMask.MAX_DEST_RD_ATOMIC | QpAttrMask.AV
+        )  # fmt: skip
+        got, _ = qp.verbs._qp.query(int(mask))
+        assert (got.timeout, got.retry_cnt, got.rnr_retry, got.min_rnr_timer) == (17, 4, 5, 20)
+        assert (got.max_rd_atomic, got.max_dest_rd_atomic) == (want.max_rd_atomic, want.max_dest_rd_atomic)
+        # The hop limit is set as given, but for RoCE the kernel's IB core replaces it with
+        # the route's (ib_resolve_eth_dmac), so ibv_query_qp cannot show it: the modify's own value.
+        assert qp.verbs.connect_params(peer.export()).hop_limit == 9
+        default, _ = peer.verbs._qp.query(int(mask))
+        assert (default.timeout, default.retry_cnt, default.rnr_retry) == (14, 6, 7)  # ConnectAttrs()
+        qp.close()
+        peer.close()
+    finally:
+        dev.close()
 
 
 def test_verbs_mmap_descriptor_carries_the_roce_v2_gid(doca_dev: Any) -> None:
@@ -124,6 +165,70 @@ def test_set_gid_index_takes_effect(doca_dev: Any) -> None:
     finally:
         qp.close()
         peer.close()
+
+
+@pytest.mark.parametrize("which", ["default", "other"])
+def test_a_connection_runs_through_the_selected_gid(doca_dev: Any, which: str) -> None:
+    """Two Rdma contexts on rxe0, both set to one GID index, connect with that GID and move a message."""
+    from rdmakit.doca import (
+        AccessFlag,
+        BufInventory,
+        ConnectionDescriptor,
+        Mmap,
+        Rdma,
+        RdmaRecvJob,
+        RdmaSendJob,
+        RdmaState,
+        WorkQ,
+    )
+
+    backend = doca_dev.backend
+    index = backend.gid_index if which == "default" else _other_roce_v2_index(backend)
+    wq, inv = WorkQ(16), BufInventory(8)
+    inv.start()
+    a, b = Rdma(), Rdma()
+    src, dst = bytearray(b"through the chosen GID"), bytearray(64)
+    maps, bufs = [], []
+    try:
+        for rdma in (a, b):
+            rdma.add_dev(doca_dev)
+            rdma.set_permissions(AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE)
+            rdma.set_gid_index(index)
+            rdma.workq_add(wq)
+            rdma.start()
+        da, db = ConnectionDescriptor.from_bytes(a.export()), ConnectionDescriptor.from_bytes(b.export())
+        assert da.gid == db.gid == backend.gid_at(index)
+        a.connect(db)
+        b.connect(da)
+        assert a.rdma_state is b.rdma_state is RdmaState.CONNECTED
+        for mem in (src, dst):
+            m = Mmap()
+            m.set_memrange(mem)
+            m.add_dev(doca_dev)
+            m.start()
+            maps.append(m)
+        bufs += [inv.get_by_data(maps[0], maps[0].addr, len(src)), inv.get_by_addr(maps[1], maps[1].addr, 64)]
+        send, recv = RdmaSendJob(ctx=a, src_buf=bufs[0]), RdmaRecvJob(ctx=b, dst_buf=bufs[1])
+        wq.submit(recv)
+        wq.submit(send)
+        events = []
+        for _ in range(2_000_000):
+            ev = wq.progress_retrieve()
+            if ev is not None:
+                events.append(ev)
+            if len(events) == 2:
+                break
+        assert [ev.ok for ev in events] == [True, True], events
+        assert bytes(dst[: len(src)]) == bytes(src)
+    finally:
+        for rdma in (a, b):
+            rdma.close()
+        for buf in bufs:
+            buf.dec_refcount()
+        for m in maps:
+            m.destroy()
+        inv.close()
+        wq.close()
 
 
 def _port_entries(backend: Any) -> tuple[Any, ...]:

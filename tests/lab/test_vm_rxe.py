@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from labvm import GUEST_ADDR, LabGuest, skip_reason
+
+from tests.lab.labvm import GUEST_ADDR, LabGuest, skip_reason
 
 # One guest per xdist worker: instances have their own namespaces and run folder.
 INSTANCE = "pytest-" + os.environ.get("PYTEST_XDIST_WORKER", "main")

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rdmakit.engine import SGE, Access, Completion, CompletionQueue, QueuePair, SendWR, WcStatus, WrOpcode
-from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
+from rdmakit.testing.engine import until_completions
+from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 from rdmakit.wire import RETH, Opcode, Packet, encode, icrc_ipv4, pack_icrc, unpack_icrc
 
@@ -49,7 +51,7 @@ class Pair:
         )
         self.qa.post_send(wr)
         got: list[Completion] = []
-        assert self.drv.run_until(lambda: bool(got.extend(self.cqa.poll(1))) or bool(got), timeout)
+        assert self.drv.run_until(until_completions(self.cqa, got), timeout)
         assert got[0].status is WcStatus.SUCCESS
         assert got[0].wr_id == self.wr_id
         assert dst == src

@@ -10,8 +10,9 @@ import time
 from collections.abc import Callable
 
 from rdmakit.engine import SGE, Access, CompletionQueue, QueuePair, RecvWR, SendWR, WcStatus, WrOpcode
-from rdmakit.transport import tcp
-from rdmakit.transport.device import Endpoint, SoftDevice, connect_qp, gid_of, local_endpoint
+from rdmakit.transport import tcp_limits
+from rdmakit.transport.connect import Endpoint, connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice, gid_of
 from rdmakit.transport.driver import Driver
 from rdmakit.wire import FRAME_HEADER, RETH, Opcode, Packet, encode
 
@@ -26,7 +27,7 @@ def ip16(ip: str) -> bytes:
 
 def preface(claim_ip: str, claim_port: int, qpn: int, secret: bytes) -> bytes:
     """A preface claiming to come from the device listening on ``(claim_ip, claim_port)``."""
-    return tcp.PREFACE_MAGIC + ip16(claim_ip) + struct.pack(">HI", claim_port, qpn) + secret
+    return tcp_limits.PREFACE_MAGIC + ip16(claim_ip) + struct.pack(">HI", claim_port, qpn) + secret
 
 
 def write_frame(qpn: int, psn: int, va: int, rkey: int, payload: bytes) -> bytes:
@@ -138,7 +139,7 @@ def fake_endpoint(ip: str, port: int) -> Endpoint:
     """The endpoint of a ``tcp:`` peer that is only a listening socket."""
     return Endpoint(
         transport="tcp", gid=gid_of(ip), ip=ip, port=port, qpn=0x123, psn=B_PSN, mtu=1 << 20,
-        secret=os.urandom(tcp.SECRET_LEN).hex(),
+        secret=os.urandom(tcp_limits.SECRET_LEN).hex(),
     )  # fmt: skip
 
 

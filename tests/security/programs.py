@@ -8,25 +8,15 @@ import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from rdmakit.cli.main import build_parser, main
-
-from .nobody import Child, as_nobody
+from tests.processes import Done
+from tests.security.nobody import Child, as_nobody
 
 # A child that became nobody cannot import modules from root's own Python (under a 0700 home):
 # everything the programs use is imported here, before the fork.
 build_parser()
-
-WAIT = 120  # seconds before a program is called hung
-
-
-@dataclass
-class Done:
-    rc: int
-    out: str
-    err: str
 
 
 def start(cwd: Path, args: Sequence[str], env: Mapping[str, str]) -> "subprocess.Popen[str]":
@@ -35,16 +25,6 @@ def start(cwd: Path, args: Sequence[str], env: Mapping[str, str]) -> "subprocess
         [sys.executable, "-m", "rdmakit", *args], cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-
-
-def finish(proc: "subprocess.Popen[str]") -> Done:
-    try:
-        out, err = proc.communicate(timeout=WAIT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"hung: {proc.args!r}\n{err}") from None
-    return Done(proc.returncode, out, err)
 
 
 def one_line(done: Done, program: str = "dma-copy") -> str:

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from rdmakit.doca import AccessFlag, CommChannel, Dev, DocaError, Rdma, WorkQ
-
-from .nobody import as_nobody, needs_nobody
-from .programs import finish, one_line, program_as_nobody, shared_dir, start
+from tests.processes import finish
+from tests.security.nobody import as_nobody, needs_nobody
+from tests.security.programs import one_line, program_as_nobody, shared_dir, start
 
 pytestmark = needs_nobody
 

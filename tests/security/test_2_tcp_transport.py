@@ -15,12 +15,12 @@ from functools import partial
 import pytest
 
 from rdmakit.engine import SGE, Access, CompletionQueue, SendWR, WcStatus, WrOpcode
-from rdmakit.transport import tcp
-from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
+from rdmakit.transport import tcp_limits
+from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 from rdmakit.wire import FRAME_HEADER, MAX_FRAME, max_frame_body
-
-from .hostile_tcp import (
+from tests.security.hostile_tcp import (
     A_PSN,
     MEM,
     Pair,
@@ -63,7 +63,7 @@ def test_a_stranger_cannot_inject_a_write(pair: Pair, new_ip: Callable[[], str],
     stranger = new_ip()
     src, claim, secret, counter = {
         "spoofed-address": (stranger, a.ip, pair.b_secret, "tcp_spoofed"),
-        "wrong-secret": (a.ip, a.ip, os.urandom(tcp.SECRET_LEN), "tcp_bad_secret"),
+        "wrong-secret": (a.ip, a.ip, os.urandom(tcp_limits.SECRET_LEN), "tcp_bad_secret"),
         "wrong-peer": (stranger, stranger, pair.b_secret, "tcp_wrong_peer"),
     }[who]
     evil = b"\xee" * 4096
@@ -96,7 +96,7 @@ def test_huge_frame_headers_allocate_nothing(pair: Pair) -> None:
             assert _wait(partial(is_closed, s), pair.pump), "the listener kept the stream"
         finally:
             s.close()
-        assert b.tcp.buffered() <= tcp.READ_BUFFER
+        assert b.tcp.buffered() <= tcp_limits.READ_BUFFER
     assert b.counters.tcp_bad_length == 2
     assert rss() - before < 32 << 20
     pair.transfer(2)
@@ -112,17 +112,17 @@ def test_idle_and_slowloris_connections_are_closed_after_the_preface_timeout(
         t0 = time.monotonic()
         assert _wait(lambda: b.tcp is not None and b.tcp.pending == 20, lambda: b.progress(t0))
         for i, s in enumerate(socks[10:]):  # slowloris: most of a preface, a byte at a time
-            for byte in preface(b.ip, 1, 2, bytes(tcp.SECRET_LEN))[: 10 + i]:
+            for byte in preface(b.ip, 1, 2, bytes(tcp_limits.SECRET_LEN))[: 10 + i]:
                 s.send(bytes([byte]))
                 b.progress(t0)
         assert not any(is_closed(s) for s in socks)
-        b.progress(t0 + tcp.PREFACE_TIMEOUT / 2)
+        b.progress(t0 + tcp_limits.PREFACE_TIMEOUT / 2)
         assert b.tcp.pending == 20
-        b.progress(t0 + tcp.PREFACE_TIMEOUT + 0.1)
+        b.progress(t0 + tcp_limits.PREFACE_TIMEOUT + 0.1)
         assert b.tcp.pending == 0
         assert b.counters.tcp_preface_timeout == 20
         assert _wait(lambda: all(is_closed(s) for s in socks), lambda: None)
-        assert b.deadline_hint() is None or b.deadline_hint() != t0 + tcp.PREFACE_TIMEOUT
+        assert b.deadline_hint() is None or b.deadline_hint() != t0 + tcp_limits.PREFACE_TIMEOUT
     finally:
         close_all(socks)
     pair.transfer(3)
@@ -131,16 +131,16 @@ def test_idle_and_slowloris_connections_are_closed_after_the_preface_timeout(
 def test_connections_waiting_for_a_preface_are_limited(pair: Pair, new_ip: Callable[[], str]) -> None:
     b = pair.b
     assert b.tcp is not None
-    n = 3 * tcp.MAX_PENDING
+    n = 3 * tcp_limits.MAX_PENDING
     socks: list[socket.socket] = []
     try:
         for _ in range(n):
             socks.append(dial(new_ip(), (b.ip, b.port)))
             b.progress(time.monotonic())
-        assert _wait(lambda: sum(map(is_closed, socks)) == n - tcp.MAX_PENDING, pair.pump)
-        assert not any(is_closed(s) for s in socks[-tcp.MAX_PENDING :])  # the oldest went first
-        assert b.tcp.pending == tcp.MAX_PENDING
-        assert b.counters.tcp_pending_dropped == n - tcp.MAX_PENDING
+        assert _wait(lambda: sum(map(is_closed, socks)) == n - tcp_limits.MAX_PENDING, pair.pump)
+        assert not any(is_closed(s) for s in socks[-tcp_limits.MAX_PENDING :])  # the oldest went first
+        assert b.tcp.pending == tcp_limits.MAX_PENDING
+        assert b.counters.tcp_pending_dropped == n - tcp_limits.MAX_PENDING
         pair.transfer(4)  # a's stream still gets in
     finally:
         close_all(socks)
@@ -172,8 +172,8 @@ def test_a_peer_that_never_reads_leaves_the_send_queue_bounded(new_ip: Callable[
                     remote_addr=0x1000, rkey=1,
                 )
             )  # fmt: skip
-        route = tcp.Route(peer.ip, peer.port, peer.qpn, bytes.fromhex(peer.secret))
-        bound = tcp.MAX_QUEUED + max_frame_body(1 << 20)
+        route = tcp_limits.Route(peer.ip, peer.port, peer.qpn, bytes.fromhex(peer.secret))
+        bound = tcp_limits.MAX_QUEUED + max_frame_body(1 << 20)
         most = 0
         done: list[WcStatus] = []
         for _ in range(2000):
@@ -184,7 +184,7 @@ def test_a_peer_that_never_reads_leaves_the_send_queue_bounded(new_ip: Callable[
                 break
             now[0] += 0.05
         assert most <= bound
-        assert most > tcp.MAX_QUEUED // 2  # the queue did fill: the bound was what held it
+        assert most > tcp_limits.MAX_QUEUED // 2  # the queue did fill: the bound was what held it
         assert done[0] is WcStatus.RETRY_EXC_ERR
         assert set(done[1:]) == {WcStatus.WR_FLUSH_ERR}
         assert a.counters.tcp_held > 0
@@ -211,7 +211,9 @@ def test_a_thousand_hostile_connections_cost_the_listener_little_memory(
     pair.transfer(5)  # buffers of the real streams are in before the baseline
     before = rss()
     socks: list[socket.socket] = []
-    huge = preface(pair.a.ip, pair.a.port, pair.qb.qpn, bytes(tcp.SECRET_LEN)) + FRAME_HEADER.pack(MAX_FRAME)
+    huge = preface(pair.a.ip, pair.a.port, pair.qb.qpn, bytes(tcp_limits.SECRET_LEN)) + FRAME_HEADER.pack(
+        MAX_FRAME
+    )
     try:
         for i in range(n):
             s = dial(new_ip(), (b.ip, b.port))
@@ -230,8 +232,10 @@ def test_a_thousand_hostile_connections_cost_the_listener_little_memory(
                 assert rss() - before <= 64 << 20, f"after {i + 1} connections"
         pair.pump(20)
         assert rss() - before <= 64 << 20
-        assert b.tcp.pending <= tcp.MAX_PENDING
-        assert b.tcp.buffered() <= 2 * tcp.READ_BUFFER + tcp.MAX_PENDING * tcp.PREFACE_LEN
+        assert b.tcp.pending <= tcp_limits.MAX_PENDING
+        assert (
+            b.tcp.buffered() <= 2 * tcp_limits.READ_BUFFER + tcp_limits.MAX_PENDING * tcp_limits.PREFACE_LEN
+        )
     finally:
         close_all(socks)
     pair.transfer(6)

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from rdmakit.transport import fastpath
-from rdmakit.transport.device import MAX_IDENT_PEERS, MAX_RX_FLOWS, SoftDevice
+from rdmakit.transport.device import SoftDevice
+from rdmakit.transport.roce_sources import MAX_IDENT_PEERS, MAX_RX_FLOWS
 from rdmakit.wire import Opcode, Packet
-
-from .hostile import Pair, connected_pair, datagram, spoil, stale_write
+from tests.security.hostile import Pair, connected_pair, datagram, spoil, stale_write
 
 needs_native = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
 

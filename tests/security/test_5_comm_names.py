@@ -18,9 +18,9 @@ import pytest
 
 from rdmakit.doca import CommChannel, CommChannelServer, DocaError, DocaErrorCode
 from rdmakit.transport import comm
-
-from .nobody import as_nobody, needs_nobody
-from .programs import finish, one_line, shared_dir, start
+from tests.processes import finish
+from tests.security.nobody import as_nobody, needs_nobody
+from tests.security.programs import one_line, shared_dir, start
 
 pytestmark = needs_nobody
 

@@ -26,9 +26,8 @@ import pytest
 
 from rdmakit.doca import AccessFlag, Dev, Mmap
 from rdmakit.engine import Access, ProtectionDomain, QpCaps
-from tests.verbs.test_sysfs import RXE, make_device
-
-from .mt19937 import MIN_ALTERNATE, predict_after_alternate
+from tests.security.mt19937 import MIN_ALTERNATE, predict_after_alternate
+from tests.verbs.fake_sysfs import RXE, make_device
 
 #: Registrations the attacker watches: comfortably more than the minimum.
 OBSERVED = MIN_ALTERNATE + 16

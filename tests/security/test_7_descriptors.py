@@ -34,7 +34,7 @@ from rdmakit.doca import (
     read_mmap_descriptor,
 )
 from rdmakit.engine import QpState
-from tests.doca.test_rdma_harness import ALL_RDMA, Pair, TransportName, result
+from tests.doca.rdma_harness import ALL_RDMA, Pair, TransportName, result
 
 
 def _gid(ip: str) -> str:

@@ -2,7 +2,7 @@
 
 import os
 
-from .nobody import NOBODY_UID, as_nobody, needs_nobody
+from tests.security.nobody import NOBODY_UID, as_nobody, needs_nobody
 
 
 @needs_nobody

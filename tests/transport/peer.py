@@ -17,7 +17,8 @@ import sys
 import time
 
 from rdmakit.engine import SGE, Access, CompletionQueue, RecvWR, WcStatus
-from rdmakit.transport.device import Endpoint, SoftDevice, connect_qp, init_qp, local_endpoint
+from rdmakit.transport.connect import Endpoint, connect_qp, init_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 
 MEM = 8 << 20
@@ -62,7 +63,8 @@ def main() -> int:
     while not done:
         if os.getppid() != parent:
             return 3  # the requester died: nobody will say BYE
-        drv.progress() or drv.wait(0.5)
+        if not drv.progress():
+            drv.wait(0.5)
         for wc in cq.poll(64):
             slot = wc.wr_id % NRECV
             data = bytes(recv_area[slot * RECV_SLOT : slot * RECV_SLOT + wc.byte_len])

@@ -27,8 +27,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.utils import rdpcap
 
 from rdmakit.wire import icrc_of_ip_packet, unpack_icrc
-
-from .test_two_process import Requester, check_peer_report, exercise
+from tests.transport.two_process import Requester, check_peer_report, exercise
 
 pytestmark = [
     pytest.mark.capture,

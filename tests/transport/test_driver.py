@@ -7,7 +7,9 @@ import pytest
 import trio
 
 from rdmakit.engine import SGE, Access, Completion, CompletionQueue, QueuePair, SendWR, WcStatus, WrOpcode
-from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
+from rdmakit.testing.engine import until_completions
+from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver, TrioDriver
 
 
@@ -115,8 +117,7 @@ async def test_trio_driver_completes_writes_without_busy_waiting(pair: Pair) -> 
         for i in range(5):
             pair.write(i)
             td.kick()
-            want = i + 1
-            await td.wait_for(lambda want=want: bool(done.extend(pair.cqa.poll(8))) or len(done) >= want)
+            await td.wait_for(until_completions(pair.cqa, done, i + 1))
         # Meanwhile other trio tasks ran: the pump awaits readiness, not a spin.
         with trio.fail_after(10):
             await trio.sleep(0)

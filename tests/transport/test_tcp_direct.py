@@ -25,8 +25,10 @@ from rdmakit.engine import (
     WcStatus,
     WrOpcode,
 )
+from rdmakit.testing.engine import until_completions
 from rdmakit.transport import tcp
-from rdmakit.transport.device import SoftDevice, connect_qp, local_endpoint
+from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 
 ALL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
@@ -62,7 +64,7 @@ class _Pair:
             )
         )  # fmt: skip
         got: list[Completion] = []
-        assert self.drv.run_until(lambda: bool(got.extend(self.cqa.poll(1))) or bool(got), 30)
+        assert self.drv.run_until(until_completions(self.cqa, got), 30)
         return got[0]
 
     @property

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 
 from rdmakit.transport import tcp
-from rdmakit.transport.tcp import PREFACE_LEN, PREFACE_MAGIC, SECRET_LEN, Route, TcpLink
+from rdmakit.transport.tcp import TcpLink
+from rdmakit.transport.tcp_limits import PREFACE_LEN, PREFACE_MAGIC, SECRET_LEN, Route
 from rdmakit.wire import RETH, Opcode, Packet, decode
 
 QPN = 0x10

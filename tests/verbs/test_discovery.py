@@ -12,8 +12,7 @@ import pytest
 
 from rdmakit.doca import DevInfo, DocaError, DocaErrorCode, Fault, devinfo_list, verbs_glue
 from rdmakit.verbs import VerbsCaps, VerbsDeviceInfo, VerbsError, buffer_address, discovery, list_devices
-
-from .test_sysfs import RXE, make_device
+from tests.verbs.fake_sysfs import RXE, make_device
 
 _WATCH_IMPORTS = """
 import importlib.machinery, sys
@@ -120,7 +119,7 @@ def test_devinfo_of_a_verbs_device() -> None:
 
 def test_glue_provider_lists_what_discovery_finds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(verbs_glue, "list_devices", lambda: [_info()])
-    monkeypatch.setattr(verbs_glue.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     installed_before = verbs_glue._unregister is not None  # rdmakit.doca may install it at import
     assert verbs_glue.install() is True
     try:

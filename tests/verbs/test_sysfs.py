@@ -7,57 +7,7 @@ import pytest
 
 from rdmakit.verbs import VerbsError, scan, select_gid
 from rdmakit.verbs.sysfs import read_device
-
-ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
-
-
-def make_device(
-    root: Path,
-    name: str,
-    ports: dict[int, tuple[str, list[tuple[str, str | None, str | None]]]],
-    *,
-    parent: str | None = None,
-    pci: str | None = None,
-    table: int = 16,
-) -> Path:
-    """A device folder like the kernel's: ports/N/{state,link_layer,gids,gid_attrs/{types,ndevs}}.
-
-    An empty slot has a zero GID and unreadable attributes (EINVAL): here, no file.
-    """
-    dev = root / "class" / name
-    for num, (state, entries) in ports.items():
-        port = dev / "ports" / str(num)
-        for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
-            (port / sub).mkdir(parents=True)
-        (port / "state").write_text(f"{state}\n")
-        (port / "link_layer").write_text("Ethernet\n")
-        for i in range(table):
-            gid, gid_type, ndev = entries[i] if i < len(entries) else (ZERO, None, None)
-            (port / "gids" / str(i)).write_text(gid + "\n")
-            if gid_type is not None:
-                (port / "gid_attrs" / "types" / str(i)).write_text(gid_type + "\n")
-            if ndev is not None:
-                (port / "gid_attrs" / "ndevs" / str(i)).write_text(ndev + "\n")
-    (dev / "node_type").write_text("1: CA\n")
-    if parent:
-        (dev / "parent").write_text(parent + "\n")
-    if pci:
-        pci_dir = root / "devices" / "pci0000:00" / pci
-        pci_dir.mkdir(parents=True)
-        (dev / "device").symlink_to(pci_dir)
-    return dev
-
-
-# rxe0 over ens2 with 10.77.0.2, as the lab guest's kernel 6.1 shows it.
-RXE = {
-    1: (
-        "4: ACTIVE",
-        [
-            ("fe80:0000:0000:0000:5054:00ff:fe77:0002", "RoCE v2", "ens2"),
-            ("0000:0000:0000:0000:0000:ffff:0a4d:0002", "RoCE v2", "ens2"),
-        ],
-    )
-}
+from tests.verbs.fake_sysfs import RXE, ZERO, GidEntry, make_device
 
 
 def test_rxe_like_device(tmp_path: Path) -> None:
@@ -74,7 +24,7 @@ def test_rxe_like_device(tmp_path: Path) -> None:
 
 def test_mlx5_like_device_with_roce_v1_and_v2_entries(tmp_path: Path) -> None:
     """A ConnectX lists each address twice, RoCE v1 then v2; its PCI address comes from 'device'."""
-    entries = [
+    entries: list[GidEntry] = [
         ("fe80:0000:0000:0000:0ac0:ebff:fe12:3456", "IB/RoCE v1", "eth0"),
         ("fe80:0000:0000:0000:0ac0:ebff:fe12:3456", "RoCE v2", "eth0"),
         ("0000:0000:0000:0000:0000:ffff:c0a8:0105", "IB/RoCE v1", "eth0"),
@@ -89,7 +39,7 @@ def test_mlx5_like_device_with_roce_v1_and_v2_entries(tmp_path: Path) -> None:
 
 
 def test_global_ipv6_gid_when_there_is_no_ipv4(tmp_path: Path) -> None:
-    entries = [
+    entries: list[GidEntry] = [
         ("fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2", "eth1"),
         ("fd00:0000:0000:0000:0000:0000:0000:0007", "RoCE v2", "eth1"),
     ]
@@ -99,7 +49,7 @@ def test_global_ipv6_gid_when_there_is_no_ipv4(tmp_path: Path) -> None:
 
 
 def test_holes_in_the_table_keep_their_indices(tmp_path: Path) -> None:
-    entries = [
+    entries: list[GidEntry] = [
         ("fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2", "eth1"),
         (ZERO, None, None),
         ("0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2", "eth1"),
@@ -111,8 +61,8 @@ def test_holes_in_the_table_keep_their_indices(tmp_path: Path) -> None:
 
 
 def test_active_port_first_and_explicit_choices(tmp_path: Path) -> None:
-    v4 = [("0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2", "eth0")]
-    v4b = [("0000:0000:0000:0000:0000:ffff:0a00:0002", "RoCE v2", "eth1")]
+    v4: list[GidEntry] = [("0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2", "eth0")]
+    v4b: list[GidEntry] = [("0000:0000:0000:0000:0000:ffff:0a00:0002", "RoCE v2", "eth1")]
     make_device(tmp_path, "mlx5_1", {1: ("1: DOWN", v4), 2: ("4: ACTIVE", v4b)})
     dev = read_device(tmp_path / "class" / "mlx5_1")
     assert select_gid(dev)[0].num == 2
@@ -120,12 +70,12 @@ def test_active_port_first_and_explicit_choices(tmp_path: Path) -> None:
     assert select_gid(dev, port=1, gid_index=0)[1].index == 0
     for kw in ({"port": 3}, {"port": 1, "gid_index": 5}):
         with pytest.raises(VerbsError) as exc:
-            select_gid(dev, **kw)  # type: ignore[arg-type]
+            select_gid(dev, **kw)
         assert exc.value.code == "NOT_FOUND"
 
 
 def test_no_roce_v2_gid_is_not_found(tmp_path: Path) -> None:
-    entries = [("fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1", "eth0")]
+    entries: list[GidEntry] = [("fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1", "eth0")]
     make_device(tmp_path, "old0", {1: ("4: ACTIVE", entries)})
     with pytest.raises(VerbsError) as exc:
         select_gid(read_device(tmp_path / "class" / "old0"))

@@ -18,7 +18,7 @@ def test_imm_is_be32_in_memory() -> None:
     assert raw_le == 0x7856_3412
     assert imm_to_verbs(WIRE, "big") == WIRE
     for order in ("little", "big"):
-        assert imm_from_verbs(imm_to_verbs(WIRE, order), order) == WIRE  # type: ignore[arg-type]
+        assert imm_from_verbs(imm_to_verbs(WIRE, order), order) == WIRE
     assert imm_to_verbs(0x1_0000_0001, "big") == 1  # masked to u32
 
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rdmakit.testing.strategies import OPCODES, U8, canonical, packets
 from rdmakit.wire import (
     AETH,
     BTH_LEN,
@@ -37,8 +38,6 @@ from rdmakit.wire import (
     parse_syndrome,
     rnr_syndrome,
 )
-
-from .strategies import OPCODES, U8, canonical, packets
 
 Op = Opcode
 
@@ -451,7 +450,7 @@ def test_encode_rejects_any_extra_header(pkt: Packet, data: st.DataObject) -> No
     }  # fmt: skip
     field = data.draw(st.sampled_from(sorted(k for k, (on, _) in extra.items() if not on)))
     with pytest.raises(LocalWireError, match="carries no"):
-        encode(pkt._replace(**{field: extra[field][1]}))
+        encode(Packet(**{**pkt._asdict(), field: extra[field][1]}))
 
 
 @given(OPCODES)

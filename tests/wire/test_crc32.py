@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import rdmakit.wire as wire
 from rdmakit.wire import icrc
 
-IMPLS: dict[str, Callable[[bytes, int], int]] = {"zlib": zlib.crc32}
+IMPLS: dict[str, Callable[[bytes | bytearray | memoryview, int], int]] = {"zlib": zlib.crc32}
 for _name, _mod in (("isal", "isal.isal_zlib"), ("zlib-ng", "zlib_ng.zlib_ng")):
     with contextlib.suppress(ImportError):
         IMPLS[_name] = importlib.import_module(_mod).crc32

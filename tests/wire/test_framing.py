@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rdmakit.testing.strategies import packets
 from rdmakit.wire import (
     BTH_LEN,
     FRAME_HEADER,
@@ -18,8 +19,6 @@ from rdmakit.wire import (
     frame_header,
     max_frame_body,
 )
-
-from .strategies import packets
 
 
 def framed(bodies: list[bytes]) -> bytes:

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rdmakit.testing.strategies import canonical, packets
 from rdmakit.wire import (
     BTH_LEN,
     ICRC_LEN,
@@ -31,8 +32,6 @@ from rdmakit.wire import (
     parse_syndrome,
     unpack_icrc,
 )
-
-from .strategies import canonical, packets
 
 FUZZ = settings(max_examples=600, deadline=None)
 
@@ -120,7 +119,7 @@ def test_decode_odd_buffers() -> None:
         decode(released)
     # Other layouts of the same bytes decode as the bytes they hold.
     assert decode(memoryview(wire).cast("B", (4, len(wire) // 4))) == decode(wire)
-    assert decode(memoryview(wire).cast("c")) == decode(wire)
+    assert decode(memoryview(wire).cast("c")) == decode(wire)  # type: ignore[arg-type]  # any format
     assert decode(memoryview(wire).cast("b")).payload == b"abcdefgh"
     spaced = bytes(x for b in wire for x in (b, 0xEE))
     assert decode(memoryview(spaced)[::2]) == decode(wire)

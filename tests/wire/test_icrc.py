@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rdmakit.testing.strategies import U8, U16
 from rdmakit.wire import (
     BTH_LEN,
     ICRC_LEN,
@@ -29,8 +30,6 @@ from rdmakit.wire import (
     unpack_icrc,
 )
 from rdmakit.wire import icrc as icrc_mod
-
-from .strategies import U8, U16
 
 ADDR4 = st.binary(min_size=4, max_size=4)
 ADDR6 = st.binary(min_size=16, max_size=16)
@@ -163,8 +162,8 @@ def test_flow_segments_carry_consecutive_ids() -> None:
         (lambda: icrc_ipv4(b"\0" * 4, b"\0" * 4, 1 << 16, 2, bytes(12)), LocalWireError),
         (lambda: icrc_ipv4(b"\0" * 4, b"\0" * 4, 1, 2, bytes(12), ident=1 << 16), LocalWireError),
         (lambda: icrc_ipv4(b"\0" * 4, b"\0" * 4, 1, 2), LocalWireError),
-        (lambda: icrc_ipv4(b"\0" * 4, b"\0" * 4, 1, 2, "x" * 12), LocalWireError),
-        (lambda: icrc_ipv4(b"\0" * 4, b"\0" * 4, 1, 2, bytes(12), "abc"), LocalWireError),
+        (lambda: icrc_ipv4(b"\0" * 4, b"\0" * 4, 1, 2, "x" * 12), LocalWireError),  # type: ignore[arg-type]
+        (lambda: icrc_ipv4(b"\0" * 4, b"\0" * 4, 1, 2, bytes(12), "abc"), LocalWireError),  # type: ignore[arg-type]
         (lambda: icrc_ipv4(b"\0" * 4, b"\0" * 4, 1, 2, bytes(70000)), LocalWireError),
         (lambda: icrc_ipv6(b"\0" * 16, b"\0" * 16, 1, 2, bytes(11)), WireError),
         (lambda: icrc_ipv4(b"\0" * 4, b"\0" * 4, 1, 2, bytes(4), bytes(8)), WireError),
@@ -172,7 +171,7 @@ def test_flow_segments_carry_consecutive_ids() -> None:
         (lambda: IcrcFlow.ipv6(b"\0" * 16, b"\0" * 16, -1, 2), LocalWireError),
         (lambda: IcrcFlow.ipv4(b"\0" * 4, b"\0" * 4, 1, 2).icrc(bytes(70000)), LocalWireError),
         (lambda: IcrcFlow.ipv4(b"\0" * 4, b"\0" * 4, 1, 2).icrc(), LocalWireError),
-        (lambda: IcrcFlow.ipv4(b"\0" * 4, b"\0" * 4, 1, 2).icrc(bytes(12), 5), LocalWireError),
+        (lambda: IcrcFlow.ipv4(b"\0" * 4, b"\0" * 4, 1, 2).icrc(bytes(12), 5), LocalWireError),  # type: ignore[arg-type]
     ],
 )
 def test_bad_arguments(call: object, error: type[Exception]) -> None:

@@ -4,9 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rdmakit.testing.strategies import U24
 from rdmakit.wire import PSN_BITS, PSN_HALF, PSN_MASK, psn_add, psn_diff
-
-from .strategies import U24
 
 DISTANCE = st.integers(-PSN_HALF, PSN_HALF - 1)
 

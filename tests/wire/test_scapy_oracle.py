@@ -19,6 +19,7 @@ from scapy.layers.inet6 import IPv6
 from scapy.packet import Packet as ScapyPacket
 from scapy.packet import Raw
 
+from rdmakit.testing.strategies import U8, U16, U24, U32, U64, packets
 from rdmakit.wire import (
     AETH,
     ICRC_LEN,
@@ -36,10 +37,8 @@ from rdmakit.wire import (
     pack_icrc,
     pad_len,
 )
-
-from . import scapy_roce_ext as X
-from .strategies import U8, U16, U24, U32, U64, packets
-from .test_vectors import SCAPY_V6_IP
+from tests.wire import scapy_roce_ext as X
+from tests.wire.vectors import SCAPY_V6_IP
 
 SETTINGS = settings(max_examples=150, deadline=None)
 
@@ -79,7 +78,7 @@ def check_dissection(pkt: Packet, dissected: ScapyPacket) -> None:
     assert bth.ackreq == pkt.ackreq
     assert bth.resv7 == 0
     assert bth.psn == pkt.psn
-    layers = []
+    layers: list[type[ScapyPacket]] = []
     if info.reth:
         assert pkt.reth is not None
         r = dissected[X.RETH]

@@ -1,6 +1,7 @@
-"""The native single-packet path (``send_packet``, ``check_decode``) against the Python codec.
+"""Both segment codecs (``fastpath.PYTHON``, ``NATIVE``): single packets against ``encode``.
 
-What ``send_packet`` puts on the wire must be ``encode`` plus the ICRC
+One suite, run over each implementation of ``rdmakit.transport.codec``. What
+``send_packet`` puts on the wire must be ``encode`` plus the ICRC
 ``icrc_ipv4`` gives it, for every valid packet; what ``check_decode`` returns
 must be ``decode`` of a segment whose ICRC matches. Whatever the Python codec
 refuses, the native one hands back to it (-1, 1), and a bad ICRC is 0: the
@@ -16,7 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rdmakit.testing.strategies import packets
 from rdmakit.transport import fastpath
+from rdmakit.transport.codec import SegmentCodec
 from rdmakit.wire import (
     AETH,
     RETH,
@@ -31,30 +34,40 @@ from rdmakit.wire import (
     icrc_ipv4,
     pack_icrc,
 )
-from tests.wire.strategies import packets
+from tests.transport.sockets import udp_sink
 
-from .test_native import _sink
-
-pytestmark = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
-
+native_only = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
 native: Any = fastpath.native
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(fastpath.PYTHON, id="python"),
+        pytest.param(fastpath.NATIVE, id="native", marks=native_only),
+    ],
+)
+def codec(request: pytest.FixtureRequest) -> SegmentCodec:
+    c: SegmentCodec = request.param
+    return c
 
 
 class _Pair:
     """A sending socket and a sink on two loopback addresses, with the flow's ICRC states."""
 
-    def __init__(self, new_ip: Callable[[], str]) -> None:
+    def __init__(self, new_ip: Callable[[], str], codec: SegmentCodec) -> None:
+        self.codec = codec
         self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.tx.bind((new_ip(), 0))
         self.tx.setblocking(False)
-        self.rx = _sink(new_ip())
+        self.rx = udp_sink(new_ip())
         (sip, self.sport), (dip, self.dport) = self.tx.getsockname(), self.rx.getsockname()
         self.src, self.dst = socket.inet_aton(sip), socket.inet_aton(dip)
         self.addr = (dip, self.dport)
         self.flow = IcrcFlow.ipv4(self.src, self.dst, self.sport, self.dport)
 
     def send(self, pkt: Any) -> int:
-        return int(native.send_packet(self.tx.fileno(), self.addr, False, pkt, self.flow.states, self.flow))
+        return int(self.codec.send_packet(self.tx, self.addr, pkt, self.flow.states, self.flow))
 
     def wire(self, pkt: Packet) -> bytes:
         body = encode(pkt)
@@ -76,8 +89,8 @@ class _Pair:
 
 
 @pytest.fixture
-def pair(new_ip: Callable[[], str]) -> Iterator[_Pair]:
-    p = _Pair(new_ip)
+def pair(new_ip: Callable[[], str], codec: SegmentCodec) -> Iterator[_Pair]:
+    p = _Pair(new_ip, codec)
     yield p
     p.close()
 
@@ -140,11 +153,13 @@ def test_send_packet_hands_back_what_is_not_a_packet(pair: _Pair) -> None:
     assert pair.send((1, 2, 3)) == -1
     assert pair.send("packet") == -1
     assert pair.send((*Packet(Opcode.SEND_ONLY, 1, 0)[:15], "text")) == -1  # payload not a buffer
-    # The Python encoder takes any 3-sequence as a RETH; the native one only tuples (RETH is one).
-    assert pair.send(Packet(Opcode.RDMA_READ_REQUEST, 1, 0, reth=[0, 1, 4])) == -1  # type: ignore[arg-type]
+    if pair.codec is fastpath.NATIVE:
+        # The Python encoder takes any 3-sequence as a RETH; the native one only tuples (RETH is one).
+        assert pair.send(Packet(Opcode.RDMA_READ_REQUEST, 1, 0, reth=[0, 1, 4])) == -1  # type: ignore[arg-type]
     assert pair.nothing_arrived()
 
 
+@native_only
 def test_send_packet_reports_the_errno_of_sendmsg(pair: _Pair) -> None:
     pkt = Packet(Opcode.SEND_ONLY, 1, 0, payload=b"x")
     err = native.send_packet(pair.tx.fileno(), ("127.0.0.1", 0), False, pkt, pair.flow.states, pair.flow)
@@ -162,9 +177,9 @@ def _segment(body: bytes, idx: int = 0) -> memoryview:
 
 @settings(max_examples=600, deadline=None)
 @given(pkt=packets(max_payload=300), idx=st.sampled_from([0, 1, 14, 63]))
-def test_check_decode_is_decode_after_the_icrc(pkt: Packet, idx: int) -> None:
+def test_check_decode_is_decode_after_the_icrc(pkt: Packet, idx: int, codec: SegmentCodec) -> None:
     seg = _segment(encode(pkt), idx)
-    got = native.check_decode(seg, idx, FLOW.states, FLOW)
+    got = codec.check_decode(seg, idx, FLOW.states, FLOW)
     want = decode(seg[:-4])
     assert type(got) is Packet
     assert got == want
@@ -178,7 +193,7 @@ def test_check_decode_is_decode_after_the_icrc(pkt: Packet, idx: int) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(pkt=packets(max_payload=64), bit=st.integers(0, 1 << 20))
-def test_check_decode_says_0_for_a_spoiled_icrc(pkt: Packet, bit: int) -> None:
+def test_check_decode_says_0_for_a_spoiled_icrc(pkt: Packet, bit: int, codec: SegmentCodec) -> None:
     """A flipped bit: 0 (the ICRC does not check), or 1 where the header no longer decodes."""
     seg = _segment(encode(pkt))
     bit %= len(seg) * 8
@@ -188,28 +203,28 @@ def test_check_decode_says_0_for_a_spoiled_icrc(pkt: Packet, bit: int) -> None:
     try:
         decode(seg[:-4])
     except WireError:
-        assert native.check_decode(seg, 0, FLOW.states, FLOW) == 1  # refused before the ICRC
+        assert codec.check_decode(seg, 0, FLOW.states, FLOW) == 1  # refused before the ICRC
     else:
-        assert native.check_decode(seg, 0, FLOW.states, FLOW) == 0
+        assert codec.check_decode(seg, 0, FLOW.states, FLOW) == 0
 
 
-def test_check_decode_checks_the_header_before_the_icrc() -> None:
+def test_check_decode_checks_the_header_before_the_icrc(codec: SegmentCodec) -> None:
     """What decode refuses is 1 whatever its ICRC, and costs no ICRC state (rxe: hdr_check first)."""
     ack = encode(Packet(Opcode.ACKNOWLEDGE, 1, 2, aeth=AETH(0x1F, 3)))
     bad_tver = bytes((4, 1)) + bytes(10)
     for body in (bad_tver, ack + b"abcd", b"\x64" + bytes(11)):
         seg = memoryview(bytearray(body + b"\xde\xad\xbe\xef"))  # an ICRC no ID explains
         flow = IcrcFlow.ipv4(bytes((127, 0, 0, 9)), bytes((127, 0, 0, 8)), 40000, 4791)
-        assert native.check_decode(seg, 0, flow.states, flow) == 1
+        assert codec.check_decode(seg, 0, flow.states, flow) == 1
         assert flow.states == {}  # flow.state() was never asked for
     good = _segment(ack)
     good[-1] ^= 1
     flow = IcrcFlow.ipv4(bytes((127, 0, 0, 9)), bytes((127, 0, 0, 8)), 40000, 4791)
-    assert native.check_decode(good, 0, flow.states, flow) == 0
+    assert codec.check_decode(good, 0, flow.states, flow) == 0
     assert len(flow.states) == 1
 
 
-def test_check_decode_leaves_what_decode_refuses_to_decode() -> None:
+def test_check_decode_leaves_what_decode_refuses_to_decode(codec: SegmentCodec) -> None:
     ack = encode(Packet(Opcode.ACKNOWLEDGE, 1, 2, aeth=AETH(0x1F, 3)))
     cases = {
         "unknown opcode": b"\x64" + bytes(11),
@@ -221,10 +236,11 @@ def test_check_decode_leaves_what_decode_refuses_to_decode() -> None:
     for why, body in cases.items():
         with pytest.raises(WireError):
             decode(body)
-        assert native.check_decode(_segment(body), 0, FLOW.states, FLOW) == 1, why
-    assert native.check_decode(memoryview(b"\x04" * 15), 0, FLOW.states, FLOW) == 1  # no BTH and ICRC
+        assert codec.check_decode(_segment(body), 0, FLOW.states, FLOW) == 1, why
+    assert codec.check_decode(memoryview(b"\x04" * 15), 0, FLOW.states, FLOW) == 1  # no BTH and ICRC
 
 
+@native_only
 def test_check_decode_rejects_bad_arguments() -> None:
     seg = _segment(encode(Packet(Opcode.SEND_ONLY, 1, 0)))
     with pytest.raises(ValueError, match="u16"):
@@ -238,6 +254,7 @@ def test_check_decode_rejects_bad_arguments() -> None:
         native.check_decode(seg, 0, broken, FLOW)
 
 
+@native_only
 def test_the_layout_numbers_are_those_of_the_c_enum() -> None:
     """``_fastpath.c`` numbers the header layouts as rdmakit.wire.packet does (its enum, in order)."""
     from rdmakit.wire import packet as packet_mod
@@ -253,7 +270,9 @@ def test_the_layout_numbers_are_those_of_the_c_enum() -> None:
 
 @settings(max_examples=2000, deadline=None)
 @given(body=st.binary(min_size=0, max_size=96), op=st.sampled_from([*range(0x18), 0x1F, 0x64, 0xFF]))
-def test_check_decode_of_any_bytes_is_decode_or_hands_them_back(body: bytes, op: int) -> None:
+def test_check_decode_of_any_bytes_is_decode_or_hands_them_back(
+    body: bytes, op: int, codec: SegmentCodec
+) -> None:
     """Arbitrary bytes with a good ICRC: the same Packet as ``decode``, or 1 where it raises."""
     data = bytes((op,)) + body
     try:
@@ -262,9 +281,9 @@ def test_check_decode_of_any_bytes_is_decode_or_hands_them_back(body: bytes, op:
         want = None
     if len(data) < 12:
         seg = memoryview(bytearray(data + bytes(4)))
-        assert native.check_decode(seg, 0, FLOW.states, FLOW) == 1
+        assert codec.check_decode(seg, 0, FLOW.states, FLOW) == 1
         return
-    got = native.check_decode(_segment(data), 0, FLOW.states, FLOW)
+    got = codec.check_decode(_segment(data), 0, FLOW.states, FLOW)
     if want is None:
         assert got == 1
     else:
@@ -272,6 +291,7 @@ def test_check_decode_of_any_bytes_is_decode_or_hands_them_back(body: bytes, op:
         assert got == want
 
 
+@native_only
 def test_init_codec_refuses_a_table_that_does_not_match_its_layouts() -> None:
     from rdmakit.wire import AETH, CODEC_LAYOUTS, RETH, AtomicETH
 

@@ -1,8 +1,23 @@
-"""Shared helpers for the engine tests: connected QP pairs over a SimNet, workloads, checks."""
+"""Two connected engine QPs on a simulated network, random checked workloads, back-to-back pumping.
+
+`make_pair` builds what a verbs program builds on each side (a protection
+domain, a registered region, send and receive CQs, an RC QP) and brings both
+QPs through RESET -> INIT -> RTR -> RTS (IBTA Vol. 1 §10.3, as pyverbs'
+``to_rts`` does), attached to a `rdmakit.transport.simnet.SimNet` with the
+given `Faults` (profiles in `rdmakit.testing.faults`). The network runs on a
+virtual clock: a seed replays a run exactly.
+
+`Workload` posts random work from one side at the other (every RC opcode,
+scatter lists, atomics) and `Workload.check` asserts the outcome: completions
+in order, data placed, every FETCH_ADD applied exactly once.
+
+`pump` delivers packets between two QPs with no network at all.
+"""
 
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypedDict, Unpack
 
 from rdmakit.engine import (
     SGE,
@@ -115,6 +130,28 @@ def connect(
         )
 
 
+class ConnectOptions(TypedDict, total=False):
+    """The keyword arguments of `connect`: the QP attributes it sets."""
+
+    mtu: int
+    timeout: int
+    retry_cnt: int
+    rnr_retry: int
+    min_rnr_timer: int
+    max_rd_atomic: int
+    access: Access
+    remotes: tuple[object, object]
+
+
+class PairOptions(ConnectOptions, total=False):
+    """The keyword arguments of `make_pair`: `connect`'s and the sides' own."""
+
+    mem_size: int
+    caps: QpCaps | None
+    cq_depth: int
+    bulk: bool
+
+
 def make_pair(
     seed: int,
     faults: Faults | None = None,
@@ -123,14 +160,16 @@ def make_pair(
     caps: QpCaps | None = None,
     cq_depth: int = 4096,
     bulk: bool = False,
-    **conn: object,
+    **conn: Unpack[ConnectOptions],
 ) -> Pair:
+    """Two sides ``a`` and ``b`` with `mem_size` bytes registered each, their QPs connected
+    (`connect`, with `conn`) and attached to a new `SimNet` seeded with `seed`."""
     rng = random.Random(seed)
     net = SimNet(seed, faults, bulk=bulk)
     caps = caps or QpCaps()
     a = make_side("a", rng, mem_size, caps, cq_depth)
     b = make_side("b", rng, mem_size, caps, cq_depth)
-    connect(a.qp, b.qp, rng, **conn)  # type: ignore[arg-type]
+    connect(a.qp, b.qp, rng, **conn)
     net.attach("a", a.qp)
     net.attach("b", b.qp)
     return Pair(net, a, b)
@@ -218,7 +257,7 @@ class Workload:
             if op in _RECV_OPS:
                 rid = 5000 * (1 + (dst.name == "b")) + i
                 cap = length + rng.randrange(3)
-                sges = (dst.sge(doff, cap),) if op is not WrOpcode.RDMA_WRITE_WITH_IMM else ()
+                sges: tuple[SGE, ...] = () if op is WrOpcode.RDMA_WRITE_WITH_IMM else (dst.sge(doff, cap),)
                 dst.qp.post_recv(RecvWR(wr_id=rid, sg_list=sges))
                 imm = kw.get("imm_data")
                 assert imm is None or isinstance(imm, int)
@@ -284,18 +323,13 @@ class Workload:
 
 __all__ = [
     "ALL_ACCESS",
+    "BASE_ADDR",
     "Captured",
-    "Completion",
-    "Faults",
+    "ConnectOptions",
     "Pair",
-    "QpCaps",
-    "QpState",
+    "PairOptions",
     "Side",
-    "SimNet",
-    "WcOpcode",
-    "WcStatus",
     "Workload",
-    "WrOpcode",
     "connect",
     "fill",
     "make_pair",
@@ -303,7 +337,8 @@ __all__ = [
     "pump",
     "recv_wr",
     "send_wr",
-]  # fmt: skip
+    "until_completions",
+]
 
 
 # -- back-to-back QPs without a network -------------------------------------------
@@ -332,3 +367,14 @@ def pump(
         if not moved:
             return
     raise AssertionError("pump did not settle")
+
+
+def until_completions(cq: CompletionQueue, into: list[Completion], n: int = 1) -> Callable[[], bool]:
+    """A predicate for a progress loop (``Driver.run_until``, ``SimNet.run``): polls `cq` into
+    `into` and holds once `into` has `n` completions."""
+
+    def done() -> bool:
+        into.extend(cq.poll(max(n - len(into), 1)))
+        return len(into) >= n
+
+    return done

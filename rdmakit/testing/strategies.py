@@ -1,8 +1,19 @@
-"""Hypothesis strategies for RC packets, and the canonical form of packet bytes."""
+"""Hypothesis strategies for RC packets (IBTA Vol. 1 §9), and the canonical form of packet bytes.
 
-from hypothesis import strategies as st
+Needs hypothesis, an optional dependency: ``pip install 'rdmakit[testing]'``.
+"""
+
+try:
+    from hypothesis import strategies as st
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "rdmakit.testing.strategies needs hypothesis, which is not installed: "
+        "pip install 'rdmakit[testing]' (or hypothesis itself)"
+    ) from exc
 
 from rdmakit.wire import AETH, OPCODE_INFO, RETH, AtomicETH, Opcode, Packet
+
+__all__ = ["OPCODES", "U8", "U16", "U24", "U32", "U64", "buffers", "canonical", "packets"]
 
 U8 = st.integers(0, 0xFF)
 U16 = st.integers(0, 0xFFFF)
@@ -15,7 +26,11 @@ OPCODES = st.sampled_from(sorted(Opcode))
 def buffers(max_size: int = 64) -> st.SearchStrategy[bytes | bytearray | memoryview]:
     """Payloads as every buffer type the encoder takes."""
     data = st.binary(max_size=max_size)
-    return st.one_of(data, data.map(bytearray), data.map(memoryview))
+    return st.one_of(data, data.map(bytearray), data.map(_view))
+
+
+def _view(data: bytes) -> memoryview:
+    return memoryview(data)
 
 
 @st.composite

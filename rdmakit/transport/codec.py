@@ -1,0 +1,118 @@
+"""The segment codec of the RoCE-UDP port: one interface, two implementations.
+
+What the port asks of a codec, and nothing else:
+
+- ``send_packet``: encode a ``Packet``, add its ICRC (IPv4 ID 0: one datagram)
+  and send it in one call;
+- ``check_decode``: check a received segment's header as ``decode`` does,
+  then its ICRC (GSO segment ``idx``: IPv4 ID ``idx``), and decode it;
+- ``send_train``: send a run of MIDDLE packets (a ``Train``) in GSO batches;
+- ``place_run``: check a run of received MIDDLE segments of a GRO batch and
+  copy their payloads into the target memory.
+
+:class:`~rdmakit.transport.codec_py.PythonCodec` is the reference;
+``_fastpath.c`` does the same without a Python object per packet, and adds
+``recv_runs`` (read the socket while what arrives continues a run). Which one
+a device uses is chosen once, in :mod:`rdmakit.transport.fastpath`. The ICRC
+of an ``n``-byte segment with index ``idx`` (BTH to ICRC) continues from
+``states[n | idx << 16]``, or ``flow.state(n, idx)`` where that is missing
+(RoCEv2 Annex A17.3.3).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING, Protocol
+
+from rdmakit.wire import IcrcFlow, Packet
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from 3.12
+
+#: ``recv_runs``' answer: (placed, last AckReq index or -1, reads, datagrams, GRO
+#: batches, errno, the read the run did not take whole: (nbytes, seg, k, source)).
+RecvRunsResult = tuple[int, int, int, int, int, int, tuple[int, int, int, tuple[str, int]] | None]
+
+
+class RecvRuns(Protocol):
+    def __call__(
+        self,
+        fd: int,
+        buf: Buffer,
+        v6: bool,
+        src: tuple[str, int],
+        states: Buffer,
+        op: int,
+        qpn: int,
+        psn: int,
+        mtu: int,
+        dst: Buffer,
+        dst_off: int,
+        max_count: int,
+        max_reads: int,
+        /,
+    ) -> RecvRunsResult: ...
+
+
+class SegmentCodec(Protocol):
+    """The codec operations of the RoCE-UDP port (module docstring)."""
+
+    #: ``"python"`` or ``"native"``.
+    name: str
+    #: Reads the socket while what arrives continues a run (native only); None: not offered.
+    recv_runs: RecvRuns | None
+
+    def send_packet(
+        self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow
+    ) -> int:
+        """0: sent; > 0: the errno of the send; -1: not sent, ``encode_headers`` says why."""
+        ...
+
+    def check_decode(self, seg: Buffer, idx: int, states: dict[int, int], flow: IcrcFlow) -> Packet | int:
+        """The decoded packet; 1: its header is refused (no ICRC computed); 0: its ICRC does not check."""
+        ...
+
+    def send_train(
+        self,
+        sock: socket.socket,
+        addr: tuple[str, int],
+        gso: bool,
+        op: int,
+        dqpn: int,
+        psn: int,
+        count: int,
+        payload: Buffer,
+        mtu: int,
+        ack_first: int,
+        ack_every: int,
+        states: Buffer,
+    ) -> tuple[int, int]:
+        """Packet ``i`` carries PSN ``psn + i`` and payload bytes ``[i*mtu, (i+1)*mtu)``;
+        AckReq from ``ack_first`` (-1: never) every ``ack_every``. They leave in GSO
+        batches of ``min(64, 65507 // size)`` (one per send without GSO), segment
+        ``k`` of a batch with ICRC state ``states[k]``. Returns how many packets the
+        kernel took and the errno that stopped it (0: none)."""
+        ...
+
+    def place_run(
+        self,
+        buf: Buffer,
+        nbytes: int,
+        seg: int,
+        k0: int,
+        states: Buffer,
+        op: int,
+        qpn: int,
+        psn: int,
+        mtu: int,
+        dst: Buffer,
+        dst_off: int,
+        max_count: int,
+    ) -> tuple[int, int]:
+        """From segment ``k0`` of ``buf[:nbytes]`` (segments of ``seg`` bytes), accept
+        segments while each is a MIDDLE of opcode ``op`` with TVer 0, no pad, a valid
+        P_Key, destination ``qpn``, PSN ``psn + i``, exactly BTH + ``mtu`` + ICRC bytes
+        and an ICRC that checks from ``states[k]``; copy each payload to
+        ``dst[dst_off + i*mtu]``. At most ``max_count``. Returns how many were accepted
+        and the index of the last accepted one that asked for an ACK (-1: none)."""
+        ...

@@ -1,0 +1,439 @@
+"""A soft device's RoCE-UDP port: RoCEv2 datagrams on UDP port 4791 (Annex A17).
+
+Receiving follows rxe's order (``rxe_rcv()``, rxe_recv.c): the cheap header
+checks first, the ICRC only for what passes them, and the IPv4 IDs of other
+senders (:mod:`rdmakit.transport.roce_sources`) only for a connected peer.
+Sending batches datagrams for GSO, each segment with the ICRC of the IPv4 ID
+the kernel gives it; what the socket does not take waits in a backlog, in
+order. With the native data plane (``fastpath``), runs of MIDDLE packets are
+sent and placed in bulk, and the single packets of small operations are
+encoded and checked in one call each.
+"""
+
+import errno
+import os
+import struct
+from collections.abc import Callable
+
+from rdmakit.engine import EngineError, QueuePair
+from rdmakit.wire import (
+    BTH_LEN,
+    ICRC_LEN,
+    MIDDLE_OPCODES,
+    IcrcFlow,
+    Packet,
+    Payload,
+    Train,
+    WireError,
+    crc32,
+    decode,
+)
+
+from . import fastpath
+from .codec import SegmentCodec
+from .codec_py import headers
+from .fastpath import PYTHON
+from .port import DeviceCounters, PeerAddress, addr_bytes
+from .roce_sources import OURS_STRIKES, RxFlow, RxSources
+from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
+
+#: GRO batches read per ``progress`` before the timers and transmit get a turn.
+MAX_RX_BATCHES = 64
+
+_BTH = struct.Struct(">BBHII")
+_ICRC = struct.Struct("<I")
+_PADS = (b"", b"\0", b"\0\0", b"\0\0\0")
+_U24 = 0xFFFFFF
+_WOULD_BLOCK = frozenset((errno.EAGAIN, errno.EWOULDBLOCK))
+
+
+class UdpPort:
+    """The UDP link of a device, its receive state per source and its send backlog."""
+
+    def __init__(
+        self,
+        ip: str,
+        port: int,
+        qps: dict[int, QueuePair],
+        counters: DeviceCounters,
+        *,
+        gso: bool,
+        verify_icrc: bool,
+        bulk: bool,
+    ) -> None:
+        self.link = UdpLink(ip, port, gso=gso)
+        self.port = self.link.port
+        self._qps = qps
+        self.counters = counters
+        self.verify_icrc = verify_icrc
+        self._local = addr_bytes(ip)
+        self._v6 = len(self._local) == 16
+        #: Runs of MIDDLE packets in bulk (``send_train``, ``place_run``); else packet by packet.
+        self._runs = bulk
+        self.sources = RxSources(ip, self.port, counters)
+        #: The segment codec (``fastpath.CODEC``; the Python reference without ``bulk``).
+        self.codec = fastpath.CODEC if bulk else PYTHON
+        #: A run the last read ended inside: (QP, opcode, source ip, source port, ICRC flow).
+        self._hot: tuple[QueuePair, int, str, int, IcrcFlow] | None = None
+        self._backlog: list[tuple[list[Payload], int, int, tuple[str, int]]] = []
+        #: ICRC header states per destination (ip, port).
+        self._tx_flows: dict[tuple[str, int], IcrcFlow] = {}
+
+    @property
+    def codec(self) -> SegmentCodec:
+        return self._codec
+
+    @codec.setter
+    def codec(self, codec: SegmentCodec) -> None:
+        self._codec = self.sources.codec = codec
+
+    def forget(self, qp: QueuePair) -> None:
+        pass  # the receive state is per source, not per QP
+
+    def deadline(self) -> float | None:
+        return None
+
+    def wants_write(self) -> bool:
+        """True while sends wait for socket space."""
+        return bool(self._backlog)
+
+    def fileno(self) -> int:
+        return self.link.fileno()
+
+    def close(self) -> None:
+        self.link.close()
+
+    # -- receiving ----------------------------------------------------------------------
+    def receive(self, now: float, readable: bool | None = None) -> bool:
+        link = self.link
+        if not (link.ready() if readable is None else readable):
+            return False
+        busy = False
+        reads = 0
+        while reads < MAX_RX_BATCHES:
+            hot = self._hot
+            if hot is not None:
+                # The last read ended inside a run of MIDDLE packets: let the native
+                # data plane read on while what arrives continues it.
+                n = self._receive_hot(hot, now, MAX_RX_BATCHES - reads)
+                if n >= 0:
+                    if n == 0:
+                        break
+                    busy = True
+                    reads += n
+                    continue
+            got = link.recv_raw()
+            if got is None:
+                break
+            busy = True
+            reads += 1
+            nbytes, segsize, (src_ip, sport) = got
+            if not segsize:
+                continue  # a socket error (counted by the link)
+            nsegs = (nbytes + segsize - 1) // segsize if nbytes else 1
+            self.counters.packets_in += nsegs
+            self._rx_batch(nbytes, segsize, src_ip, sport, 0, now)
+            if not link.ready():
+                break
+        return busy
+
+    def _receive_hot(self, hot: tuple[QueuePair, int, str, int, IcrcFlow], now: float, max_reads: int) -> int:
+        """Reads done by the native run reader (0: nothing to read); -1: the run is over, read plainly."""
+        qp, op, src_ip, sport, flow = hot
+        link = self.link
+        recv_runs = self.codec.recv_runs
+        assert recv_runs is not None
+        run = qp.rx_run(op) if self._qps.get(qp.qpn) is qp else None
+        r = qp.remote
+        if run is None or type(r) is not PeerAddress or r.ip != src_ip:
+            self._hot = None
+            return -1
+        psn, mem, off, most, mtu = run
+        size = mtu + BTH_LEN + ICRC_LEN
+        placed, last_ack, reads, datagrams, gro, err, pending = recv_runs(
+            link.fileno(), link.view, self._v6, (src_ip, sport), flow.seg_states(size, GSO_MAX_SEGMENTS),
+            op, qp.qpn, psn, mtu, mem, off, most, max_reads,
+        )  # fmt: skip
+        c, lc = self.counters, link.counters
+        c.packets_in += datagrams
+        lc.datagrams_in += datagrams
+        lc.gro_batches += gro
+        if err:
+            link.record_error(OSError(err, os.strerror(err)))
+        if placed:
+            qp.rx_run_done(op, placed, last_ack, now)
+            c.icrc_ok += placed
+        if pending is not None:
+            self._hot = None
+            nbytes, segsize, k, (ip, port) = pending
+            self._rx_batch(nbytes, segsize, ip, port, k, now)
+        elif placed >= most or not reads:
+            self._hot = None  # the run is complete (or the socket is quiet): the plain reader decides
+        return int(reads)
+
+    def receive_datagram(self, data: Payload, src: tuple[str, int], now: float, segsize: int = 0) -> None:
+        """Take ``data`` as if a read of the socket had returned it from ``src``.
+
+        The receive path without the socket, for tests and benchmarks that
+        feed it crafted input (``segsize``: a GRO batch of segments of that
+        size; 0: one datagram). ``progress`` does the same with what it reads.
+        """
+        link = self.link
+        n = len(data)
+        view = link.view
+        if n > len(view):
+            raise EngineError("INVALID_VALUE", f"receive_datagram: {n} bytes, more than the buffer holds")
+        view[:n] = data
+        seg = segsize if 0 < segsize < n else max(n, 1)
+        self.counters.packets_in += (n + seg - 1) // seg if n else 1
+        self._rx_batch(n, seg, src[0], src[1], 0, now)
+
+    def _rx_batch(self, nbytes: int, segsize: int, src_ip: str, sport: int, k: int, now: float) -> None:
+        """Segments ``k`` .. of the datagrams in the link's buffer (see ``UdpLink.recv_raw``).
+
+        In rxe's order (``rxe_rcv()``, rxe_recv.c): the cheap header checks
+        first (``hdr_check()``: a QP of ours by that number, connected to the
+        source's address; the opcode, TVer, pad and length as ``decode`` takes
+        them), and the ICRC only for what passes them.
+        """
+        c = self.counters
+        if not nbytes:
+            c.malformed += 1
+            return
+        link = self.link
+        view = link.view
+        verify, qps, codec = self.verify_icrc, self._qps, self.codec
+        runs, hot = self._runs, self._runs and codec.recv_runs is not None
+        unpack_bth = _BTH.unpack_from
+        rx: RxFlow | None = None
+        ours = False  # a segment checked with our IPv4 IDs
+        nsegs = (nbytes + segsize - 1) // segsize
+        while k < nsegs:
+            idx = k
+            k += 1
+            pos = idx * segsize
+            seg = view[pos : min(pos + segsize, nbytes)]
+            n = len(seg)
+            if n < BTH_LEN + ICRC_LEN:
+                c.malformed += 1
+                continue
+            op, _b1, _pkey, w1, _w2 = unpack_bth(seg)
+            qp = qps.get(w1 & _U24)
+            if qp is None:
+                c.unknown_qp += 1
+                continue
+            if type(r := qp.remote) is not PeerAddress or r.ip != src_ip:
+                c.wrong_source += 1  # rxe check_addr(): only the connected peer's address
+                continue
+            if not verify:
+                try:
+                    pkt = decode(seg[: n - ICRC_LEN])
+                except WireError:
+                    c.malformed += 1
+                    continue
+                qp.receive(pkt, now)
+                continue
+            if rx is None:
+                rx = self.sources.flows.get((src_ip, sport))
+                if rx is None:
+                    rx = self.sources.flow(src_ip, sport)
+            if runs and op in MIDDLE_OPCODES:
+                # A run of in-order MIDDLE packets: checked (header, then ICRC)
+                # and placed in one call; the first that needs more stops it.
+                run = qp.rx_run(op)
+                if run is not None and n == run[4] + BTH_LEN + ICRC_LEN:
+                    got_n, last_ack = codec.place_run(
+                        view, nbytes, segsize, idx, rx.icrc.seg_states(n, nsegs), op, qp.qpn,
+                        run[0], run[4], run[1], run[2], run[3],
+                    )  # fmt: skip
+                    if got_n:
+                        qp.rx_run_done(op, got_n, last_ack, now)
+                        c.icrc_ok += got_n
+                        ours = True
+                        k = idx + got_n
+                        if hot and k >= nsegs and got_n < run[3]:
+                            self._hot = (qp, op, src_ip, sport, rx.icrc)
+                        continue
+            # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx), then decode.
+            got = codec.check_decode(seg, idx, rx.states, rx.icrc)
+            if type(got) is Packet:
+                c.icrc_ok += 1
+                ours = True
+                qp.receive(got, now)
+                continue
+            if got and codec is not PYTHON:
+                got = PYTHON.check_decode(seg, idx, rx.states, rx.icrc)  # the reference says why
+                if type(got) is Packet:
+                    c.icrc_ok += 1
+                    ours = True
+                    qp.receive(got, now)
+                    continue
+            if got:  # 1: the header is refused
+                c.malformed += 1
+                continue
+            # 0: the header is good, its ICRC does not check with IPv4 ID idx
+            other = self.sources.other_ident(rx, seg, idx, src_ip, now)
+            if other is None:
+                c.bad_icrc += 1
+            else:
+                qp.receive(other, now)
+        if ours and rx is not None and not rx.kernel:
+            rx.ours = OURS_STRIKES
+
+    # -- sending ------------------------------------------------------------------------
+    def transmit(self, now: float) -> bool:
+        busy = False
+        if self._backlog and not self._flush_backlog():
+            return True
+        trains = self._runs
+        for qp in self._qps.values():
+            if not qp.may_transmit():
+                continue
+            before = qp.stats.packets_out
+            pkts = qp.poll_transmit_trains(now) if trains else qp.poll_transmit(now)
+            if not pkts:
+                continue
+            busy = True
+            n = qp.stats.packets_out - before  # packets, trains counted in full
+            remote = qp.remote
+            if not isinstance(remote, PeerAddress):
+                self.counters.dropped_state += n
+                continue
+            self.counters.packets_out += n
+            self._send_udp(pkts, remote)
+        return busy
+
+    def _flush_backlog(self) -> bool:
+        link = self.link
+        while self._backlog:
+            parts, seg, count, addr = self._backlog[0]
+            sent = link.send_gso(parts, seg, count, addr) if count > 1 else link.send(parts, addr)
+            if not sent:
+                return False
+            self._backlog.pop(0)
+        return True
+
+    def _send_udp(self, pkts: list[Packet] | list[Packet | Train], remote: PeerAddress) -> None:
+        link = self.link
+        addr = (remote.ip, remote.port)
+        flow = self._tx_flows.get(addr)
+        if flow is None:
+            flow = self._tx_flow(remote)
+        if self._runs and len(pkts) == 1 and type(pkt := pkts[0]) is Packet and not self._backlog:
+            # A single packet (a small operation's request or response): one codec call.
+            err = self.codec.send_packet(link.sock, addr, pkt, flow.states, flow)
+            if err >= 0 and err not in _WOULD_BLOCK:
+                lc = link.counters
+                lc.datagrams_out += 1  # as UdpLink.send: a send error is a lost packet
+                lc.sends += 1
+                if err:
+                    link.record_error(OSError(err, os.strerror(err)))
+                return
+            # -1 (encode_headers says what is wrong) or a full socket (queued below)
+        states = flow.states
+        gso = link.gso
+        parts: list[Payload] = []
+        seg = count = total = 0
+        send: Callable[[list[Payload], int, int], None] = self._send_or_queue(addr)
+        pack_ic = _ICRC.pack
+        for pkt in pkts:
+            if type(pkt) is Train:
+                if count:
+                    send(parts, seg, count)
+                    parts, seg, count, total = [], 0, 0, 0
+                rest = self._send_train(pkt, flow, addr)
+                if rest:
+                    self._send_udp(rest, remote)
+                continue
+            assert type(pkt) is Packet
+            pl = pkt[15]
+            plen = len(pl)
+            pad = _PADS[-plen & 3]
+            hdr, masked = headers(pkt)
+            size = len(hdr) + plen + len(pad) + ICRC_LEN
+            if count and (not gso or size > seg or count >= GSO_MAX_SEGMENTS or total + size > GSO_MAX_BYTES):
+                send(parts, seg, count)
+                parts, seg, count, total = [], 0, 0, 0
+            # ICRC (Annex A17.3.3) of GSO segment `count`: the kernel gives it IPv4 ID `count`.
+            st = states.get(size | count << 16)
+            if st is None:
+                st = flow.state(size, count)
+            ic = crc32(masked, st)
+            parts.append(hdr)
+            if plen:
+                ic = crc32(pl, ic)
+                parts.append(pl)
+            if pad:
+                ic = crc32(pad, ic)
+                parts.append(pad + pack_ic(ic))
+            else:
+                parts.append(pack_ic(ic))
+            if count == 0:
+                seg = size
+            count += 1
+            total += size
+            if size < seg:  # a shorter datagram can only end a GSO batch
+                send(parts, seg, count)
+                parts, seg, count, total = [], 0, 0, 0
+        if count:
+            send(parts, seg, count)
+
+    def _send_train(self, train: Train, flow: IcrcFlow, addr: tuple[str, int]) -> list[Packet]:
+        """Send a run of MIDDLE packets in one codec call; what could not be sent is returned as packets.
+
+        Behind a backlog, or when the socket fills or refuses, the rest goes the
+        per-packet way (which queues it in order, or counts the error).
+        """
+        link = self.link
+        if self._backlog:
+            return train.packets()
+        size = BTH_LEN + train.mtu + ICRC_LEN
+        gso = link.gso
+        per = min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size) if gso else 1
+        total = train.npkts
+        states = flow.seg_states(size, min(per, total))
+        sent, err = self.codec.send_train(
+            link.sock, addr, gso, train.opcode, train.dest_qp, train.psn, total,
+            train.payload, train.mtu, train.ack_first, train.ack_every, states,
+        )  # fmt: skip
+        lc = link.counters
+        lc.datagrams_out += sent
+        batches = (sent + per - 1) // per
+        lc.sends += batches
+        if gso:
+            lc.gso_sends += batches
+        if sent == total:
+            return []
+        if err in (errno.EAGAIN, errno.EWOULDBLOCK):
+            lc.send_would_block += 1
+        elif gso and err in (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP):
+            link.gso = False  # as UdpLink.send_gso: no GSO on this path, for good
+        elif err:
+            link.record_error(OSError(err, os.strerror(err)))
+            return []  # a dead route loses the packets; the engine retransmits them
+        return train.tail(sent).packets()
+
+    def _tx_flow(self, remote: PeerAddress) -> IcrcFlow:
+        dst = addr_bytes(remote.ip)
+        if self._v6:
+            flow = IcrcFlow.ipv6(self._local, dst, self.port, remote.port)
+        else:
+            flow = IcrcFlow.ipv4(self._local, dst, self.port, remote.port)
+        if len(self._tx_flows) >= 1024:
+            self._tx_flows.clear()
+        self._tx_flows[(remote.ip, remote.port)] = flow
+        return flow
+
+    def _send_or_queue(self, addr: tuple[str, int]) -> Callable[[list[Payload], int, int], None]:
+        link = self.link
+        backlog = self._backlog
+
+        def send(parts: list[Payload], seg: int, count: int) -> None:
+            if not backlog:
+                ok = link.send_gso(parts, seg, count, addr) if count > 1 else link.send(parts, addr)
+                if ok:
+                    return
+            backlog.append((parts, seg, count, addr))
+            self.counters.backlog_max = max(self.counters.backlog_max, len(backlog))
+
+        return send
