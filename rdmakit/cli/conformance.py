@@ -6,7 +6,8 @@ import json
 import sys
 from typing import Any
 
-from rdmakit.cli.common import EXIT_ERROR, CliError, run
+from rdmakit.cli.errors import EXIT_ERROR, CliError
+from rdmakit.cli.lifecycle import run
 
 EXIT_FAIL = 1
 

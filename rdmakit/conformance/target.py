@@ -35,7 +35,8 @@ from rdmakit.engine import (
     WrOpcode,
 )
 from rdmakit.transport.comm import Listener, MessageSocket
-from rdmakit.transport.device import PeerAddress, SoftDevice
+from rdmakit.transport.device import SoftDevice
+from rdmakit.transport.port import PeerAddress
 
 from . import control
 from .control import ControlError
