@@ -24,7 +24,7 @@ backend runs.
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from enum import StrEnum
-from ipaddress import IPv6Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Protocol, runtime_checkable
 
 from rdmakit.engine.states import QpState
@@ -32,8 +32,11 @@ from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, SendWR
 
 __all__ = [
     "BackendCaps",
+    "BackendCm",
     "BackendDevice",
     "BackendQP",
+    "CmEvent",
+    "CmEventKind",
     "ConnectAttrs",
     "DeviceCaps",
     "JobType",
@@ -207,6 +210,72 @@ class BackendQP(Protocol):
         """Destroy the QP; idempotent. Outstanding work requests are dropped."""
 
 
+class CmEventKind(StrEnum):
+    """What a connection manager reports (``rdma_cm_event_type``, the ones RC uses)."""
+
+    CONNECT_REQUEST = "connect_request"  # passive: a REQ for a listened port
+    ESTABLISHED = "established"  # either side: the QP is in RTS
+    REJECTED = "rejected"  # active: a REJ came back (`CmEvent.reason`)
+    UNREACHABLE = "unreachable"  # either side: no answer within the timeout
+    DISCONNECTED = "disconnected"  # either side: DREQ sent or received, QP flushed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CmEvent:
+    """One connection-manager event; `conn` is the backend's handle of that connection."""
+
+    kind: CmEventKind
+    conn: int
+    private_data: bytes = b""
+    reason: int | None = None  # REJ reason (IBTA Vol. 1 Table 112), REJECTED only
+    peer: tuple[IPv4Address | IPv6Address, int] | None = None  # address, port
+    detail: str = ""  # one line for a person
+
+
+@runtime_checkable
+class BackendCm(Protocol):
+    """A device's connection manager: RDMA CM over the port's GSI QP (IBTA Vol. 1 ch. 12).
+
+    The same surface whether the device speaks CM itself (the soft engine) or
+    through librdmacm (verbs). QPs are the caller's: `connect` takes a QP in
+    INIT and the CM moves it to RTR and RTS from the peer's REP; `accept` does
+    the same with the REQ. Events are only ever returned by `poll_events`,
+    which the DOCA layer calls inside progress; the CM's timers run in the
+    device's `Pump`.
+    """
+
+    def listen(self, port: int) -> None:
+        """Accept REQs for `port` (``rdma_listen``); DocaError IN_USE if taken."""
+
+    def stop_listen(self, port: int) -> None:
+        """Stop accepting REQs for `port`; idempotent."""
+
+    def connect(
+        self,
+        qp: BackendQP,
+        addr: IPv4Address | IPv6Address,
+        port: int,
+        private_data: bytes,
+        timeout: float,
+    ) -> int:
+        """Send a REQ for `qp` to `addr`:`port`; returns the connection handle."""
+
+    def accept(self, conn: int, qp: BackendQP, private_data: bytes) -> None:
+        """Answer a CONNECT_REQUEST with a REP for `qp` (``rdma_accept``)."""
+
+    def reject(self, conn: int, private_data: bytes) -> None:
+        """Answer a CONNECT_REQUEST with a REJ, reason consumer reject (28)."""
+
+    def disconnect(self, conn: int) -> None:
+        """Send a DREQ (or answer one); the QP goes to ERR. Idempotent."""
+
+    def poll_events(self) -> Sequence[CmEvent]:
+        """Events since the last call, oldest first; never blocks."""
+
+    def close(self) -> None:
+        """Stop listening and drop every connection; idempotent."""
+
+
 @runtime_checkable
 class BackendDevice(Protocol):
     """An open device: identity, GIDs, memory registration, QP creation and its pump."""
@@ -262,6 +331,12 @@ class BackendDevice(Protocol):
 
     def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> BackendQP:
         """Create an RC QP in RESET whose address vector uses `gid_index` (None: `gid_index`)."""
+
+    def cm(self) -> BackendCm:
+        """The device's connection manager, created on first use.
+
+        DocaError NOT_SUPPORTED where the device has none (local, soft TCP).
+        """
 
     def close(self) -> None:
         """Release the device; idempotent. Registrations and QPs become invalid."""

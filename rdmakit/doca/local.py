@@ -10,7 +10,15 @@ import random
 from collections.abc import Sequence
 from ipaddress import IPv6Address
 
-from rdmakit.doca.backend import BackendCaps, BackendQP, DeviceCaps, JobType, MemoryRegistration, Pump
+from rdmakit.doca.backend import (
+    BackendCaps,
+    BackendCm,
+    BackendQP,
+    DeviceCaps,
+    JobType,
+    MemoryRegistration,
+    Pump,
+)
 from rdmakit.doca.errors import DocaError, DocaErrorCode, error_from_engine
 from rdmakit.engine.errors import EngineError
 from rdmakit.engine.memory import MemoryRegion, ProtectionDomain
@@ -147,6 +155,9 @@ class LocalBackendDevice:
                 f"{side} protection error: key {key:#x}, {addr:#x}+{length}, write={write}",
             )
         return view
+
+    def cm(self) -> BackendCm:
+        raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{self._name}: no connection manager yet")
 
     def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> BackendQP:
         raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{self._name} is a local device without networking")

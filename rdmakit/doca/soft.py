@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from ipaddress import IPv6Address
 
 from rdmakit.doca._addresses import address_problem, gid_mismatch
-from rdmakit.doca.backend import ConnectAttrs, DeviceCaps, JobType
+from rdmakit.doca.backend import BackendCm, ConnectAttrs, DeviceCaps, JobType
 from rdmakit.doca.device import DevInfo, register_provider, register_resolver
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_engine, error_from_os
 from rdmakit.engine import (
@@ -267,6 +267,9 @@ class SoftBackendDevice:
     def deregister(self, registration: object) -> None:
         if isinstance(registration, MemoryRegion):
             self.soft.pd.deregister(registration)
+
+    def cm(self) -> BackendCm:
+        raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{self.name}: no connection manager yet")
 
     def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> SoftBackendQP:
         if self._closed:

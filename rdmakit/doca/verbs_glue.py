@@ -20,7 +20,7 @@ from dataclasses import replace
 from ipaddress import IPv6Address
 from typing import TYPE_CHECKING
 
-from rdmakit.doca.backend import ConnectAttrs, DeviceCaps
+from rdmakit.doca.backend import BackendCm, ConnectAttrs, DeviceCaps
 from rdmakit.doca.device import DevInfo, register_provider
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.engine.states import QpState
@@ -212,6 +212,9 @@ class VerbsBackendDevice:
 
     def local_view(self, lkey: int, addr: int, length: int, *, write: bool) -> memoryview | None:
         return self.verbs.local_view(lkey, addr, length, write=write)
+
+    def cm(self) -> BackendCm:
+        raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{self.name}: no connection manager yet")
 
     def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> VerbsBackendQP:
         with _doca_errors():

@@ -13,6 +13,7 @@ from rdmakit.doca import (
     LOCAL_CAPS,
     AccessFlag,
     BackendCaps,
+    BackendCm,
     BackendDevice,
     BackendQP,
     Buf,
@@ -437,6 +438,9 @@ class _NoResolve:
 
     def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> BackendQP:
         return self._inner.create_qp(caps)
+
+    def cm(self) -> BackendCm:
+        return self._inner.cm()
 
     def close(self) -> None:
         self._inner.close()
