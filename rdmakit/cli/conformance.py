@@ -1,4 +1,4 @@
-"""``rdmakit conformance`` (the RoCEv2 RC conformance suite) and ``rdmakit conformance-target`` (its agent)."""
+"""``rdmakit conformance``, the RoCEv2 RC conformance suite, and ``rdmakit conformance-target``, its agent."""
 
 import argparse
 import ipaddress
@@ -54,7 +54,7 @@ def _conformance(args: argparse.Namespace) -> int:
     target: runner.SelfTarget | None = None
     try:
         if args.self:
-            target = runner.SelfTarget(mutation=None)
+            target = runner.SelfTarget()
             client, dut_ip, tester_ip = target.client, target.dut_ip, target.tester_ip
         else:
             if not (args.target and args.dut_ip and args.tester_ip):
@@ -91,7 +91,7 @@ def _conformance(args: argparse.Namespace) -> int:
 
 def _target(args: argparse.Namespace) -> int:
     _need_suite()
-    from rdmakit.conformance import mutations, target
+    from rdmakit.conformance import target
     from rdmakit.transport.comm import Listener, parse_service
     from rdmakit.transport.comm_auth import SecretError, load_secret
 
@@ -104,9 +104,6 @@ def _target(args: argparse.Namespace) -> int:
         ipaddress.ip_address(spec.removeprefix("soft-udp:"))
     except ValueError:
         raise CliError(f"{spec!r}: the target agent drives soft devices (soft-udp:IP or IP)") from None
-    mutation = target.mutation_from_env()
-    if mutation is not None:
-        mutations.apply(mutation)
     listener = Listener(parse_service(args.listen), max_msg_size=65536)
     with target.open_soft_device(spec) as dev:
         print(json.dumps({"control": str(listener.address), "device": dev.name}), flush=True)
@@ -131,7 +128,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("--connect-timeout", type=float, default=10.0)
     p.add_argument("--list", action="store_true", help="list the cases (as JSON with --json-out)")
     p.add_argument("-k", action="append", metavar="PATTERN", help="only cases whose id contains PATTERN")
-    p.add_argument("--seed", type=int, default=1, help="seed of PSNs, QPNs and payloads (results never depend)")
+    p.add_argument(
+        "--seed", type=int, default=1, help="seed of PSNs, QPNs and payloads (results never depend)"
+    )
     p.add_argument("--deviations", help="JSON file of the DUT's known deviations (case, reason, source)")
     p.add_argument("--json-out", metavar="FILE", help="results as JSON ('-': stdout)")
     p.add_argument("--junit", metavar="FILE", help="results as JUnit XML ('-': stdout)")

@@ -16,6 +16,4 @@ share the code it tests. scapy is the optional ``conformance`` extra
 try:
     import scapy.contrib.roce  # noqa: F401
 except ModuleNotFoundError:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "rdmakit.conformance needs scapy>=2.6: pip install 'rdmakit[conformance]'"
-    ) from None
+    raise ImportError("rdmakit.conformance needs scapy>=2.6: pip install 'rdmakit[conformance]'") from None

@@ -1,4 +1,4 @@
-"""Requester cases: RNR, implied NAKs, ghost and duplicate ACKs, bad responses, fatal NAKs (tester = responder)."""
+"""The DUT as requester, continued: RNR, implied NAK, ghost and duplicate ACKs, bad responses, fatal NAKs."""
 
 import time
 
@@ -15,9 +15,13 @@ def rnr(ctx: Ctx, psn: int, code: int = _RNR_CODE) -> None:
     ctx.ack(psn, 0, F.RNR_KIND, code)
 
 
-@case("req.rnr.wait", Q, "After an RNR NAK the DUT waits at least the NAK's timer, then resends",
-      "IBTA Vol.1 §9.7.5.2.8, C9-? (RNR timer); roce-sim RNR retry not exceeded",
-      "the same SEND again no sooner than 10.24 ms (code 20); SUCCESS")  # fmt: skip
+@case(
+    "req.rnr.wait",
+    Q,
+    "After an RNR NAK the DUT waits at least the NAK's timer, then resends",
+    "IBTA Vol.1 §9.7.5.2.8, C9-? (RNR timer); roce-sim RNR retry not exceeded",
+    "the same SEND again no sooner than 10.24 ms (code 20); SUCCESS",
+)
 def _rnr_wait(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     ctx.post_send("SEND", mr, 8)
@@ -31,8 +35,13 @@ def _rnr_wait(ctx: Ctx) -> None:
     wc_ok(ctx)
 
 
-@case("req.rnr.order", Q, "A longer RNR timer is never waited out before a shorter one",
-      "IBTA Vol.1 §9.7.5.2.8 table 46 (timer order)", "wait(code 22) >= 20.48 ms, wait(code 14) >= 1.28 ms")  # fmt: skip
+@case(
+    "req.rnr.order",
+    Q,
+    "A longer RNR timer is never waited out before a shorter one",
+    "IBTA Vol.1 §9.7.5.2.8 table 46 (timer order)",
+    "wait(code 22) >= 20.48 ms, wait(code 14) >= 1.28 ms",
+)
 def _rnr_order(ctx: Ctx) -> None:
     qp, mr = setup(ctx, rnr_retry=7)
     ctx.post_send("SEND", mr, 8)
@@ -47,8 +56,13 @@ def _rnr_order(ctx: Ctx) -> None:
     wc_ok(ctx)
 
 
-@case("req.rnr.retry_exceeded", Q, "rnr_retry RNR NAKs are retried; one more ends in RNR_RETRY_EXC_ERR",
-      "IBTA Vol.1 §9.7.5.2.8, §11.6.2; roce-sim RNR retry exceeded", "3 transmissions (rnr_retry 2); RNR_RETRY_EXC_ERR")  # fmt: skip
+@case(
+    "req.rnr.retry_exceeded",
+    Q,
+    "rnr_retry RNR NAKs are retried; one more ends in RNR_RETRY_EXC_ERR",
+    "IBTA Vol.1 §9.7.5.2.8, §11.6.2; roce-sim RNR retry exceeded",
+    "3 transmissions (rnr_retry 2); RNR_RETRY_EXC_ERR",
+)
 def _rnr_exceeded(ctx: Ctx) -> None:
     qp, mr = setup(ctx, rnr_retry=2)
     ctx.post_send("SEND", mr, 8)
@@ -59,8 +73,13 @@ def _rnr_exceeded(ctx: Ctx) -> None:
     check(ctx.state() == "ERR", "QP not in ERR")
 
 
-@case("req.rnr.infinite", Q, "rnr_retry 7 never runs out: 10 RNR NAKs, then an ACK, succeed",
-      "IBTA Vol.1 §9.7.5.2.8 (7 = infinite)", "SUCCESS after 10 RNR NAKs")  # fmt: skip
+@case(
+    "req.rnr.infinite",
+    Q,
+    "rnr_retry 7 never runs out: 10 RNR NAKs, then an ACK, succeed",
+    "IBTA Vol.1 §9.7.5.2.8 (7 = infinite)",
+    "SUCCESS after 10 RNR NAKs",
+)
 def _rnr_infinite(ctx: Ctx) -> None:
     qp, mr = setup(ctx, rnr_retry=7)
     ctx.post_send("SEND", mr, 8)
@@ -92,20 +111,35 @@ def _implied(ctx: Ctx, opname: str, op: int) -> None:
     check([w["wr_id"] for w in wcs] == [1, 2], f"completions {wcs}")
 
 
-@case("req.implied_nak.read", Q, "An ACK past an outstanding READ makes the DUT resend the READ",
-      "IBTA Vol.1 §9.7.5.1.4 (implied NAK), C9-? ; roce-sim implied NAK", "READ_REQUEST sent again; both complete")  # fmt: skip
+@case(
+    "req.implied_nak.read",
+    Q,
+    "An ACK past an outstanding READ makes the DUT resend the READ",
+    "IBTA Vol.1 §9.7.5.1.4 (implied NAK), C9-? ; roce-sim implied NAK",
+    "READ_REQUEST sent again; both complete",
+)
 def _implied_read(ctx: Ctx) -> None:
     _implied(ctx, "RDMA_READ", F.READ_REQUEST)
 
 
-@case("req.implied_nak.atomic", Q, "An ACK past an outstanding atomic makes the DUT resend the atomic",
-      "IBTA Vol.1 §9.7.5.1.4 (implied NAK)", "FETCH_ADD sent again; both complete")  # fmt: skip
+@case(
+    "req.implied_nak.atomic",
+    Q,
+    "An ACK past an outstanding atomic makes the DUT resend the atomic",
+    "IBTA Vol.1 §9.7.5.1.4 (implied NAK)",
+    "FETCH_ADD sent again; both complete",
+)
 def _implied_atomic(ctx: Ctx) -> None:
     _implied(ctx, "ATOMIC_FETCH_AND_ADD", F.FETCH_ADD)
 
 
-@case("req.ack.ghost", Q, "An ACK for a PSN never sent is ignored",
-      "IBTA Vol.1 §9.7.5.1.3 (ghost ACK: invalid PSN); roce-sim ghost ACK", "no completion until the real ACK")  # fmt: skip
+@case(
+    "req.ack.ghost",
+    Q,
+    "An ACK for a PSN never sent is ignored",
+    "IBTA Vol.1 §9.7.5.1.3 (ghost ACK: invalid PSN); roce-sim ghost ACK",
+    "no completion until the real ACK",
+)
 def _ghost(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     ctx.post_send("SEND", mr, 8)
@@ -116,8 +150,13 @@ def _ghost(ctx: Ctx) -> None:
     wc_ok(ctx)
 
 
-@case("req.ack.duplicate", Q, "A duplicate ACK of an already completed PSN changes nothing",
-      "IBTA Vol.1 §9.7.5.1.3 (duplicate ACK)", "one completion per WR; the next SEND is unaffected")  # fmt: skip
+@case(
+    "req.ack.duplicate",
+    Q,
+    "A duplicate ACK of an already completed PSN changes nothing",
+    "IBTA Vol.1 §9.7.5.1.3 (duplicate ACK)",
+    "one completion per WR; the next SEND is unaffected",
+)
 def _dup_ack(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     ctx.post_send("SEND", mr, 8, wr_id=1)
@@ -132,9 +171,13 @@ def _dup_ack(ctx: Ctx) -> None:
     wc_ok(ctx)
 
 
-@case("req.resp.unexpected_read", Q, "A READ response to a SEND is a bad response",
-      "IBTA Vol.1 §9.7.5.1.5 (unexpected response opcode); rxe check_ack(); roce-sim bad response",
-      "BAD_RESP_ERR; QP in ERR")  # fmt: skip
+@case(
+    "req.resp.unexpected_read",
+    Q,
+    "A READ response to a SEND is a bad response",
+    "IBTA Vol.1 §9.7.5.1.5 (unexpected response opcode); rxe check_ack(); roce-sim bad response",
+    "BAD_RESP_ERR; QP in ERR",
+)
 def _bad_resp(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     ctx.post_send("SEND", mr, 8)
@@ -144,9 +187,13 @@ def _bad_resp(ctx: Ctx) -> None:
     check(ctx.state() == "ERR", "QP not in ERR")
 
 
-@case("req.resp.missing_last", Q, "READ responses without their LAST: the DUT re-requests the rest, then completes",
-      "IBTA Vol.1 §9.9.3.1.3 (READ retry from the first missing PSN); roce-sim missing LAST",
-      "READ_REQUEST again at PSN n+2 for the last 88 bytes; SUCCESS")  # fmt: skip
+@case(
+    "req.resp.missing_last",
+    Q,
+    "READ responses without their LAST: the DUT re-requests the rest, then completes",
+    "IBTA Vol.1 §9.9.3.1.3 (READ retry from the first missing PSN); roce-sim missing LAST",
+    "READ_REQUEST again at PSN n+2 for the last 88 bytes; SUCCESS",
+)
 def _missing_last(ctx: Ctx) -> None:
     qp, mr = setup(ctx, mtu=256, timeout=12)
     ctx.post_send("RDMA_READ", mr, 600, remote_addr=0x5000, rkey=3)
@@ -167,8 +214,13 @@ def _missing_last(ctx: Ctx) -> None:
     check(ctx.read_mem(mr, 0, 600) == data, "the read data differs")
 
 
-@case("req.resp.gap_exceeded", Q, "READ responses that keep skipping a PSN exhaust retry_cnt",
-      "IBTA Vol.1 §9.9.3.1.2; roce-sim PSN gap retry limit exceeded", "RETRY_EXC_ERR")  # fmt: skip
+@case(
+    "req.resp.gap_exceeded",
+    Q,
+    "READ responses that keep skipping a PSN exhaust retry_cnt",
+    "IBTA Vol.1 §9.9.3.1.2; roce-sim PSN gap retry limit exceeded",
+    "RETRY_EXC_ERR",
+)
 def _gap_exceeded(ctx: Ctx) -> None:
     qp, mr = setup(ctx, mtu=256, timeout=12, retry_cnt=1)
     ctx.post_send("RDMA_READ", mr, 600, remote_addr=0x5000, rkey=3)
@@ -187,31 +239,53 @@ def _fatal(ctx: Ctx, code: int, status: str) -> None:
     ctx.expect_request(F.WRITE_ONLY, qp.sq_psn)
     ctx.ack(qp.sq_psn, 0, F.NAK_KIND, code)
     wcs = ctx.wait_wc("send", 2)
-    check(wcs[0]["status"] == status and wcs[0]["wr_id"] == 1, f"first completion {wcs[0]}, expected {status}")
+    check(
+        wcs[0]["status"] == status and wcs[0]["wr_id"] == 1, f"first completion {wcs[0]}, expected {status}"
+    )
     check(wcs[1]["status"] == "WR_FLUSH_ERR", f"second completion {wcs[1]}, expected WR_FLUSH_ERR")
     check(ctx.state() == "ERR", "QP not in ERR")
 
 
-@case("req.nak.remote_access", Q, "A remote access error NAK fails the WR, the QP goes to ERR, the rest is flushed",
-      "IBTA Vol.1 §9.7.5.2.4, §10.3.1, §11.6.2; roce-sim rkey violation", "REM_ACCESS_ERR, WR_FLUSH_ERR; ERR")  # fmt: skip
+@case(
+    "req.nak.remote_access",
+    Q,
+    "A remote access error NAK fails the WR, the QP goes to ERR, the rest is flushed",
+    "IBTA Vol.1 §9.7.5.2.4, §10.3.1, §11.6.2; roce-sim rkey violation",
+    "REM_ACCESS_ERR, WR_FLUSH_ERR; ERR",
+)
 def _nak_access(ctx: Ctx) -> None:
     _fatal(ctx, F.NAK_REMOTE_ACCESS, "REM_ACCESS_ERR")
 
 
-@case("req.nak.invalid_request", Q, "An invalid request NAK fails the WR with REM_INV_REQ_ERR",
-      "IBTA Vol.1 §9.7.5.2.2, §11.6.2", "REM_INV_REQ_ERR, WR_FLUSH_ERR; ERR")  # fmt: skip
+@case(
+    "req.nak.invalid_request",
+    Q,
+    "An invalid request NAK fails the WR with REM_INV_REQ_ERR",
+    "IBTA Vol.1 §9.7.5.2.2, §11.6.2",
+    "REM_INV_REQ_ERR, WR_FLUSH_ERR; ERR",
+)
 def _nak_inv(ctx: Ctx) -> None:
     _fatal(ctx, F.NAK_INVALID_REQ, "REM_INV_REQ_ERR")
 
 
-@case("req.nak.remote_op", Q, "A remote operational error NAK (e.g. the responder's CQ full) fails the WR",
-      "IBTA Vol.1 §9.7.5.2.5, §11.6.2; roce-sim remote op error on full CQ", "REM_OP_ERR, WR_FLUSH_ERR; ERR")  # fmt: skip
+@case(
+    "req.nak.remote_op",
+    Q,
+    "A remote operational error NAK (e.g. the responder's CQ full) fails the WR",
+    "IBTA Vol.1 §9.7.5.2.5, §11.6.2; roce-sim remote op error on full CQ",
+    "REM_OP_ERR, WR_FLUSH_ERR; ERR",
+)
 def _nak_op(ctx: Ctx) -> None:
     _fatal(ctx, F.NAK_REMOTE_OP, "REM_OP_ERR")
 
 
-@case("req.err.no_more_requests", Q, "A QP in ERR sends nothing for WRs posted later; they are flushed",
-      "IBTA Vol.1 §10.3.1 (Error state)", "no request on the wire; WR_FLUSH_ERR")  # fmt: skip
+@case(
+    "req.err.no_more_requests",
+    Q,
+    "A QP in ERR sends nothing for WRs posted later; they are flushed",
+    "IBTA Vol.1 §10.3.1 (Error state)",
+    "no request on the wire; WR_FLUSH_ERR",
+)
 def _err_quiet(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     ctx.post_send("SEND", mr, 8, wr_id=1)

@@ -2,7 +2,7 @@
 
 from . import frames as F
 from .frames import psn_add
-from .harness import Ctx, DutQp, Mr, Skip, case, check
+from .harness import Ctx, DutQp, Mr, case, check
 
 R = "requester"
 NAK_INV, NAK_ACC, NAK_SEQ = F.NAK_INVALID_REQ, F.NAK_REMOTE_ACCESS, F.NAK_PSN_SEQ
@@ -30,8 +30,13 @@ def alive(ctx: Ctx, qp: DutQp, psn: int, mr: Mr, msn: int) -> None:
 # -- successful operations (roce-sim: send, write, write-imm, read, CAS success) --
 
 
-@case("resp.send.only", R, "SEND ONLY is placed, completed and ACKed with MSN 1",
-      "IBTA Vol.1 §9.4.1, C9-148; roce-sim send", "ACK PSN n, MSN 1; RECV completion with the data")  # fmt: skip
+@case(
+    "resp.send.only",
+    R,
+    "SEND ONLY is placed, completed and ACKed with MSN 1",
+    "IBTA Vol.1 §9.4.1, C9-148; roce-sim send",
+    "ACK PSN n, MSN 1; RECV completion with the data",
+)
 def _send_only(ctx: Ctx) -> None:
     qp, mr = setup(ctx, recvs=1)
     data = ctx.rng.randbytes(100)
@@ -42,8 +47,13 @@ def _send_only(ctx: Ctx) -> None:
     check(ctx.read_mem(mr, 0, 100) == data, "the received data differs")
 
 
-@case("resp.send.multi", R, "SEND FIRST/MIDDLE/LAST at MTU 256 is one message",
-      "IBTA Vol.1 §9.4.1, C9-92..C9-94", "one ACK of the LAST with MSN 1; byte_len 600")  # fmt: skip
+@case(
+    "resp.send.multi",
+    R,
+    "SEND FIRST/MIDDLE/LAST at MTU 256 is one message",
+    "IBTA Vol.1 §9.4.1, C9-92..C9-94",
+    "one ACK of the LAST with MSN 1; byte_len 600",
+)
 def _send_multi(ctx: Ctx) -> None:
     qp, mr = setup(ctx, mtu=256, recvs=1)
     data = ctx.rng.randbytes(600)
@@ -57,8 +67,13 @@ def _send_multi(ctx: Ctx) -> None:
     check(ctx.read_mem(mr, 0, 600) == data, "the received data differs")
 
 
-@case("resp.send.imm", R, "SEND ONLY with immediate delivers the ImmDt in the completion",
-      "IBTA Vol.1 §9.4.1, §9.3 ImmDt", "ACK; RECV completion carrying the immediate")  # fmt: skip
+@case(
+    "resp.send.imm",
+    R,
+    "SEND ONLY with immediate delivers the ImmDt in the completion",
+    "IBTA Vol.1 §9.4.1, §9.3 ImmDt",
+    "ACK; RECV completion carrying the immediate",
+)
 def _send_imm(ctx: Ctx) -> None:
     qp, _ = setup(ctx, recvs=1)
     imm = ctx.rng.getrandbits(32)
@@ -68,8 +83,13 @@ def _send_imm(ctx: Ctx) -> None:
     check(wc["imm"] == imm, f"immediate {wc['imm']} != {imm}")
 
 
-@case("resp.write.only", R, "RDMA WRITE ONLY lands at the RETH address and is ACKed",
-      "IBTA Vol.1 §9.4.2; roce-sim write", "ACK MSN 1; memory holds the data")  # fmt: skip
+@case(
+    "resp.write.only",
+    R,
+    "RDMA WRITE ONLY lands at the RETH address and is ACKed",
+    "IBTA Vol.1 §9.4.2; roce-sim write",
+    "ACK MSN 1; memory holds the data",
+)
 def _write_only(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     data = ctx.rng.randbytes(200)
@@ -78,8 +98,13 @@ def _write_only(ctx: Ctx) -> None:
     check(ctx.read_mem(mr, 64, 200) == data, "the written data differs")
 
 
-@case("resp.write.multi", R, "RDMA WRITE FIRST/MIDDLE/LAST at MTU 256 lands contiguously",
-      "IBTA Vol.1 §9.4.2, C9-92..C9-94", "ACK of the LAST, MSN 1; memory holds the data")  # fmt: skip
+@case(
+    "resp.write.multi",
+    R,
+    "RDMA WRITE FIRST/MIDDLE/LAST at MTU 256 lands contiguously",
+    "IBTA Vol.1 §9.4.2, C9-92..C9-94",
+    "ACK of the LAST, MSN 1; memory holds the data",
+)
 def _write_multi(ctx: Ctx) -> None:
     qp, mr = setup(ctx, mtu=256)
     data = ctx.rng.randbytes(700)
@@ -91,19 +116,31 @@ def _write_multi(ctx: Ctx) -> None:
     check(ctx.read_mem(mr, 0, 700) == data, "the written data differs")
 
 
-@case("resp.write.imm", R, "RDMA WRITE with immediate consumes a receive and reports the ImmDt",
-      "IBTA Vol.1 §9.4.2; roce-sim write-imm", "ACK; RECV_RDMA_WITH_IMM completion with the immediate")  # fmt: skip
+@case(
+    "resp.write.imm",
+    R,
+    "RDMA WRITE with immediate consumes a receive and reports the ImmDt",
+    "IBTA Vol.1 §9.4.2; roce-sim write-imm",
+    "ACK; RECV_RDMA_WITH_IMM completion with the immediate",
+)
 def _write_imm(ctx: Ctx) -> None:
     qp, mr = setup(ctx, recvs=1)
     imm = ctx.rng.getrandbits(32)
-    ctx.send(F.WRITE_ONLY_IMM, qp.rq_psn, ackreq=True, reth=(mr.addr, mr.rkey, 16), imm=imm, payload=b"i" * 16)
+    ctx.send(
+        F.WRITE_ONLY_IMM, qp.rq_psn, ackreq=True, reth=(mr.addr, mr.rkey, 16), imm=imm, payload=b"i" * 16
+    )
     ctx.expect_ack(qp.rq_psn, 1)
     wc = ctx.wait_wc("recv")[0]
     check(wc["opcode"] == "RECV_RDMA_WITH_IMM" and wc["imm"] == imm, f"receive completion {wc}")
 
 
-@case("resp.read.only", R, "RDMA READ of less than an MTU is answered with READ RESPONSE ONLY",
-      "IBTA Vol.1 §9.4.3, §9.7.5.1.2; roce-sim read", "READ_RESP_ONLY at the request PSN with AETH MSN 1")  # fmt: skip
+@case(
+    "resp.read.only",
+    R,
+    "RDMA READ of less than an MTU is answered with READ RESPONSE ONLY",
+    "IBTA Vol.1 §9.4.3, §9.7.5.1.2; roce-sim read",
+    "READ_RESP_ONLY at the request PSN with AETH MSN 1",
+)
 def _read_only(ctx: Ctx) -> None:
     data = ctx.rng.randbytes(300)
     qp, mr = setup(ctx)
@@ -115,8 +152,13 @@ def _read_only(ctx: Ctx) -> None:
     check(rx.payload == data, "the read data differs")
 
 
-@case("resp.read.multi", R, "A 3-packet READ: FIRST and LAST carry an AETH, MIDDLE none, PSNs consecutive",
-      "IBTA Vol.1 §9.4.3, §9.2 table 35", "READ_RESP FIRST/MIDDLE/LAST at n, n+1, n+2; data in order")  # fmt: skip
+@case(
+    "resp.read.multi",
+    R,
+    "A 3-packet READ: FIRST and LAST carry an AETH, MIDDLE none, PSNs consecutive",
+    "IBTA Vol.1 §9.4.3, §9.2 table 35",
+    "READ_RESP FIRST/MIDDLE/LAST at n, n+1, n+2; data in order",
+)
 def _read_multi(ctx: Ctx) -> None:
     data = ctx.rng.randbytes(600)
     qp, mr = setup(ctx, mtu=256)
@@ -142,29 +184,49 @@ def _atomic(ctx: Ctx, op: int, init: int, swap: int, cmp: int, want_mem: int) ->
     check(u64(ctx.read_mem(mr, 8, 8)) == want_mem, "the target after the atomic is wrong")
 
 
-@case("resp.atomic.cas", R, "COMPARE & SWAP that matches swaps and returns the original",
-      "IBTA Vol.1 §9.4.5; roce-sim CAS success", "ATOMIC_ACK with the original value; memory swapped")  # fmt: skip
+@case(
+    "resp.atomic.cas",
+    R,
+    "COMPARE & SWAP that matches swaps and returns the original",
+    "IBTA Vol.1 §9.4.5; roce-sim CAS success",
+    "ATOMIC_ACK with the original value; memory swapped",
+)
 def _cas(ctx: Ctx) -> None:
     v = ctx.rng.getrandbits(64)
     _atomic(ctx, F.COMPARE_SWAP, v, 0x1122334455667788, v, 0x1122334455667788)
 
 
-@case("resp.atomic.cas_miss", R, "COMPARE & SWAP that does not match leaves memory alone",
-      "IBTA Vol.1 §9.4.5", "ATOMIC_ACK with the original value; memory unchanged")  # fmt: skip
+@case(
+    "resp.atomic.cas_miss",
+    R,
+    "COMPARE & SWAP that does not match leaves memory alone",
+    "IBTA Vol.1 §9.4.5",
+    "ATOMIC_ACK with the original value; memory unchanged",
+)
 def _cas_miss(ctx: Ctx) -> None:
     v = ctx.rng.getrandbits(63)
     _atomic(ctx, F.COMPARE_SWAP, v, 5, v + 1, v)
 
 
-@case("resp.atomic.fadd", R, "FETCH & ADD adds modulo 2^64 and returns the original",
-      "IBTA Vol.1 §9.4.5", "ATOMIC_ACK with the original value; memory = original + add")  # fmt: skip
+@case(
+    "resp.atomic.fadd",
+    R,
+    "FETCH & ADD adds modulo 2^64 and returns the original",
+    "IBTA Vol.1 §9.4.5",
+    "ATOMIC_ACK with the original value; memory = original + add",
+)
 def _fadd(ctx: Ctx) -> None:
     v = (1 << 64) - 3
     _atomic(ctx, F.FETCH_ADD, v, 10, 0, 7)
 
 
-@case("resp.msn.progress", R, "MSN counts completed messages: three SENDs give MSN 1, 2, 3",
-      "IBTA Vol.1 §9.7.5.1.1, C9-148", "ACKs with MSN 1, 2, 3")  # fmt: skip
+@case(
+    "resp.msn.progress",
+    R,
+    "MSN counts completed messages: three SENDs give MSN 1, 2, 3",
+    "IBTA Vol.1 §9.7.5.1.1, C9-148",
+    "ACKs with MSN 1, 2, 3",
+)
 def _msn(ctx: Ctx) -> None:
     qp, _ = setup(ctx, recvs=3)
     for i in range(3):
@@ -172,12 +234,19 @@ def _msn(ctx: Ctx) -> None:
         ctx.expect_ack(psn_add(qp.rq_psn, i), i + 1)
 
 
-@case("resp.ack.coalesce", R, "Requests without AckReq may be acknowledged by one later ACK",
-      "IBTA Vol.1 §9.7.5.1.1 (coalesced ACKs)", "the last ACK covers the 4th PSN with MSN 4; none beyond it")  # fmt: skip
+@case(
+    "resp.ack.coalesce",
+    R,
+    "Requests without AckReq may be acknowledged by one later ACK",
+    "IBTA Vol.1 §9.7.5.1.1 (coalesced ACKs)",
+    "the last ACK covers the 4th PSN with MSN 4; none beyond it",
+)
 def _coalesce(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     for i in range(4):
-        ctx.send(F.WRITE_ONLY, psn_add(qp.rq_psn, i), ackreq=i == 3, reth=(mr.addr, mr.rkey, 8), payload=b"c" * 8)
+        ctx.send(
+            F.WRITE_ONLY, psn_add(qp.rq_psn, i), ackreq=i == 3, reth=(mr.addr, mr.rkey, 8), payload=b"c" * 8
+        )
     last = psn_add(qp.rq_psn, 3)
     while True:
         rx = ctx.expect("an ACK")
@@ -191,8 +260,13 @@ def _coalesce(ctx: Ctx) -> None:
 # -- PSN sequence errors and duplicates (IBTA §9.7.5.2.1, §9.9.2.1) --
 
 
-@case("resp.psn.gap_nak", R, "A request past the expected PSN is NAKed with the expected PSN",
-      "IBTA Vol.1 §9.7.5.2.1, C9-110", "NAK PSN sequence error (0x60) at the expected PSN")  # fmt: skip
+@case(
+    "resp.psn.gap_nak",
+    R,
+    "A request past the expected PSN is NAKed with the expected PSN",
+    "IBTA Vol.1 §9.7.5.2.1, C9-110",
+    "NAK PSN sequence error (0x60) at the expected PSN",
+)
 def _gap_nak(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     ctx.send(F.WRITE_ONLY, psn_add(qp.rq_psn, 2), ackreq=True, reth=(mr.addr, mr.rkey, 4), payload=b"gap!")
@@ -200,18 +274,30 @@ def _gap_nak(ctx: Ctx) -> None:
     check(rx.syndrome == 0x60, f"syndrome {rx.syndrome:#x}, expected 0x60")
 
 
-@case("resp.psn.gap_once", R, "One NAK per gap: later out-of-sequence requests are dropped silently",
-      "IBTA Vol.1 §9.7.5.2.1 (class B: one NAK, then silence); rxe check_psn()", "one NAK, then nothing")  # fmt: skip
+@case(
+    "resp.psn.gap_once",
+    R,
+    "One NAK per gap: later out-of-sequence requests are dropped silently",
+    "IBTA Vol.1 §9.7.5.2.1 (class B: one NAK, then silence); rxe check_psn()",
+    "one NAK, then nothing",
+)
 def _gap_once(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     for i in (2, 3, 4):
-        ctx.send(F.WRITE_ONLY, psn_add(qp.rq_psn, i), ackreq=True, reth=(mr.addr, mr.rkey, 4), payload=b"gap!")
+        ctx.send(
+            F.WRITE_ONLY, psn_add(qp.rq_psn, i), ackreq=True, reth=(mr.addr, mr.rkey, 4), payload=b"gap!"
+        )
     ctx.expect_nak(NAK_SEQ, qp.rq_psn)
     ctx.silence()
 
 
-@case("resp.psn.gap_recover", R, "After the expected PSN arrives, a new gap is NAKed again",
-      "IBTA Vol.1 §9.7.5.2.1, C9-110", "ACK of the retried PSN, then a second NAK for the second gap")  # fmt: skip
+@case(
+    "resp.psn.gap_recover",
+    R,
+    "After the expected PSN arrives, a new gap is NAKed again",
+    "IBTA Vol.1 §9.7.5.2.1, C9-110",
+    "ACK of the retried PSN, then a second NAK for the second gap",
+)
 def _gap_recover(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     p = qp.rq_psn
@@ -223,8 +309,13 @@ def _gap_recover(ctx: Ctx) -> None:
     ctx.expect_nak(NAK_SEQ, psn_add(p, 1))
 
 
-@case("resp.dup.send", R, "A duplicate SEND is acknowledged again and not delivered twice",
-      "IBTA Vol.1 §9.9.2.1, C9-105", "ACK again (MSN 1); one receive completion only")  # fmt: skip
+@case(
+    "resp.dup.send",
+    R,
+    "A duplicate SEND is acknowledged again and not delivered twice",
+    "IBTA Vol.1 §9.9.2.1, C9-105",
+    "ACK again (MSN 1); one receive completion only",
+)
 def _dup_send(ctx: Ctx) -> None:
     qp, _ = setup(ctx, recvs=2)
     ctx.send(F.SEND_ONLY, qp.rq_psn, ackreq=True, payload=b"once")
@@ -235,8 +326,13 @@ def _dup_send(ctx: Ctx) -> None:
     ctx.no_wc("recv")
 
 
-@case("resp.dup.write", R, "A duplicate WRITE is acknowledged again without re-executing",
-      "IBTA Vol.1 §9.9.2.1, C9-105", "ACK again with the same MSN")  # fmt: skip
+@case(
+    "resp.dup.write",
+    R,
+    "A duplicate WRITE is acknowledged again without re-executing",
+    "IBTA Vol.1 §9.9.2.1, C9-105",
+    "ACK again with the same MSN",
+)
 def _dup_write(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     for _ in range(2):
@@ -244,8 +340,13 @@ def _dup_write(ctx: Ctx) -> None:
         ctx.expect_ack(qp.rq_psn, 1)
 
 
-@case("resp.dup.read", R, "A duplicate READ is answered again from the current memory",
-      "IBTA Vol.1 §9.9.2.1.2, C9-107", "READ_RESP_ONLY again at the duplicate's PSN")  # fmt: skip
+@case(
+    "resp.dup.read",
+    R,
+    "A duplicate READ is answered again from the current memory",
+    "IBTA Vol.1 §9.9.2.1.2, C9-107",
+    "READ_RESP_ONLY again at the duplicate's PSN",
+)
 def _dup_read(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     ctx.write_mem(mr, 0, b"A" * 64)
@@ -271,21 +372,35 @@ def _dup_atomic(ctx: Ctx, op: int, swap: int, cmp: int) -> None:
     check(mem == want, f"target {mem} after the duplicate, expected {want}: executed twice")
 
 
-@case("resp.dup.fadd", R, "A duplicate FETCH & ADD is answered from the cache, not executed again",
-      "IBTA Vol.1 §9.9.2.1.3, C9-108; rxe duplicate_request()", "same original value; added once")  # fmt: skip
+@case(
+    "resp.dup.fadd",
+    R,
+    "A duplicate FETCH & ADD is answered from the cache, not executed again",
+    "IBTA Vol.1 §9.9.2.1.3, C9-108; rxe duplicate_request()",
+    "same original value; added once",
+)
 def _dup_fadd(ctx: Ctx) -> None:
     _dup_atomic(ctx, F.FETCH_ADD, 5, 0)
 
 
-@case("resp.dup.cas", R, "A duplicate COMPARE & SWAP is answered from the cache, not executed again",
-      "IBTA Vol.1 §9.9.2.1.3, C9-108", "same original value; swapped once")  # fmt: skip
+@case(
+    "resp.dup.cas",
+    R,
+    "A duplicate COMPARE & SWAP is answered from the cache, not executed again",
+    "IBTA Vol.1 §9.9.2.1.3, C9-108",
+    "same original value; swapped once",
+)
 def _dup_cas(ctx: Ctx) -> None:
     _dup_atomic(ctx, F.COMPARE_SWAP, 100 + 1, 100)
 
 
-@case("resp.dup.read_evicted", R, "A duplicate READ whose resource was reused is dropped",
-      "rxe find_resource()/duplicate_request() (IBTA §9.9.2.1.2 leaves it to the responder)",
-      "no response to the old READ; the QP keeps working")  # fmt: skip
+@case(
+    "resp.dup.read_evicted",
+    R,
+    "A duplicate READ whose resource was reused is dropped",
+    "rxe find_resource()/duplicate_request() (IBTA §9.9.2.1.2 leaves it to the responder)",
+    "no response to the old READ; the QP keeps working",
+)
 def _dup_evicted(ctx: Ctx) -> None:
     qp, mr = setup(ctx, max_dest_rd_atomic=1)
     p = qp.rq_psn

@@ -120,7 +120,9 @@ def build(
     if ieth is not None:
         stack = stack / IETH(rkey=ieth)
     stack = stack / Raw(payload + b"\0" * pad)
-    pkt = IP(src=flow.src, dst=flow.dst, id=ip_id, flags="DF") / UDP(sport=flow.sport, dport=flow.dport) / stack
+    pkt = (
+        IP(src=flow.src, dst=flow.dst, id=ip_id, flags="DF") / UDP(sport=flow.sport, dport=flow.dport) / stack
+    )
     body = bytes(pkt[UDP].payload)
     if corrupt_icrc:
         body = body[:-4] + bytes(b ^ 0xFF for b in body[-4:])
@@ -202,7 +204,7 @@ class Rx:
         return (
             self.opcode == ACKNOWLEDGE
             and self.ack_kind == NAK_KIND
-            and (code is None or self.syndrome is not None and self.syndrome & 0x1F == code)
+            and (code is None or (self.syndrome is not None and self.syndrome & 0x1F == code))
         )
 
     def is_rnr(self) -> bool:
@@ -228,13 +230,18 @@ def dissect(src: str, sport: int, dst: str, dport: int, body: bytes, ip_header: 
         df = bool(ip_header[6] & 0x40)
         ok = _icrc_for(src, dst, sport, dport, body, ip_id, df) == body[-4:]
         method = "ip-header"
+        if not ok:  # say which ID the sender computed its ICRC for, if any
+            meant = solve_ip_id(src, dst, sport, dport, body, df)
+            method += f": the IP ID was {ip_id:#06x}, the ICRC covers " + (
+                f"ID {meant:#06x}" if meant is not None else "no ID"
+            )
     else:
         df = True
         solved = solve_ip_id(src, dst, sport, dport, body, df)
         if solved is None:
             solved = solve_ip_id(src, dst, sport, dport, body, False)
         ok = solved is not None
-        ip_id = solved
+        ip_id = -1 if solved is None else solved
         method = "solved-id"
     bth = BTH(body)
     op = int(bth.opcode)

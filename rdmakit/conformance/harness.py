@@ -29,7 +29,7 @@ class CaseFail(Exception):
     """The DUT did not behave as the case expects (the message says how)."""
 
 
-class Skip(Exception):  # noqa: N818 (a result, not an error)
+class Skip(Exception):
     """The case does not apply to this DUT (the message says why)."""
 
 
@@ -150,7 +150,9 @@ class Ctx:
         n = mr.length - offset if length is None else length
         self.t.call("post_recv", qpn=self.qp.qpn, wr_id=wr_id, sge=[[mr.id, offset, n]])
 
-    def post_send(self, opcode: str, mr: Mr | None = None, length: int = 0, wr_id: int = 1, **kw: Any) -> None:
+    def post_send(
+        self, opcode: str, mr: Mr | None = None, length: int = 0, wr_id: int = 1, **kw: Any
+    ) -> None:
         assert self.qp is not None
         sge = [[mr.id, 0, length]] if mr is not None and length else []
         self.t.call("post_send", qpn=self.qp.qpn, wr_id=wr_id, opcode=opcode, sge=sge, **kw)
@@ -250,7 +252,12 @@ class Ctx:
         return rx
 
     def expect_nak(self, code: int, psn: int) -> F.Rx:
-        names = {0: "PSN sequence error", 1: "invalid request", 2: "remote access error", 3: "remote op error"}
+        names = {
+            0: "PSN sequence error",
+            1: "invalid request",
+            2: "remote access error",
+            3: "remote op error",
+        }
         want = f"NAK {names.get(code, code)} at PSN {psn:#x}"
         rx = self.expect(want)
         check(rx.is_nak(code) and rx.psn == psn, f"expected {want}, got {rx.describe()}")

@@ -29,10 +29,16 @@ def to_json(results: list[Result], meta: dict[str, Any]) -> dict[str, Any]:
         **meta,
         "summary": dict(Counter(r.status for r in results)),
         "results": [
-            {**case_json(r.case), "result": r.status, "detail": r.detail, "seconds": round(r.seconds, 3),
-             "icrc_check": r.icrc, "log": r.log if r.status == FAIL else []}
+            {
+                **case_json(r.case),
+                "result": r.status,
+                "detail": r.detail,
+                "seconds": round(r.seconds, 3),
+                "icrc_check": r.icrc,
+                "log": r.log if r.status == FAIL else [],
+            }
             for r in results
-        ],  # fmt: skip
+        ],
     }
 
 
@@ -52,7 +58,8 @@ def to_junit(results: list[Result], name: str = "rdmakit-conformance") -> bytes:
         elif r.status in (SKIPPED, DEVIATION):
             ET.SubElement(tc, "skipped", message=f"{r.status}: {r.detail}"[:500])
         ET.SubElement(tc, "system-out").text = f"follows: {r.case.follows}\nexpect: {r.case.expect}"
-    return ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n"
+    xml: bytes = ET.tostring(suite, encoding="utf-8", xml_declaration=True)
+    return xml + b"\n"
 
 
 def dumps(doc: object) -> str:

@@ -6,17 +6,18 @@ Each case draws its PSNs, QPN and payloads from a random source seeded with
 ``--seed`` and the case id: a new seed changes the numbers, never the result.
 """
 
+import contextlib
 import fnmatch
 import json
 import os
 import random
 import secrets
+import stat
 import subprocess
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rdmakit.transport.comm import connect, parse_service
@@ -54,19 +55,32 @@ def select(cases: list[Case], patterns: list[str]) -> list[Case]:
 
 
 def load_deviations(path: str | None) -> dict[str, dict[str, str]]:
-    """case id -> {reason, source}, from a JSON file ``{"dut": ..., "deviations": [{case, reason, source}]}``."""
+    """case id -> {reason, source}, from ``{"dut": ..., "deviations": [{case, reason, source}]}``."""
     if path is None:
         return {}
-    data = Path(path).read_bytes()[: MAX_DEVIATIONS_FILE + 1]
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        data = f.read(MAX_DEVIATIONS_FILE + 1)
     if len(data) > MAX_DEVIATIONS_FILE:
         raise ValueError(f"{path}: larger than {MAX_DEVIATIONS_FILE} bytes")
-    doc = json.loads(data)
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{path}: not JSON ({type(e).__name__})") from None
+    entries = doc.get("deviations") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f'{path}: expected {{"dut": ..., "deviations": [...]}}')
     out = {}
-    for d in doc.get("deviations", []):
-        if not all(isinstance(d.get(k), str) and d[k] for k in ("case", "reason", "source")):
+    for d in entries:
+        if not (isinstance(d, dict) and all(isinstance(d.get(k), str) and d[k] for k in _DEVIATION_KEYS)):
             raise ValueError(f"{path}: every deviation needs a case, a reason and a public source")
-        out[d["case"]] = {"reason": d["reason"], "source": d["source"]}
+        out[d["case"]] = {"reason": d["reason"][:500], "source": d["source"][:500]}
     return out
+
+
+_DEVIATION_KEYS = ("case", "reason", "source")
 
 
 def run_cases(
@@ -125,14 +139,10 @@ def _loopback_pair() -> tuple[str, str]:
 class SelfTarget:
     """``rdmakit conformance-target`` on a soft device at a 127.x address, in a child process."""
 
-    def __init__(self, mutation: str | None = None) -> None:
+    def __init__(self) -> None:
         self.tester_ip, self.dut_ip = _loopback_pair()
         secret = secrets.token_bytes(32)
         env = dict(os.environ, RDMAKIT_COMCH_SECRET=secret.hex())
-        if mutation is None:
-            env.pop("RDMAKIT_CONFORMANCE_MUTATION", None)
-        else:
-            env["RDMAKIT_CONFORMANCE_MUTATION"] = mutation
         cmd = [sys.executable, "-m", "rdmakit", "conformance-target", "-d", f"soft-udp:{self.dut_ip}",
                "--listen", "tcp:127.0.0.1:0", "--once"]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
@@ -147,10 +157,8 @@ class SelfTarget:
         self.client = TargetClient(sock)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(ControlError, TargetError, OSError):
             self.client.call("bye", timeout=5)
-        except (ControlError, TargetError, OSError):
-            pass
         self.client.close()
         try:
             self.proc.wait(10)

@@ -13,7 +13,6 @@ each integer's range, the number of QPs and memory regions and their sizes,
 the bytes read or written per request. One tester at a time.
 """
 
-import os
 import select
 import time
 from collections.abc import Callable
@@ -140,7 +139,10 @@ class SoftTarget:
     def create_qp(self, msg: dict[str, Any]) -> dict[str, Any]:
         if len(self.qps) >= MAX_QPS:
             raise Refused(f"at most {MAX_QPS} QPs")
-        scq, rcq = CompletionQueue(CQ_DEPTH), CompletionQueue(_int(msg, "recv_cq_depth", 1, CQ_DEPTH, CQ_DEPTH))
+        scq, rcq = (
+            CompletionQueue(CQ_DEPTH),
+            CompletionQueue(_int(msg, "recv_cq_depth", 1, CQ_DEPTH, CQ_DEPTH)),
+        )
         caps = QpCaps(max_send_wr=64, max_recv_wr=64, max_send_sge=MAX_SGES, max_recv_sge=MAX_SGES)
         qp = self.dev.create_qp(send_cq=scq, recv_cq=rcq, caps=caps)
         self.qps[qp.qpn] = _Qp(qp, scq, rcq)
@@ -348,10 +350,3 @@ def open_soft_device(spec: str) -> SoftDevice:
     """``soft-udp:IP`` or ``IP``: a soft RoCEv2 device on UDP 4791 at that address."""
     ip = spec.removeprefix("soft-udp:")
     return SoftDevice(ip)
-
-
-MUTATION_ENV = "RDMAKIT_CONFORMANCE_MUTATION"
-
-
-def mutation_from_env() -> str | None:
-    return os.environ.get(MUTATION_ENV) or None

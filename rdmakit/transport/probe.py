@@ -13,12 +13,22 @@ opens a raw ``IPPROTO_UDP`` socket, which gets a copy of every UDP datagram
 delivered to this host with its IP header; `recv` then returns the header of
 each datagram for the tester's address and port. Elsewhere ``ip_header`` is
 None and the tester solves for the Identification.
+
+A sender using UDP GSO (``UDP_SEGMENT``) hands loopback one super-datagram:
+the raw socket sees it whole, before the UDP layer splits it into segments
+for the UDP socket (``udp_rcv_segment()``). The link pairs each raw frame with
+the UDP socket's datagrams: a frame that is the concatenation of the next
+``k`` of them is returned as those ``k`` datagrams, segment ``i`` with the
+header the kernel gave it (``inet_gso_segment()``: Identification ``id + i``,
+its own total length). A frame that matches nothing is returned without a
+header, so the tester solves for it.
 """
 
 import select
 import socket
 import struct
 import time
+from collections import deque
 from dataclasses import dataclass
 
 __all__ = ["Datagram", "ProbeLink"]
@@ -27,6 +37,8 @@ _IP_MTU_DISCOVER = 10  # linux/in.h
 _IP_PMTUDISC_DO = 2
 _UDP = struct.Struct(">HHHH")
 _MAX_DATAGRAM = 65535
+_PAIR_WAIT = 0.5  # how long a raw frame waits for the UDP socket's copies of its segments
+_MAX_PENDING = 4096  # UDP datagrams held for pairing, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +67,8 @@ class ProbeLink:
             raise
         self.port = self._udp.getsockname()[1]
         self._raw: socket.socket | None = None
+        self._pending: deque[Datagram] = deque()  # the UDP socket's datagrams, for pairing
+        self._ready: deque[Datagram] = deque()
         if raw:
             try:
                 r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
@@ -84,19 +98,49 @@ class ProbeLink:
             return None
         return Datagram(socket.inet_ntoa(pkt[12:16]), sport, pkt[ihl + 8 : ihl + ulen], pkt[:ihl])
 
-    def _drain_udp(self) -> None:
-        while True:
+    def _read_udp(self) -> None:
+        while len(self._pending) < _MAX_PENDING:
             try:
-                self._udp.recv(_MAX_DATAGRAM)
+                data, (src, sport) = self._udp.recvfrom(_MAX_DATAGRAM)
             except BlockingIOError:
                 return
+            self._pending.append(Datagram(src, sport, data, None))
+
+    def _segments(self, whole: Datagram) -> None:
+        """Queue the UDP datagrams `whole` (a raw frame) was split into, each with its own header."""
+        assert whole.ip_header is not None
+        deadline = time.monotonic() + _PAIR_WAIT
+        while True:
+            self._read_udp()
+            size, k = 0, 0
+            for d in self._pending:
+                if size >= len(whole.payload):
+                    break
+                size, k = size + len(d.payload), k + 1
+            if size >= len(whole.payload) or time.monotonic() >= deadline:
+                break
+            select.select([self._udp], [], [], max(0.0, deadline - time.monotonic()))
+        parts = [self._pending[i] for i in range(k)]
+        if size != len(whole.payload) or b"".join(d.payload for d in parts) != whole.payload:
+            self._ready.append(Datagram(whole.src_ip, whole.sport, whole.payload, None))
+            return
+        for _ in range(k):
+            self._pending.popleft()
+        ident = int.from_bytes(whole.ip_header[4:6], "big")
+        for i, d in enumerate(parts):
+            hdr = bytearray(whole.ip_header)
+            hdr[2:4] = (len(hdr) + 8 + len(d.payload)).to_bytes(2, "big")
+            hdr[4:6] = ((ident + i) & 0xFFFF).to_bytes(2, "big")
+            self._ready.append(Datagram(whole.src_ip, whole.sport, d.payload, bytes(hdr)))
 
     def recv(self, timeout: float) -> Datagram | None:
         """The next datagram for (ip, port), or None if none came within `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while True:
+            if self._ready:
+                return self._ready.popleft()
             if self._raw is not None:
-                self._drain_udp()  # the kernel's copy; the raw one carries the header
+                self._read_udp()
                 while True:
                     try:
                         pkt = self._raw.recv(_MAX_DATAGRAM)
@@ -104,7 +148,8 @@ class ProbeLink:
                         break
                     d = self._from_raw(pkt)
                     if d is not None:
-                        return d
+                        self._segments(d)
+                        return self._ready.popleft()
                 fd = self._raw.fileno()
             else:
                 try:

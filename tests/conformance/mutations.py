@@ -1,18 +1,21 @@
 """Deliberate engine bugs, for the suite's own test: each one must make some case FAIL.
 
-The target agent applies one when ``RDMAKIT_CONFORMANCE_MUTATION`` names it
-(only the suite's mutation test sets it): a wrapper around an engine method,
-in the agent's process only. They show that the suite notices what it claims
-to check.
+Run as ``python -m tests.conformance.mutations NAME AGENT-ARGS...``: applies
+the mutation (a wrapper around one engine method, in this process only), then
+runs ``rdmakit conformance-target AGENT-ARGS``. The suite then drives that
+agent like any other, through ``--target``. They show that the suite notices
+what it claims to check.
 """
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
+from rdmakit.engine import completer as completer_mod
 from rdmakit.engine import qp as qp_mod
 from rdmakit.engine import requester as req_mod
 from rdmakit.engine import responder as resp_mod
-from rdmakit.wire import MIDDLE_OPCODES, NakCode, Opcode
+from rdmakit.wire import MIDDLE_OPCODES, Kind, NakCode, Opcode
 
 
 def _no_atomic_replay() -> None:
@@ -20,7 +23,7 @@ def _no_atomic_replay() -> None:
     orig = resp_mod.Responder._duplicate
 
     def dup(self: Any, pkt: Any, info: Any) -> None:
-        if info.kind is resp_mod.Kind.ATOMIC:
+        if info.kind is Kind.ATOMIC:
             psn = self.psn
             self.psn = pkt.psn
             self.msn = (self.msn - 1) & 0xFFFFFF
@@ -67,7 +70,7 @@ def _ignore_rnr_retry() -> None:
 
 def _no_implied_nak() -> None:
     """An ACK past an outstanding READ or atomic is ignored instead of starting a retry."""
-    orig = qp_mod.on_response
+    orig = completer_mod.on_response
 
     def on_response(qp: Any, req: Any, pkt: Any, info: Any, now: float) -> None:
         sq = req.sq
@@ -77,7 +80,7 @@ def _no_implied_nak() -> None:
                 return
         orig(qp, req, pkt, info, now)
 
-    qp_mod.on_response = on_response
+    qp_mod.on_response = on_response  # type: ignore[attr-defined]  # where QueuePair calls it
 
 
 def _accept_bad_middle() -> None:
@@ -110,3 +113,10 @@ def apply(name: str) -> None:
     if fn is None:
         raise ValueError(f"unknown mutation {name[:40]!r}; known: {', '.join(MUTATIONS)}")
     fn()
+
+
+if __name__ == "__main__":
+    apply(sys.argv[1])
+    from rdmakit.cli.main import main
+
+    sys.exit(main(["conformance-target", *sys.argv[2:]]))
