@@ -1,6 +1,7 @@
 """``rdmakit conformance``, the RoCEv2 RC conformance suite, and ``rdmakit conformance-target``, its agent."""
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import sys
@@ -100,22 +101,45 @@ def _target(args: argparse.Namespace) -> int:
     except SecretError as e:
         raise CliError(str(e)) from None
     spec = args.device
-    try:
-        ipaddress.ip_address(spec.removeprefix("soft-udp:"))
-    except ValueError:
-        raise CliError(f"{spec!r}: the target agent drives soft devices (soft-udp:IP or IP)") from None
     listener = Listener(parse_service(args.listen), max_msg_size=65536)
-    with target.open_soft_device(spec) as dev:
-        print(json.dumps({"control": str(listener.address), "device": dev.name}), flush=True)
 
-        def log(m: str) -> None:
-            print(f"conformance-target: {m}", file=sys.stderr, flush=True)
+    def log(m: str) -> None:
+        print(f"conformance-target: {m}", file=sys.stderr, flush=True)
 
-        try:
-            target.serve(target.SoftTarget(dev), listener, secret, once=args.once, log=log)
-        finally:
-            listener.close()
+    try:
+        with contextlib.ExitStack() as stack:
+            agent: target.Target
+            try:
+                ipaddress.ip_address(spec.removeprefix("soft-udp:"))
+            except ValueError:
+                agent = _verbs_target(spec, stack)
+            else:
+                agent = target.SoftTarget(stack.enter_context(target.open_soft_device(spec)))
+            name = agent.info({})["device"]
+            print(json.dumps({"control": str(listener.address), "device": name}), flush=True)
+            target.serve(agent, listener, secret, once=args.once, log=log)
+    finally:
+        listener.close()
     return 0
+
+
+def _verbs_target(spec: str, stack: contextlib.ExitStack) -> Any:
+    """The agent over the verbs device `spec` (``rxe0``, ``mlx5_0`` ...)."""
+    from rdmakit.verbs import VerbsError, pyverbs_missing
+
+    missing = pyverbs_missing()
+    if missing is not None:
+        raise CliError(
+            f"{spec[:64]!r} is not an IP address of a soft device, and verbs devices need {missing}"
+        )
+    from rdmakit.conformance.target_verbs import VerbsTarget
+    from rdmakit.verbs.device import VerbsDevice
+
+    try:
+        dev = stack.enter_context(VerbsDevice(spec))
+    except VerbsError as e:
+        raise CliError(f"{spec[:64]!r}: {e}") from None
+    return VerbsTarget(dev)
 
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -138,7 +162,12 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.set_defaults(handler=run(p, _conformance))
 
     t = sub.add_parser("conformance-target", help="the conformance suite's agent beside a device under test")
-    t.add_argument("-d", "--device", required=True, help="the device: soft-udp:IP (or IP)")
+    t.add_argument(
+        "-d",
+        "--device",
+        required=True,
+        help="the device: soft-udp:IP (or IP), or a verbs device name (rxe0, mlx5_0)",
+    )
     t.add_argument("--listen", default="tcp:127.0.0.1:0", help="control address, tcp:HOST:PORT")
     t.add_argument("--secret-file", help="the control channel secret (hex); default as the comm channel's")
     t.add_argument("--once", action="store_true", help="exit after the first tester's session")

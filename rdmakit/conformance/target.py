@@ -15,8 +15,9 @@ the bytes read or written per request. One tester at a time.
 
 import select
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rdmakit.engine import (
@@ -25,7 +26,6 @@ from rdmakit.engine import (
     Completion,
     CompletionQueue,
     EngineError,
-    MemoryRegion,
     QpCaps,
     QpState,
     QueuePair,
@@ -62,6 +62,7 @@ _MODIFY = {
     "max_rd_atomic": (0, 128),
 }  # fmt: skip
 _SEND_OPS = {op.name: op for op in WrOpcode}
+Remote = tuple[str, int] | None  # the tester's (ip, port) for a QP's address vector
 
 
 class Refused(Exception):
@@ -77,9 +78,21 @@ def _int(msg: dict[str, Any], key: str, lo: int, hi: int, default: int | None = 
 
 @dataclass(slots=True)
 class _Qp:
-    qp: QueuePair
-    send_cq: CompletionQueue
-    recv_cq: CompletionQueue
+    qp: Any  # the device's QP object
+    send: deque[Completion] = field(default_factory=deque)
+    recv: deque[Completion] = field(default_factory=deque)
+
+
+@dataclass(slots=True)
+class Region:
+    """A registered memory region as the agent sees it: keys, address and its bytes."""
+
+    addr: int
+    length: int
+    lkey: int
+    rkey: int
+    view: memoryview
+    handle: Any  # the device's registration
 
 
 def _wc(wc: Completion) -> dict[str, Any]:
@@ -89,13 +102,17 @@ def _wc(wc: Completion) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class SoftTarget:
-    """The agent's device: a ``SoftDevice`` driven through the engine's verbs-like calls."""
+class Target:
+    """The agent's requests, checked and bounded, over one device (`SoftTarget`, ``VerbsTarget``).
 
-    def __init__(self, dev: SoftDevice) -> None:
-        self.dev = dev
+    A subclass supplies the device calls (the ``_dev_*`` methods) and the pump.
+    """
+
+    kind = "?"
+
+    def __init__(self) -> None:
         self.qps: dict[int, _Qp] = {}
-        self.mrs: dict[int, MemoryRegion] = {}
+        self.mrs: dict[int, Region] = {}
         self._next_mr = 1
         self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "info": self.info, "create_qp": self.create_qp, "destroy_qp": self.destroy_qp,
@@ -114,15 +131,53 @@ class SoftTarget:
             return fn(msg)
         except Refused as e:
             return {"error": str(e)}
-        except EngineError as e:
-            return {"error": f"{e.code}: {e}"}
+        except self.device_errors as e:
+            return {"error": f"{type(e).__name__}: {e}"}
+
+    device_errors: tuple[type[Exception], ...] = (EngineError,)
+
+    # -- what a device supplies --
+    def _dev_info(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _dev_create_qp(self, caps: QpCaps) -> Any:
+        raise NotImplementedError
+
+    def _dev_destroy_qp(self, qp: Any) -> None:
+        raise NotImplementedError
+
+    def _dev_modify(self, qp: Any, state: QpState, kw: dict[str, int], remote: Remote) -> None:
+        raise NotImplementedError
+
+    def _dev_state(self, qp: Any) -> QpState:
+        raise NotImplementedError
+
+    def _dev_stats(self, qp: Any) -> dict[str, Any]:
+        return {}
+
+    def _dev_register(self, length: int, access: Access, mid: int) -> Region:
+        raise NotImplementedError
+
+    def _dev_deregister(self, region: Region) -> None:
+        raise NotImplementedError
+
+    def _dev_poll(self, q: _Qp, n: int) -> None:
+        """Move up to `n` new completions of `q` into ``q.send`` and ``q.recv``."""
+        raise NotImplementedError
+
+    def progress(self) -> None:
+        """Do the device's pending I/O and timers (a verbs device needs none)."""
+
+    def fileno(self) -> int | None:
+        return None
+
+    def wait(self) -> float:
+        """How long the agent may sleep before `progress` is due."""
+        return 0.05
 
     # -- requests --
     def info(self, msg: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "device": self.dev.name, "ip": self.dev.ip, "port": self.dev.port, "kind": "soft",
-            "mtus": [256, 512, 1024, 2048, 4096], "memory_windows": False,
-        }  # fmt: skip
+        return {"kind": self.kind, "memory_windows": False, **self._dev_info()}
 
     def _qp(self, msg: dict[str, Any]) -> _Qp:
         q = self.qps.get(_int(msg, "qpn", 0, _U24))
@@ -130,7 +185,7 @@ class SoftTarget:
             raise Refused("no such QP")
         return q
 
-    def _mr(self, msg: dict[str, Any], key: str = "mr") -> MemoryRegion:
+    def _mr(self, msg: dict[str, Any], key: str = "mr") -> Region:
         mr = self.mrs.get(_int(msg, key, 0, _U32))
         if mr is None:
             raise Refused("no such memory region")
@@ -139,18 +194,15 @@ class SoftTarget:
     def create_qp(self, msg: dict[str, Any]) -> dict[str, Any]:
         if len(self.qps) >= MAX_QPS:
             raise Refused(f"at most {MAX_QPS} QPs")
-        scq, rcq = (
-            CompletionQueue(CQ_DEPTH),
-            CompletionQueue(_int(msg, "recv_cq_depth", 1, CQ_DEPTH, CQ_DEPTH)),
-        )
+        _int(msg, "recv_cq_depth", 1, CQ_DEPTH, CQ_DEPTH)
         caps = QpCaps(max_send_wr=64, max_recv_wr=64, max_send_sge=MAX_SGES, max_recv_sge=MAX_SGES)
-        qp = self.dev.create_qp(send_cq=scq, recv_cq=rcq, caps=caps)
-        self.qps[qp.qpn] = _Qp(qp, scq, rcq)
+        qp = self._dev_create_qp(caps)
+        self.qps[qp.qpn] = _Qp(qp)
         return {"qpn": qp.qpn}
 
     def destroy_qp(self, msg: dict[str, Any]) -> dict[str, Any]:
         q = self._qp(msg)
-        self.dev.destroy_qp(q.qp)
+        self._dev_destroy_qp(q.qp)
         del self.qps[q.qp.qpn]
         return {}
 
@@ -162,34 +214,24 @@ class SoftTarget:
         attrs = msg.get("attrs", {})
         if not isinstance(attrs, dict) or len(attrs) > len(_MODIFY) + 1:
             raise Refused("attrs must be an object of QP attributes")
-        kw: dict[str, Any] = {}
+        kw: dict[str, int] = {}
+        remote: tuple[str, int] | None = None
         for name in attrs:
             if name == "remote":
                 r = attrs["remote"]
                 if not isinstance(r, dict) or not isinstance(r.get("ip"), str) or len(r["ip"]) > 64:
                     raise Refused("remote must be {ip, port}")
-                kw["remote"] = PeerAddress(r["ip"], _int(r, "port", 1, 65535))
+                remote = (r["ip"], _int(r, "port", 1, 65535))
             elif name in _MODIFY:
                 kw[name] = _int(attrs, name, *_MODIFY[name])
             else:
                 raise Refused(f"unknown QP attribute {name[:40]!r}")
-        q.qp.modify(state, **kw)
-        return {"state": q.qp.state.name}
+        self._dev_modify(q.qp, state, kw, remote)
+        return {"state": self._dev_state(q.qp).name}
 
     def query_qp(self, msg: dict[str, Any]) -> dict[str, Any]:
         q = self._qp(msg)
-        s = q.qp.stats
-        return {
-            "state": q.qp.state.name,
-            "stats": {
-                "retransmits": s.retransmits, "retries": s.retries, "timeouts": s.timeouts,
-                "implied_naks": s.implied_naks, "duplicates": s.duplicates,
-                "rnr_naks_sent": s.rnr_naks_sent, "rnr_naks_received": s.rnr_naks_received,
-                "naks_sent": dict(s.naks_sent), "naks_received": dict(s.naks_received),
-                "dropped": dict(s.dropped),
-            },
-            "device": self.dev.counters.as_dict(),
-        }  # fmt: skip
+        return {"state": self._dev_state(q.qp).name, **self._dev_stats(q.qp)}
 
     def reg_mr(self, msg: dict[str, Any]) -> dict[str, Any]:
         length = _int(msg, "length", 1, MAX_MR_BYTES)
@@ -198,17 +240,17 @@ class SoftTarget:
             raise Refused(f"at most {MAX_MRS} memory regions, {MAX_TOTAL_MR_BYTES} bytes in all")
         mid = self._next_mr
         self._next_mr += 1
-        mr = self.dev.pd.register(bytearray(length), _MR_BASE + mid * _MR_STRIDE, Access(access))
+        mr = self._dev_register(length, Access(access), mid)
         self.mrs[mid] = mr
         return {"mr": mid, "addr": mr.addr, "lkey": mr.lkey, "rkey": mr.rkey}
 
     def dereg_mr(self, msg: dict[str, Any]) -> dict[str, Any]:
         mr = self._mr(msg)
-        self.dev.pd.deregister(mr)
+        self._dev_deregister(mr)
         self.mrs = {k: v for k, v in self.mrs.items() if v is not mr}
         return {}
 
-    def _range(self, msg: dict[str, Any], length: int) -> tuple[MemoryRegion, int]:
+    def _range(self, msg: dict[str, Any], length: int) -> tuple[Region, int]:
         mr = self._mr(msg)
         off = _int(msg, "offset", 0, mr.length)
         if length > MAX_IO_BYTES or off + length > mr.length:
@@ -272,20 +314,98 @@ class SoftTarget:
     def poll(self, msg: dict[str, Any]) -> dict[str, Any]:
         q = self._qp(msg)
         n = _int(msg, "max", 1, MAX_POLL, MAX_POLL)
-        return {"send": [_wc(w) for w in q.send_cq.poll(n)], "recv": [_wc(w) for w in q.recv_cq.poll(n)]}
+        self._dev_poll(q, n)
+        send = [_wc(q.send.popleft()) for _ in range(min(n, len(q.send)))]
+        recv = [_wc(q.recv.popleft()) for _ in range(min(n, len(q.recv)))]
+        return {"send": send, "recv": recv}
 
     def cleanup(self, msg: dict[str, Any]) -> dict[str, Any]:
         for q in list(self.qps.values()):
-            self.dev.destroy_qp(q.qp)
+            self._dev_destroy_qp(q.qp)
         self.qps.clear()
         for mr in self.mrs.values():
-            self.dev.pd.deregister(mr)
+            self._dev_deregister(mr)
         self.mrs.clear()
         return {}
 
 
+class SoftTarget(Target):
+    """The agent's device: a ``SoftDevice`` driven through the engine's verbs-like calls."""
+
+    kind = "soft"
+
+    def __init__(self, dev: SoftDevice) -> None:
+        super().__init__()
+        self.dev = dev
+        self._cqs: dict[int, tuple[CompletionQueue, CompletionQueue]] = {}
+
+    def _dev_info(self) -> dict[str, Any]:
+        return {
+            "device": self.dev.name,
+            "ip": self.dev.ip,
+            "port": self.dev.port,
+            "mtus": [256, 512, 1024, 2048, 4096],
+        }
+
+    def _dev_create_qp(self, caps: QpCaps) -> QueuePair:
+        scq, rcq = CompletionQueue(CQ_DEPTH), CompletionQueue(CQ_DEPTH)
+        qp = self.dev.create_qp(send_cq=scq, recv_cq=rcq, caps=caps)
+        self._cqs[qp.qpn] = (scq, rcq)
+        return qp
+
+    def _dev_destroy_qp(self, qp: QueuePair) -> None:
+        self.dev.destroy_qp(qp)
+        self._cqs.pop(qp.qpn, None)
+
+    def _dev_modify(self, qp: QueuePair, state: QpState, kw: dict[str, int], remote: Remote) -> None:
+        extra: dict[str, Any] = dict(kw)
+        if remote is not None:
+            extra["remote"] = PeerAddress(*remote)
+        qp.modify(state, **extra)
+
+    def _dev_state(self, qp: QueuePair) -> QpState:
+        return qp.state
+
+    def _dev_stats(self, qp: QueuePair) -> dict[str, Any]:
+        s = qp.stats
+        return {
+            "stats": {
+                "retransmits": s.retransmits, "retries": s.retries, "timeouts": s.timeouts,
+                "implied_naks": s.implied_naks, "duplicates": s.duplicates,
+                "rnr_naks_sent": s.rnr_naks_sent, "rnr_naks_received": s.rnr_naks_received,
+                "naks_sent": dict(s.naks_sent), "naks_received": dict(s.naks_received),
+                "dropped": dict(s.dropped),
+            },
+            "device": self.dev.counters.as_dict(),
+        }  # fmt: skip
+
+    def _dev_register(self, length: int, access: Access, mid: int) -> Region:
+        mr = self.dev.pd.register(bytearray(length), _MR_BASE + mid * _MR_STRIDE, access)
+        return Region(mr.addr, mr.length, mr.lkey, mr.rkey, mr.view, mr)
+
+    def _dev_deregister(self, region: Region) -> None:
+        self.dev.pd.deregister(region.handle)
+
+    def _dev_poll(self, q: _Qp, n: int) -> None:
+        scq, rcq = self._cqs[q.qp.qpn]
+        q.send.extend(scq.poll(n))
+        q.recv.extend(rcq.poll(n))
+
+    def progress(self) -> None:
+        self.dev.progress(time.monotonic())
+
+    def fileno(self) -> int | None:
+        return self.dev.fileno()
+
+    def wait(self) -> float:
+        d = self.dev.next_deadline()
+        if d is None:
+            return 0.05
+        return min(max(d - time.monotonic(), 0.0), 0.05)
+
+
 def serve(
-    target: SoftTarget,
+    target: Target,
     listener: Listener,
     secret: bytes,
     *,
@@ -293,13 +413,12 @@ def serve(
     log: Callable[[str], None] | None = None,
 ) -> None:
     """Accept testers one at a time and carry out their requests; pump the device all along."""
-    dev = target.dev
     say = log or (lambda _m: None)
     while True:
         sock: MessageSocket | None = None
         while sock is None:
-            r, _, _ = select.select([listener.fileno(), dev.fileno()], [], [], _wait(dev))
-            dev.progress(time.monotonic())
+            r, _, _ = select.select(_fds(listener.fileno(), target), [], [], target.wait())
+            target.progress()
             if listener.fileno() in r:
                 sock = listener.accept(0)
         try:
@@ -320,18 +439,15 @@ def serve(
             return
 
 
-def _wait(dev: SoftDevice) -> float:
-    d = dev.next_deadline()
-    if d is None:
-        return 0.05
-    return min(max(d - time.monotonic(), 0.0), 0.05)
+def _fds(fd: int, target: Target) -> list[int]:
+    dev = target.fileno()
+    return [fd] if dev is None else [fd, dev]
 
 
-def _session(target: SoftTarget, sock: MessageSocket) -> None:
-    dev = target.dev
+def _session(target: Target, sock: MessageSocket) -> None:
     while True:
-        r, _, _ = select.select([sock.fileno(), dev.fileno()], [], [], _wait(dev))
-        dev.progress(time.monotonic())
+        r, _, _ = select.select(_fds(sock.fileno(), target), [], [], target.wait())
+        target.progress()
         if sock.fileno() not in r:
             continue
         got = sock.recv(0)
@@ -341,7 +457,7 @@ def _session(target: SoftTarget, sock: MessageSocket) -> None:
                 sock.send(control.encode({}), timeout=5)
                 return
             reply = target.handle(msg)
-            dev.progress(time.monotonic())
+            target.progress()
             sock.send(control.encode(reply), timeout=5)
             got = sock.recv(0)
 
