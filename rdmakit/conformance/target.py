@@ -446,10 +446,8 @@ def _fds(fd: int, target: Target) -> list[int]:
 
 def _session(target: Target, sock: MessageSocket) -> None:
     while True:
-        r, _, _ = select.select(_fds(sock.fileno(), target), [], [], target.wait())
-        target.progress()
-        if sock.fileno() not in r:
-            continue
+        # A request may already wait in the channel's buffer (read with the handshake's last
+        # bytes): answer what is there before sleeping on the socket.
         got = sock.recv(0)
         while got is not None:
             msg = control.decode(got[0])
@@ -460,6 +458,8 @@ def _session(target: Target, sock: MessageSocket) -> None:
             target.progress()
             sock.send(control.encode(reply), timeout=5)
             got = sock.recv(0)
+        select.select(_fds(sock.fileno(), target), [], [], target.wait())
+        target.progress()
 
 
 def open_soft_device(spec: str) -> SoftDevice:
