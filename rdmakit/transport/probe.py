@@ -1,0 +1,176 @@
+"""The conformance tester's link: hand-built RoCEv2 datagrams out, the DUT's datagrams in, with IP headers.
+
+The tester (``rdmakit.conformance``) builds every byte of its BTH .. ICRC
+itself; this module only moves them, so that all socket code stays in the
+transport layer. It sends from a UDP socket bound to the tester's address and
+port 4791, unconnected with ``IP_MTU_DISCOVER = IP_PMTUDISC_DO``: the kernel
+sets DF and an IPv4 Identification of 0 (``ip_select_ident_segs``), the
+header the tester's ICRC covers (IBTA Annex A17.3.3).
+
+The ICRC of a received IPv4 packet covers its Identification, which a UDP
+socket does not show. Where it may (root, or ``CAP_NET_RAW``) the link also
+opens a raw ``IPPROTO_UDP`` socket, which gets a copy of every UDP datagram
+delivered to this host with its IP header; `recv` then returns the header of
+each datagram for the tester's address and port. Elsewhere ``ip_header`` is
+None and the tester solves for the Identification.
+
+A sender using UDP GSO (``UDP_SEGMENT``) hands loopback one super-datagram:
+the raw socket sees it whole, before the UDP layer splits it into segments
+for the UDP socket (``udp_rcv_segment()``). The link pairs each raw frame with
+the UDP socket's datagrams: a frame that is the concatenation of the next
+``k`` of them is returned as those ``k`` datagrams, segment ``i`` with the
+header the kernel gave it (``inet_gso_segment()``: Identification ``id + i``,
+its own total length). A frame that matches nothing is returned without a
+header, so the tester solves for it.
+"""
+
+import select
+import socket
+import struct
+import time
+from collections import deque
+from dataclasses import dataclass
+
+__all__ = ["Datagram", "ProbeLink"]
+
+_IP_MTU_DISCOVER = 10  # linux/in.h
+_IP_PMTUDISC_DO = 2
+_UDP = struct.Struct(">HHHH")
+_MAX_DATAGRAM = 65535
+_PAIR_WAIT = 0.5  # how long a raw frame waits for the UDP socket's copies of its segments
+_MAX_PENDING = 4096  # UDP datagrams held for pairing, at most
+
+
+@dataclass(frozen=True, slots=True)
+class Datagram:
+    """One datagram for the tester: where it came from, its UDP payload, its IPv4 header if seen."""
+
+    src_ip: str
+    sport: int
+    payload: bytes
+    ip_header: bytes | None
+
+
+class ProbeLink:
+    """A UDP socket on (ip, port) and, when permitted and wanted, a raw socket beside it."""
+
+    def __init__(self, ip: str, port: int = 4791, *, raw: bool = True) -> None:
+        self.ip = ip
+        self.port = port
+        self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            self._udp.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DO)
+            self._udp.bind((ip, port))
+            self._udp.setblocking(False)
+        except BaseException:
+            self._udp.close()
+            raise
+        self.port = self._udp.getsockname()[1]
+        self._raw: socket.socket | None = None
+        self._pending: deque[Datagram] = deque()  # the UDP socket's datagrams, for pairing
+        self._ready: deque[Datagram] = deque()
+        if raw:
+            try:
+                r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+            except PermissionError:
+                r = None
+            if r is not None:
+                r.setblocking(False)
+                r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+                self._raw = r
+
+    @property
+    def sees_ip_headers(self) -> bool:
+        """Whether received datagrams carry their IPv4 header (a raw socket is open)."""
+        return self._raw is not None
+
+    def send(self, payload: bytes, dst: tuple[str, int]) -> None:
+        self._udp.sendto(payload, dst)
+
+    def _from_raw(self, pkt: bytes) -> Datagram | None:
+        if len(pkt) < 28 or pkt[0] >> 4 != 4:
+            return None
+        ihl = (pkt[0] & 0xF) * 4
+        if len(pkt) < ihl + 8 or socket.inet_ntoa(pkt[16:20]) != self.ip:
+            return None
+        sport, dport, ulen, _ = _UDP.unpack_from(pkt, ihl)
+        if dport != self.port or ulen < 8 or ihl + ulen > len(pkt):
+            return None
+        return Datagram(socket.inet_ntoa(pkt[12:16]), sport, pkt[ihl + 8 : ihl + ulen], pkt[:ihl])
+
+    def _read_udp(self) -> None:
+        while len(self._pending) < _MAX_PENDING:
+            try:
+                data, (src, sport) = self._udp.recvfrom(_MAX_DATAGRAM)
+            except BlockingIOError:
+                return
+            self._pending.append(Datagram(src, sport, data, None))
+
+    def _segments(self, whole: Datagram) -> None:
+        """Queue the UDP datagrams `whole` (a raw frame) was split into, each with its own header."""
+        assert whole.ip_header is not None
+        deadline = time.monotonic() + _PAIR_WAIT
+        while True:
+            self._read_udp()
+            size, k = 0, 0
+            for d in self._pending:
+                if size >= len(whole.payload):
+                    break
+                size, k = size + len(d.payload), k + 1
+            if size >= len(whole.payload) or time.monotonic() >= deadline:
+                break
+            select.select([self._udp], [], [], max(0.0, deadline - time.monotonic()))
+        parts = [self._pending[i] for i in range(k)]
+        if size != len(whole.payload) or b"".join(d.payload for d in parts) != whole.payload:
+            self._ready.append(Datagram(whole.src_ip, whole.sport, whole.payload, None))
+            return
+        for _ in range(k):
+            self._pending.popleft()
+        ident = int.from_bytes(whole.ip_header[4:6], "big")
+        for i, d in enumerate(parts):
+            hdr = bytearray(whole.ip_header)
+            hdr[2:4] = (len(hdr) + 8 + len(d.payload)).to_bytes(2, "big")
+            hdr[4:6] = ((ident + i) & 0xFFFF).to_bytes(2, "big")
+            self._ready.append(Datagram(whole.src_ip, whole.sport, d.payload, bytes(hdr)))
+
+    def recv(self, timeout: float) -> Datagram | None:
+        """The next datagram for (ip, port), or None if none came within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._ready:
+                return self._ready.popleft()
+            if self._raw is not None:
+                self._read_udp()
+                while True:
+                    try:
+                        pkt = self._raw.recv(_MAX_DATAGRAM)
+                    except BlockingIOError:
+                        break
+                    d = self._from_raw(pkt)
+                    if d is not None:
+                        self._segments(d)
+                        return self._ready.popleft()
+                fd = self._raw.fileno()
+            else:
+                try:
+                    data, (src, sport) = self._udp.recvfrom(_MAX_DATAGRAM)
+                except BlockingIOError:
+                    pass
+                else:
+                    return Datagram(src, sport, data, None)
+                fd = self._udp.fileno()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            select.select([fd], [], [], left)
+
+    def close(self) -> None:
+        self._udp.close()
+        if self._raw is not None:
+            self._raw.close()
+
+    def __enter__(self) -> "ProbeLink":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,72 @@
+"""Run ``rdmakit conformance`` and target agents (plain or mutated) as separate processes."""
+
+import json
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Agent:
+    control: str  # tcp:HOST:PORT
+    dut_ip: str
+    secret_file: Path
+
+
+def conformance(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rdmakit", "conformance", *args],
+        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+
+
+def write_secret(path: Path) -> Path:
+    path.write_text(secrets.token_hex(32))
+    path.chmod(0o600)
+    return path
+
+
+@contextmanager
+def agent(dut_ip: str, secret_file: Path, mutation: str | None = None, once: bool = False) -> Iterator[Agent]:
+    """A target agent on a soft device at `dut_ip`, in its own process (with `mutation` applied)."""
+    args = ["-d", f"soft-udp:{dut_ip}", "--listen", "tcp:127.0.0.1:0", "--secret-file", str(secret_file)]
+    if once:
+        args.append("--once")
+    if mutation is None:
+        cmd = [sys.executable, "-m", "rdmakit", "conformance-target", *args]
+    else:
+        cmd = [sys.executable, "-m", "tests.conformance.mutations", mutation, *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else "the agent exited"
+        ready = json.loads(line)
+        yield Agent(ready["control"], dut_ip, secret_file)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def against(a: Agent, tester_ip: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The suite against agent `a`, as a tester at `tester_ip`."""
+    return conformance(
+        "--target", a.control, "--dut-ip", a.dut_ip, "--tester-ip", tester_ip,
+        "--secret-file", str(a.secret_file), *args,
+    )  # fmt: skip
+
+
+def results(doc: dict[str, Any]) -> dict[str, str]:
+    return {r["id"]: r["result"] for r in doc["results"]}
