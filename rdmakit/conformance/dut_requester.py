@@ -181,7 +181,7 @@ def _fadd(ctx: Ctx) -> None:
     "req.ack.coalesced",
     Q,
     "One ACK of the last PSN completes three SENDs in order",
-    "IBTA Vol.1 §9.7.5.1.1 (cumulative ACK), C9-? ",
+    "IBTA Vol.1 §9.7.5.1.1 (cumulative ACK)",
     "three SUCCESS completions, wr_id 1, 2, 3",
 )
 def _coalesced(ctx: Ctx) -> None:
@@ -219,7 +219,7 @@ def _wrap(ctx: Ctx) -> None:
     "req.nak_seq.gobackn",
     Q,
     "After a PSN sequence NAK the DUT resends from the NAK's PSN (partial retry, MTU 256)",
-    "IBTA Vol.1 §9.7.5.2.1, §9.9.3.1 (go-back-N), C9-? ",
+    "IBTA Vol.1 §9.7.5.2.1, §9.9.3.1 (go-back-N)",
     "MIDDLE and LAST sent again from PSN n+1; SUCCESS",
 )
 def _gobackn(ctx: Ctx) -> None:

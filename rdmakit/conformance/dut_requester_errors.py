@@ -19,7 +19,7 @@ def rnr(ctx: Ctx, psn: int, code: int = _RNR_CODE) -> None:
     "req.rnr.wait",
     Q,
     "After an RNR NAK the DUT waits at least the NAK's timer, then resends",
-    "IBTA Vol.1 §9.7.5.2.8, C9-? (RNR timer); roce-sim RNR retry not exceeded",
+    "IBTA Vol.1 §9.7.5.2.8 (RNR timer); roce-sim RNR retry not exceeded",
     "the same SEND again no sooner than 10.24 ms (code 20); SUCCESS",
 )
 def _rnr_wait(ctx: Ctx) -> None:
@@ -115,7 +115,7 @@ def _implied(ctx: Ctx, opname: str, op: int) -> None:
     "req.implied_nak.read",
     Q,
     "An ACK past an outstanding READ makes the DUT resend the READ",
-    "IBTA Vol.1 §9.7.5.1.4 (implied NAK), C9-? ; roce-sim implied NAK",
+    "IBTA Vol.1 §9.7.5.1.4 (implied NAK); roce-sim implied NAK",
     "READ_REQUEST sent again; both complete",
 )
 def _implied_read(ctx: Ctx) -> None:
