@@ -10,8 +10,12 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
@@ -158,3 +162,24 @@ class LabGuest:
             check=True,
             timeout=30,
         )
+
+
+def lab_marks(timeout: int) -> list[pytest.MarkDecorator]:
+    """A lab module's ``pytestmark``: the lab marker, its timeout, and the skip where the lab cannot run."""
+    marks = [pytest.mark.lab, pytest.mark.timeout(timeout)]
+    reason = skip_reason()
+    if reason is not None:
+        marks.append(pytest.mark.skip(reason=reason))
+    return marks
+
+
+@contextmanager
+def booted(instance: str, tap_queue: int | None = None) -> Iterator[LabGuest]:
+    """A guest of `instance` for the duration (a module fixture's body), stopped however it ends."""
+    g = LabGuest.boot(instance)
+    try:
+        if tap_queue is not None:
+            g.set_tap_queue(tap_queue)
+        yield g
+    finally:
+        g.stop()

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.lab.labvm import GUEST_ADDR, GUEST_SHARE, HOST_ADDR, REPO, LabGuest, skip_reason
+from tests.lab.labvm import GUEST_ADDR, GUEST_SHARE, HOST_ADDR, REPO, LabGuest, booted, lab_marks
 
 INSTANCE = "conformance-" + os.environ.get("PYTEST_XDIST_WORKER", "main")
 GUEST_PYTHON = ("env", "-u", "PYTHONPYCACHEPREFIX", "python3")
@@ -28,20 +28,13 @@ DEVIATIONS = REPO / "rdmakit" / "conformance" / "deviations" / "rxe.json"
 OUT = REPO / "build" / "conformance"
 PORT = 18990
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400)]
-_reason = skip_reason()
-if _reason is not None:
-    pytestmark.append(pytest.mark.skip(reason=_reason))
+pytestmark = lab_marks(2400)
 
 
 @pytest.fixture(scope="module")
 def guest() -> Iterator[LabGuest]:
-    g = LabGuest.boot(INSTANCE)
-    try:
-        g.set_tap_queue(16384)
+    with booted(INSTANCE, tap_queue=16384) as g:
         yield g
-    finally:
-        g.stop()
 
 
 def test_the_suite_against_kernel_rxe(guest: LabGuest) -> None:

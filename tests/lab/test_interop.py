@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.lab.labvm import GUEST_SHARE, HOST_ADDR, LabGuest, skip_reason
+from tests.lab.labvm import GUEST_SHARE, HOST_ADDR, LabGuest, booted, lab_marks
 
 PEER = Path(__file__).with_name("interop_peer.py")
 INSTANCE = "interop-" + os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -48,19 +48,13 @@ WC_OPCODE = {
     "ATOMIC_CMP_AND_SWP": "COMP_SWAP", "ATOMIC_FETCH_AND_ADD": "FETCH_ADD",
 }  # fmt: skip
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
-_reason = skip_reason()
-if _reason is not None:
-    pytestmark.append(pytest.mark.skip(reason=_reason))
+pytestmark = lab_marks(900)
 
 
 @pytest.fixture(scope="module")
 def guest() -> Iterator[LabGuest]:
-    g = LabGuest.boot(INSTANCE)
-    try:
+    with booted(INSTANCE) as g:
         yield g
-    finally:
-        g.stop()
 
 
 @dataclass(frozen=True, slots=True)

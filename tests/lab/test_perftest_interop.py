@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.perftest_output import PP_BYTES, PP_ITERS, parse_perftest
-from tests.lab.labvm import GUEST_ADDR, HOST_ADDR, REPO, LabGuest, skip_reason
+from tests.lab.labvm import GUEST_ADDR, HOST_ADDR, REPO, LabGuest, booted, lab_marks
 
 HOST = Path(__file__).with_name("perftest_host.py")
 INSTANCE = "perftest-" + os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -33,10 +33,7 @@ TAP_QUEUE = 16384
 ATTEMPTS = 3
 CLOCK_FIT_FAILED = re.compile(r"\b-?(inf|nan)\b")
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
-_reason = skip_reason()
-if _reason is not None:
-    pytestmark.append(pytest.mark.skip(reason=_reason))
+pytestmark = lab_marks(1800)
 
 CASES = [
     ("ib_write_bw", ["-n", "200"]),
@@ -76,12 +73,8 @@ _ports = iter(range(18600, 19600))
 
 @pytest.fixture(scope="module")
 def guest() -> Iterator[LabGuest]:
-    g = LabGuest.boot(INSTANCE)
-    try:
-        g.set_tap_queue(TAP_QUEUE)
+    with booted(INSTANCE, tap_queue=TAP_QUEUE) as g:
         yield g
-    finally:
-        g.stop()
 
 
 def _size(tool: str, flags: list[str]) -> int:
