@@ -15,18 +15,21 @@ ALLOWED = {
     "verbs": {"wire", "engine"},
     "doca": {"wire", "engine", "transport", "verbs"},
     "testing": {"wire", "engine", "transport", "verbs", "doca"},
-    "cli": {"wire", "engine", "transport", "verbs", "doca"},
+    "cli": {"wire", "engine", "transport", "verbs", "doca", "conformance"},
+    # The conformance suite: its tester builds packets with scapy, never with rdmakit.wire (the
+    # code under test); its agent drives a device under test through transport or verbs.
+    "conformance": {"engine", "transport", "verbs"},
 }
 #: Third-party modules that only some layers may use.
 RESTRICTED = {
     "socket": {"transport"},
-    "select": {"transport", "doca"},
+    "select": {"transport", "doca", "conformance"},
     "pyverbs": {"verbs"},
     "trio": {"transport", "doca", "cli"},
     # An optional dependency (the ``testing`` extra): rdmakit.testing.strategies only.
     "hypothesis": {"testing"},
-    # GPL: a dissector the tests use, never part of the package.
-    "scapy": set(),
+    # GPL: used, never vendored; the optional conformance suite (its own extra) builds packets with it.
+    "scapy": {"conformance"},
 }
 #: Modules the sans-IO layers may never import: no clock, no global random, no I/O.
 SANS_IO_FORBIDDEN = {"time", "socket", "select", "selectors", "os", "threading", "asyncio", "trio"}

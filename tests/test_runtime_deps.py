@@ -25,7 +25,10 @@ sys.meta_path.insert(0, Refuse())
 import rdmakit
 for m in pkgutil.walk_packages(rdmakit.__path__, "rdmakit."):
     if m.name == "rdmakit.__main__" or m.name.startswith(
-        ("rdmakit.testing.strategies", "rdmakit.verbs.device", "rdmakit.conformance")
+        (
+            "rdmakit.testing.strategies", "rdmakit.verbs.device", "rdmakit.verbs.qp_modify",
+            "rdmakit.conformance",
+        )
     ):
         continue  # optional extras: hypothesis, pyverbs, scapy
     importlib.import_module(m.name)
