@@ -102,6 +102,16 @@ def _run_one_task(dma: Dma, src: Buf, dst: Buf) -> int:
     return copied
 
 
+def _copy(api: str, dma: Dma, stack: ExitStack, src: Buf, dst: Buf) -> int:
+    """Start `dma` and run one memcpy through `api`: the job API (a WorkQ) or DOCA 2.5+ tasks (a PE)."""
+    if api == "task":
+        return _run_one_task(dma, src, dst)
+    workq = stack.enter_context(WorkQ(1))
+    dma.workq_add(workq)
+    dma.start()
+    return _run_one(dma, workq, src, dst)
+
+
 def _check_lists(dma: Dma, *counts: int) -> None:
     for count in counts:
         if count > dma.max_buf_list_len:
@@ -127,13 +137,7 @@ def _local_copy(args: argparse.Namespace) -> int:
         stack.callback(src.dec_refcount)
         dst = _chain(inventory, dst_mmap, dst_mmap.addr, len(data), args.num_dst_buf, full=False)
         stack.callback(dst.dec_refcount)
-        if args.api == "task":  # DOCA 2.5+: a progress engine and a memcpy task
-            copied = _run_one_task(dma, src, dst)
-        else:
-            workq = stack.enter_context(WorkQ(1))
-            dma.workq_add(workq)
-            dma.start()
-            copied = _run_one(dma, workq, src, dst)
+        copied = _copy(args.api, dma, stack, src, dst)
         if bytes(dst_mem) != data:
             raise CliError("the destination does not hold the source after the copy")
         log.info("DMA copy was done successfully (%d bytes)", copied)
@@ -270,10 +274,7 @@ def _copy_dpu_flow(args: argparse.Namespace, chan: CommChannel, descriptor: byte
         stack.callback(src.dec_refcount)
         dst = _chain(inventory, local, local.addr, length, args.num_dst_buf, full=False)
         stack.callback(dst.dec_refcount)
-        workq = stack.enter_context(WorkQ(1))
-        dma.workq_add(workq)
-        dma.start()
-        _run_one(dma, workq, src, dst)
+        _copy(args.api, dma, stack, src, dst)
         log.info("remote DMA copy was done successfully")
         return bytes(local_mem).rstrip(b"\0").decode(errors="replace")
 
@@ -307,6 +308,11 @@ def _add_sample_flags(p: argparse.ArgumentParser, *, remote: bool, dpu: bool) ->
         p.add_argument(
             "--num-dst-buf", type=_positive, default=1, metavar="N", help="destination bufs in the list"
         )
+    if dpu or not remote:  # the side that copies
+        p.add_argument(
+            "--api", choices=("job", "task"), default="job",
+            help="DOCA's job and work-queue API (default), or the task and progress-engine API of DOCA 2.5+",
+        )  # fmt: skip
     if remote:
         add_service(p, SAMPLE_SERVICE)
         if dpu:
@@ -316,10 +322,6 @@ def _add_sample_flags(p: argparse.ArgumentParser, *, remote: bool, dpu: bool) ->
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("dma-local-copy", help="DOCA DMA sample: copy a buffer locally")
     _add_sample_flags(p, remote=False, dpu=False)
-    p.add_argument(
-        "--api", choices=("job", "task"), default="job",
-        help="DOCA's job and work-queue API (default), or the task and progress-engine API of DOCA 2.5+",
-    )  # fmt: skip
     add_general_flags(p)
     p.set_defaults(handler=run(p, _local_copy))
 

@@ -131,6 +131,18 @@ from rdmakit.doca.sync_event import (
     SyncEventWaitEqJob,
     SyncEventWaitGtJob,
 )
+from rdmakit.doca.sync_event_remote import (
+    RdmaTaskRemoteNetSyncEventGet,
+    RdmaTaskRemoteNetSyncEventNotifyAdd,
+    RdmaTaskRemoteNetSyncEventNotifySet,
+    SyncEventRemoteNet,
+)
+from rdmakit.doca.sync_event_tasks import (
+    SyncEventTaskGet,
+    SyncEventTaskNotifyAdd,
+    SyncEventTaskNotifySet,
+    SyncEventTaskWaitGt,
+)
 from rdmakit.doca.tasks import Task, TaskCallback, TaskConf, TaskState
 from rdmakit.doca.verbs_glue import install as _install_verbs
 
@@ -205,6 +217,9 @@ __all__ = [
     "RdmaTaskAtomicFetchAdd",
     "RdmaTaskRead",
     "RdmaTaskReceive",
+    "RdmaTaskRemoteNetSyncEventGet",
+    "RdmaTaskRemoteNetSyncEventNotifyAdd",
+    "RdmaTaskRemoteNetSyncEventNotifySet",
     "RdmaTaskSend",
     "RdmaTaskSendImm",
     "RdmaTaskWrite",
@@ -219,7 +234,12 @@ __all__ = [
     "SyncEvent",
     "SyncEventAddJob",
     "SyncEventGetJob",
+    "SyncEventRemoteNet",
     "SyncEventSetJob",
+    "SyncEventTaskGet",
+    "SyncEventTaskNotifyAdd",
+    "SyncEventTaskNotifySet",
+    "SyncEventTaskWaitGt",
     "SyncEventWaitEqJob",
     "SyncEventWaitGtJob",
     "Task",

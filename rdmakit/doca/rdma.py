@@ -92,7 +92,7 @@ from rdmakit.doca.rdma_jobs import (
     check_uint,
     wc_error,
 )
-from rdmakit.doca.rdma_tasks import RdmaTaskApi
+from rdmakit.doca.sync_event_remote import RdmaRemoteNetTaskApi
 from rdmakit.engine.states import QpState
 from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, WcOpcode, WcStatus
 
@@ -137,7 +137,7 @@ RDMA_PERMISSIONS = (
 )
 
 
-class Rdma(RdmaTaskApi):
+class Rdma(RdmaRemoteNetTaskApi):
     """A DOCA RDMA context (``doca_rdma``): one RC connection to one peer."""
 
     def __init__(self) -> None:

@@ -27,8 +27,8 @@ errors and the results are the job API's.
 An `Rdma` context is one RC connection: the ``rdma_connection`` argument
 of DOCA 2.7+ is accepted as None or the context itself, and a receive's
 connection is the context. The remote net sync event tasks
-(``doca_rdma_task_remote_net_sync_event_*``) need a sync event exported to
-a remote peer, which `SyncEvent` (one process) does not have: not provided.
+(``doca_rdma_task_remote_net_sync_event_*``) are in
+``rdmakit.doca.sync_event_remote``.
 """
 
 from typing import Any

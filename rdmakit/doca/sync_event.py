@@ -14,17 +14,38 @@ A `SyncEvent` holds a 64-bit counter. Publishers update it (`update_set`,
 
 The event is a context: it must be started before use and a stop fails
 pending waits (SHUTDOWN). Arithmetic is modulo 2**64, like the C ``uint64_t``.
-Publisher/subscriber locations (CPU, DPU, GPU, remote) are not modelled: both
-sides are this process's CPU.
+
+The task API of DOCA 2.5+ (``task_get``, ``task_notify_set``,
+``task_notify_add``, ``task_wait_gt``) is in ``rdmakit.doca.sync_event_tasks``.
+
+Locations: the CPU of this process, and a remote peer on the network
+(`add_publisher_location_remote_net`): `export_to_remote_net` gives the peer
+a descriptor of the counter, which it imports as a
+``rdmakit.doca.sync_event_remote.SyncEventRemoteNet`` and reads, sets and adds
+to with RDMA tasks. DPU, DPA and GPU locations are not modelled.
 """
 
 import contextlib
+import mmap
 import os
+import sys
 import threading
-from dataclasses import dataclass
+import time
 
-from rdmakit.doca.ctx import Ctx, CtxState, Job
+from rdmakit.doca.ctx import CtxState, Job
+from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode
+from rdmakit.doca.mmap import AccessFlag, Mmap
+from rdmakit.doca.sync_event_tasks import (
+    U64_MAX,
+    SyncEventAddJob,
+    SyncEventGetJob,
+    SyncEventSetJob,
+    SyncEventTaskApi,
+    SyncEventWaitEqJob,
+    SyncEventWaitGtJob,
+)
+from rdmakit.doca.sync_event_tasks import check_u64 as _check_u64
 
 __all__ = [
     "U64_MAX",
@@ -36,50 +57,13 @@ __all__ = [
     "SyncEventWaitGtJob",
 ]
 
-U64_MAX = (1 << 64) - 1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SyncEventGetJob(Job):
-    """Read the value; the event's ``result`` is it."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SyncEventSetJob(Job):
-    """Set the value to `value`."""
-
-    value: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SyncEventAddJob(Job):
-    """Add `value` (mod 2**64); the event's ``result`` is the value before."""
-
-    value: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SyncEventWaitGtJob(Job):
-    """Complete once ``current & mask > value``; ``result`` is the value seen."""
-
-    value: int
-    mask: int = U64_MAX
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SyncEventWaitEqJob(Job):
-    """Complete once ``current & mask == value``; ``result`` is the value seen."""
-
-    value: int
-    mask: int = U64_MAX
-
-
 _WaitJob = SyncEventWaitGtJob | SyncEventWaitEqJob
-
-
-def _check_u64(name: str, value: int) -> None:
-    if type(value) is not int or not 0 <= value <= U64_MAX:
-        raise DocaError(DocaErrorCode.INVALID_VALUE, f"{name} {value!r} is not a 64-bit unsigned value")
+#: How often a blocking wait looks at a counter that a remote peer may change.
+_REMOTE_POLL = 0.001
+#: What a remote-net publisher may do to the counter: read it, write it, add to it.
+_REMOTE_ACCESS = (
+    AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC
+)
 
 
 def _satisfied(job: _WaitJob, current: int) -> bool:
@@ -89,15 +73,86 @@ def _satisfied(job: _WaitJob, current: int) -> bool:
     return masked == job.value
 
 
-class SyncEvent(Ctx[Job]):
+class SyncEvent(SyncEventTaskApi):
     """A 64-bit event counter shared by publishers and subscribers (``doca_sync_event``)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._value = 0
+        # The counter is a native-order uint64 in a page of its own, so a remote
+        # peer's RDMA READ, WRITE and FETCH_ADD reach it as they reach any memory.
+        self._page = mmap.mmap(-1, mmap.PAGESIZE)
+        self._cell = memoryview(self._page)[:8]
         self._cond = threading.Condition()
         self._waits: list[_WaitJob] = []
         self._efd = -1
+        self._cpu_dev: Dev | None = None
+        self._remote_net = False
+        self._export: Mmap | None = None
+
+    @property
+    def _value(self) -> int:
+        return int.from_bytes(self._cell, sys.byteorder)
+
+    @_value.setter
+    def _value(self, value: int) -> None:
+        self._cell[:] = value.to_bytes(8, sys.byteorder)
+
+    # -- locations (IDLE only) ----------------------------------------------------
+
+    def add_publisher_location_cpu(self, dev: Dev) -> None:
+        """This process's CPU publishes, through `dev` (``doca_sync_event_add_publisher_location_cpu``)."""
+        self._require_idle("add_publisher_location_cpu")
+        self._cpu_dev = dev
+
+    def add_subscriber_location_cpu(self, dev: Dev) -> None:
+        """This process's CPU subscribes, through `dev` (``doca_sync_event_add_subscriber_location_cpu``)."""
+        self._require_idle("add_subscriber_location_cpu")
+        self._cpu_dev = dev
+
+    def add_publisher_location_remote_net(self) -> None:
+        """A peer publishes over RDMA (``doca_sync_event_add_publisher_location_remote_net``).
+
+        The peer imports `export_to_remote_net` as a `SyncEventRemoteNet` and
+        updates the counter with the RDMA remote net sync event tasks. Its
+        updates are not atomic with this process's `update_add`, as a NIC's
+        are not with a CPU's. They wake nothing: waits and wait jobs see them
+        when they look, a blocking wait every millisecond and a wait job at
+        every progress of its engine (so an event-driven loop must progress
+        the event's engine from time to time).
+        """
+        self._require_idle("add_publisher_location_remote_net")
+        self._remote_net = True
+
+    def export_to_remote_net(self) -> bytes:
+        """The descriptor a peer turns into a `SyncEventRemoteNet` (``doca_sync_event_export_to_remote_net``).
+
+        RUNNING only, with a remote-net publisher and a CPU location whose
+        device the peer reaches; NOT_PERMITTED otherwise. The descriptor is an
+        RDMA mmap export of the 8-byte counter, valid until the event stops.
+        """
+        self._check_running()
+        if not self._remote_net:
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED, "export_to_remote_net: no remote-net publisher was added"
+            )
+        dev = self._cpu_dev
+        if dev is None:
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED,
+                "export_to_remote_net: add a CPU publisher or subscriber location with its device first",
+            )
+        if self._export is None:
+            region = Mmap()
+            try:
+                region.set_memrange(self._cell)
+                region.set_permissions(_REMOTE_ACCESS)
+                region.add_dev(dev)
+                region.start()
+            except BaseException:
+                region.destroy()
+                raise
+            self._export = region
+        return self._export.export_rdma(dev)
 
     def _start(self) -> bool:
         if self._efd < 0:  # kept across stop/start; closed by close()
@@ -105,7 +160,13 @@ class SyncEvent(Ctx[Job]):
             self._watch_fd(self._efd)
         return True
 
+    def _unexport(self) -> None:
+        region, self._export = self._export, None
+        if region is not None:
+            region.destroy()  # the peer's rkey dies with it
+
     def _stop(self) -> None:
+        self._unexport()
         with self._cond:
             self._cond.notify_all()  # blocked waiters see the state and give up
         self._flush("sync event stopped")
@@ -114,6 +175,7 @@ class SyncEvent(Ctx[Job]):
         self._waits.clear()
 
     def _close(self) -> None:
+        self._unexport()
         if self._efd >= 0:
             os.close(self._efd)
             self._efd = -1
@@ -156,16 +218,20 @@ class SyncEvent(Ctx[Job]):
         self._check_running()
         _check_u64("value", job.value)
         _check_u64("mask", job.mask)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            done = self._cond.wait_for(
-                lambda: self._state is not CtxState.RUNNING or _satisfied(job, self._value),
-                timeout,
-            )
-            if self._state is not CtxState.RUNNING:
-                raise DocaError(DocaErrorCode.SHUTDOWN, "sync event stopped while waiting")
-            if not done:
-                raise DocaError(DocaErrorCode.TIME_OUT, f"sync event wait timed out after {timeout}s")
-            return self._value
+            while True:
+                if self._state is not CtxState.RUNNING:
+                    raise DocaError(DocaErrorCode.SHUTDOWN, "sync event stopped while waiting")
+                current = self._value
+                if _satisfied(job, current):
+                    return current
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise DocaError(DocaErrorCode.TIME_OUT, f"sync event wait timed out after {timeout}s")
+                if self._remote_net:  # a peer's RDMA update notifies nobody: look again soon
+                    left = _REMOTE_POLL if left is None else min(left, _REMOTE_POLL)
+                self._cond.wait(left)
 
     def wait_gt(self, value: int, *, mask: int = U64_MAX, timeout: float | None = None) -> int:
         """Block until ``current & mask > value``; returns the value seen (``doca_sync_event_wait_gt``)."""

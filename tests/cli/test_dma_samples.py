@@ -74,13 +74,28 @@ def sample_args(tmp_path: Path, service: str) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("dpu_first", [False, True])
-def test_host_and_dpu_samples(tmp_path: Path, service: str, dpu_first: bool) -> None:
-    """The host exports its text; the DPU copies it through the two files; the host exits by itself."""
+@pytest.mark.parametrize(("dpu_first", "api"), [(False, "job"), (True, "job"), (False, "task")])
+def test_host_and_dpu_samples(tmp_path: Path, service: str, dpu_first: bool, api: str) -> None:
+    """The host exports its text; the DPU copies it through the two files; the host exits by itself.
+
+    With ``--api task`` the DPU copies with a ``doca_dma_task_memcpy`` on a progress engine, as
+    DOCA 2.9's ``dma_copy_dpu_sample.c`` does.
+    """
     text = "This text crossed from host to DPU"
     files = sample_args(tmp_path, service)
     host_cmd = ("dma-copy-host", "-p", "b1:00.0", "-t", text, *files)
-    dpu_cmd = ("dma-copy-dpu", "-p", "03:00.0", "--num-src-buf", "2", "--num-dst-buf", "3", *files)
+    dpu_cmd = (
+        "dma-copy-dpu",
+        "-p",
+        "03:00.0",
+        "--num-src-buf",
+        "2",
+        "--num-dst-buf",
+        "3",
+        "--api",
+        api,
+        *files,
+    )
     first, second = (dpu_cmd, host_cmd) if dpu_first else (host_cmd, dpu_cmd)
     procs = [rdmakit(tmp_path, *first)]
     time.sleep(0.3)
@@ -88,7 +103,7 @@ def test_host_and_dpu_samples(tmp_path: Path, service: str, dpu_first: bool) -> 
     results = dict(zip((first[0], second[0]), (finish(p) for p in procs), strict=True))
     host_rc, host_out, host_err = results["dma-copy-host"]
     dpu_rc, dpu_out, dpu_err = results["dma-copy-dpu"]
-    assert (host_rc, host_err) == (0, "")
+    assert (host_rc, host_err) == (0, ""), (host_err, dpu_err)
     assert (dpu_rc, dpu_err) == (0, "")
     assert dpu_out == f"Memory content: {text}\n"
     assert host_out.endswith("DPU copy done; exiting\n")

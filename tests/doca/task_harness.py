@@ -142,7 +142,10 @@ class Duo:
         self._progressing = False
         self.sides: list[Side] = []
         for name, perms in (("a", perms_a), ("b", perms_b)):
-            dev = Dev.open(f"{transport}:{new_ip()}", pe=self.pe)
+            # "udp"/"tcp": a soft device of its own; "verbs:NAME": both sides on one verbs device
+            verbs = transport.startswith("verbs:")
+            spec = transport.removeprefix("verbs:") if verbs else f"{transport}:{new_ip()}"
+            dev = Dev.open(spec, pe=self.pe)
             rdma = Rdma()
             rdma.add_dev(dev)
             rdma.set_permissions(perms)

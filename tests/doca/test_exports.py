@@ -37,6 +37,8 @@ def test_every_module_is_covered() -> None:
         "shm",
         "soft",
         "sync_event",
+        "sync_event_remote",
+        "sync_event_tasks",
         "tasks",
     ]
 

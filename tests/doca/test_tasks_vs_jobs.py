@@ -130,7 +130,7 @@ SCENARIOS = [
 ]
 
 
-def _run(api: Api, transport: str, new_ip: Callable[[], str], scenario: Scenario) -> Any:
+def run_scenario(api: Api, transport: str, new_ip: Callable[[], str], scenario: Scenario) -> Any:
     duo = Duo(api, transport, new_ip, perms_b=ALL_RDMA)
     try:
         return scenario(duo.up())
@@ -144,6 +144,6 @@ def test_both_apis_give_identical_results(
     scenario: Scenario, transport: str, new_ip: Callable[[], str]
 ) -> None:
     """doca_rdma.h tasks vs. the DOCA 2.0 RDMA jobs: one scenario, two APIs, identical results."""
-    by_jobs = _run("job", transport, new_ip, scenario)
-    by_tasks = _run("task", transport, new_ip, scenario)
+    by_jobs = run_scenario("job", transport, new_ip, scenario)
+    by_tasks = run_scenario("task", transport, new_ip, scenario)
     assert by_tasks == by_jobs

@@ -6,7 +6,9 @@ backend conformance suite, the connect attributes a verbs QP is given
 (``ibv_query_qp``), the GID a verbs mmap descriptor exports and that
 ``Rdma.set_gid_index`` reaches the queue pair's address vector: two contexts
 connected through the chosen GID move a message, an index without a RoCE v2
-GID is refused.
+GID is refused. It also runs the job-vs-task scenarios of
+``tests/doca/test_tasks_vs_jobs.py``, the remote net sync event tasks and the
+flush of tasks in flight at stop, on the verbs device.
 """
 
 from __future__ import annotations
@@ -235,3 +237,59 @@ def _port_entries(backend: Any) -> tuple[Any, ...]:
     from rdmakit.verbs.sysfs import SYSFS_ROOT, read_device
 
     return next(p for p in read_device(SYSFS_ROOT / NAME).ports if p.num == backend.verbs.port).gids
+
+
+# -- the task API and the job API on verbs --------------------------------------------------------
+
+
+def _scenarios() -> list[Any]:
+    from tests.doca.test_tasks_vs_jobs import SCENARIOS
+
+    return SCENARIOS
+
+
+@pytest.mark.parametrize("scenario", _scenarios())
+def test_both_apis_give_identical_results_on_verbs(scenario: Any) -> None:
+    """The job/task scenarios of tests/doca/test_tasks_vs_jobs.py through rxe: identical results."""
+    from rdmakit.doca.verbs_glue import install
+    from tests.doca.test_tasks_vs_jobs import run_scenario
+
+    install()
+    no_ips = lambda: pytest.fail("a verbs Duo needs no address")  # noqa: E731
+    by_jobs = run_scenario("job", f"verbs:{NAME}", no_ips, scenario)
+    by_tasks = run_scenario("task", f"verbs:{NAME}", no_ips, scenario)
+    assert by_tasks == by_jobs
+
+
+def test_remote_net_sync_event_tasks_on_verbs() -> None:
+    """A sync event exported over rxe: the peer's READ, WRITE and FETCH_ADD reach its counter."""
+    from rdmakit.doca.verbs_glue import install
+    from tests.doca.test_sync_event_tasks import remote_duo, remote_tasks_scenario
+
+    install()
+    d = remote_duo(f"verbs:{NAME}", lambda: pytest.fail("a verbs Duo needs no address"))
+    try:
+        remote_tasks_scenario(d)
+    finally:
+        d.close()
+
+
+def test_stop_flushes_tasks_in_flight_on_verbs() -> None:
+    """doca_ctx_stop with receive tasks in flight on a verbs QP: each is flushed with SHUTDOWN, then IDLE."""
+    from rdmakit.doca import CtxState, DocaErrorCode
+    from rdmakit.doca.verbs_glue import install
+    from tests.doca.task_harness import Duo
+
+    install()
+    d = Duo("task", f"verbs:{NAME}", lambda: pytest.fail("a verbs Duo needs no address"), num_tasks=4)
+    try:
+        d.up()
+        mb, _ = d.b.mmap(64)
+        tasks = [d.b.rdma.task_receive_allocate_init(d.b.room(mb, i * 8, 8)) for i in range(3)]
+        for t in tasks:
+            t.submit()
+        d.b.rdma.stop()
+        d._until(lambda: d.b.rdma.state is CtxState.IDLE, lambda: "the stop")
+        assert [t.get_status() for t in tasks] == [DocaErrorCode.SHUTDOWN] * 3
+    finally:
+        d.close()
