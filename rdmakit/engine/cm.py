@@ -50,6 +50,8 @@ from typing import Any
 
 from rdmakit.wire.cm import CmAttr, CmMad, RejReason
 
+from .errors import EngineError
+
 __all__ = ["CmConnParams", "CmEndpoint", "CmEvent", "CmEventKind", "CmState", "response_timeout"]
 
 _U32 = 0xFFFFFFFF
@@ -261,7 +263,9 @@ class CmEndpoint:
         conn = self._conns.get(comm_id)
         if conn is None or conn.state not in states:
             have = conn.state.name if conn is not None else "no connection"
-            raise ValueError(f"communication ID {comm_id:#x}: {have}, not {'/'.join(s.name for s in states)}")
+            raise EngineError(
+                "BAD_STATE", f"communication ID {comm_id:#x}: {have}, not {'/'.join(s.name for s in states)}"
+            )
         return conn
 
     # -- user calls ---------------------------------------------------------------------------------
@@ -275,7 +279,7 @@ class CmEndpoint:
     def connect(self, peer: Hashable, service_id: int, params: CmConnParams, now: float) -> int:
         """Send a REQ; returns the connection's local communication ID (REQ_SENT)."""
         if len(self._conns) >= self.max_connections:
-            raise ValueError(f"{self.max_connections} connections already")
+            raise EngineError("FULL", f"{self.max_connections} connections already")
         conn = _Conn(
             self._new_id(), peer, True, CmState.REQ_SENT, self.rng.getrandbits(64), service_id=service_id
         )
@@ -469,7 +473,7 @@ class CmEndpoint:
         # The user has until the requester gives up (its timeout × retries, at most ours) to answer.
         tries = req["max_cm_retries"] + 1
         theirs = response_timeout(req["remote_cm_response_timeout"]) * tries
-        conn.deadline = now + min(theirs, self._timeout() * (self.max_retries + 1))
+        conn.deadline = now + max(min(theirs, self._timeout() * (self.max_retries + 1)), self._timeout())
         # Each of its tries may also wait out an MRA's service timeout.
         conn.span = min(theirs + response_timeout(self._mra_timeout()) * tries, self._longest_span())
         self._conns[conn.local_id] = conn

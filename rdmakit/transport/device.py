@@ -12,8 +12,10 @@ import random
 from collections.abc import Iterable
 
 from rdmakit.engine import CompletionQueue, EngineError, ProtectionDomain, QpCaps, QpState, QueuePair
+from rdmakit.engine.cm import CmEndpoint
 from rdmakit.wire import ROCE_UDP_PORT, Payload
 
+from .gsi import Gsi
 from .port import DeviceCounters, Port, TransportName
 from .roce_udp import UdpPort
 from .tcp import TcpLink
@@ -88,6 +90,8 @@ class SoftDevice:
         self._deadline: float | None = None
         self._idle = 0
         self.closed = False
+        #: QP1 and its connection manager, once `attach_cm` made them (RoCE-UDP only).
+        self.gsi: Gsi | None = None
 
     # -- resources -----------------------------------------------------------------
     @property
@@ -141,6 +145,15 @@ class SoftDevice:
         """Why the transport failed QP ``qpn``, when it did (a refused or reset TCP stream)."""
         return self.tcp_port.fault(qpn) if self.tcp_port is not None else None
 
+    def attach_cm(self, cm: CmEndpoint) -> Gsi:
+        """Give the device a QP1 served by `cm` (IBTA §13.5: the GSI); `progress` drives it."""
+        if self.udp_port is None:
+            raise EngineError("INVALID_VALUE", "the connection manager needs a RoCE-UDP device (QP1 is UD)")
+        if self.gsi is not None:
+            raise EngineError("BAD_STATE", "the device's QP1 already has a connection manager")
+        self.gsi = self.udp_port.gsi = Gsi(self.udp_port.link, self.ip, cm)
+        return self.gsi
+
     @property
     def qps(self) -> Iterable[QueuePair]:
         return self._qps.values()
@@ -187,6 +200,13 @@ class SoftDevice:
                 t = qp.get_timer()
                 if t is not None and t <= now:
                     qp.handle_timer(now)
+        gsi = self.gsi
+        if gsi is not None:
+            t = gsi.deadline()
+            if t is not None and t <= now:
+                gsi.handle_timer(now)
+            if gsi.transmit(now):
+                busy = True
         if self._port.transmit(now):
             busy = True
         if busy:
@@ -203,6 +223,8 @@ class SoftDevice:
 
     def _scan_deadline(self) -> float | None:
         best = self._port.deadline()
+        if self.gsi is not None and (t := self.gsi.deadline()) is not None and (best is None or t < best):
+            best = t
         for qp in self._qps.values():
             t = qp.get_timer()
             if t is not None and (best is None or t < best):

@@ -28,11 +28,13 @@ from rdmakit.wire import (
     crc32,
     decode,
 )
+from rdmakit.wire.ud import GSI_QPN
 
 from . import fastpath
 from .codec import SegmentCodec
 from .codec_py import headers
 from .fastpath import PYTHON
+from .gsi import Gsi
 from .port import DeviceCounters, PeerAddress, addr_bytes
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
@@ -78,6 +80,8 @@ class UdpPort:
         self._backlog: list[tuple[list[Payload], int, int, tuple[str, int]]] = []
         #: ICRC header states per destination (ip, port).
         self._tx_flows: dict[tuple[str, int], IcrcFlow] = {}
+        #: QP1: the connection manager's datagrams (``rdmakit.transport.gsi``), when attached.
+        self.gsi: Gsi | None = None
 
     @property
     def codec(self) -> SegmentCodec:
@@ -220,6 +224,9 @@ class UdpPort:
             op, _b1, _pkey, w1, _w2 = unpack_bth(seg)
             qp = qps.get(w1 & _U24)
             if qp is None:
+                if w1 & _U24 == GSI_QPN and self.gsi is not None:
+                    self.gsi.receive(seg, src_ip, sport, now)
+                    continue
                 c.unknown_qp += 1
                 continue
             if type(r := qp.remote) is not PeerAddress or r.ip != src_ip:

@@ -1,0 +1,115 @@
+"""QP1, the General Services Interface, of a soft RoCE-UDP device: CM MADs in and out.
+
+What arrives for destination QP 1 on the device's UDP port is checked the
+way rxe checks GSI traffic (``rxe_recv.c``): UD SEND ONLY, P_Key 0xFFFF (or
+its limited form 0x7FFF), Q_Key 0x80010000 (``IB_QP1_QKEY``), and a good
+ICRC. A UDP socket does not show the IPv4 Identification the ICRC covers, so
+it is solved for (``rdmakit.wire.ident``): a packet no ID explains is
+dropped. The MAD must then be a CM MAD (``rdmakit.wire.cm``); it goes to the
+device's `CmEndpoint` with the sender's IP as its peer. Everything refused
+is counted in `GsiCounters`, never raised.
+
+Replies leave from the device's own socket to the peer's RoCE port, with
+IPv4 ID 0 in their ICRC (the ID an unconnected DF socket gives them).
+"""
+
+import ipaddress
+import struct
+from dataclasses import dataclass, fields
+
+from rdmakit.engine.cm import CmEndpoint
+from rdmakit.wire import ICRC_LEN, WireError, icrc_ipv4, icrc_ipv6, pack_icrc
+from rdmakit.wire.cm import decode_cm, encode_cm
+from rdmakit.wire.ident import solve_ipv4_ident
+from rdmakit.wire.ud import GSI_QKEY, GSI_QPN, UdSend, decode_ud_send, encode_ud_send
+
+from .udp import UdpLink
+
+__all__ = ["Gsi", "GsiCounters"]
+
+_ICRC = struct.Struct("<I")
+_PKEYS = (0xFFFF, 0x7FFF)
+
+
+@dataclass
+class GsiCounters:
+    mads_in: int = 0
+    mads_out: int = 0
+    bad_icrc: int = 0
+    not_ud: int = 0  # malformed UD, wrong Q_Key or P_Key
+    not_cm: int = 0  # a MAD of another class, or not a MAD
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class Gsi:
+    """The CM endpoint of one device, fed from and sending on its UDP link."""
+
+    def __init__(self, link: UdpLink, local_ip: str, cm: CmEndpoint) -> None:
+        self.link = link
+        self.cm = cm
+        self.counters = GsiCounters()
+        self._local = ipaddress.ip_address(local_ip).packed
+        self._v6 = len(self._local) == 16
+
+    # -- in ---------------------------------------------------------------------------------------------
+
+    def receive(self, seg: memoryview, src_ip: str, sport: int, now: float) -> None:
+        """One UDP payload (BTH .. ICRC) that named QP 1."""
+        c = self.counters
+        body = seg[: len(seg) - ICRC_LEN]
+        received = _ICRC.unpack_from(seg, len(seg) - ICRC_LEN)[0]
+        try:
+            src = ipaddress.ip_address(src_ip).packed
+        except ValueError:
+            c.not_ud += 1
+            return
+        port = self.link.port
+        if self._v6:
+            good = icrc_ipv6(src, self._local, sport, port, body) == received
+        else:
+            good = solve_ipv4_ident(src, self._local, sport, port, body, received) is not None
+        if not good:
+            c.bad_icrc += 1
+            return
+        try:
+            ud = decode_ud_send(body)
+        except WireError:
+            c.not_ud += 1
+            return
+        if ud.dest_qp != GSI_QPN or ud.qkey != GSI_QKEY or ud.pkey not in _PKEYS:
+            c.not_ud += 1
+            return
+        try:
+            mad = decode_cm(ud.payload)
+        except WireError:
+            c.not_cm += 1
+            return
+        c.mads_in += 1
+        self.cm.receive(src_ip, mad, now)
+
+    # -- out --------------------------------------------------------------------------------------------
+
+    def transmit(self, now: float) -> bool:
+        out = self.cm.poll_transmit()
+        for peer, mad in out:
+            self._send(str(peer), encode_cm(mad))
+        return bool(out)
+
+    def _send(self, peer_ip: str, mad: bytes) -> None:
+        body = encode_ud_send(UdSend(dest_qp=GSI_QPN, src_qp=GSI_QPN, qkey=GSI_QKEY, payload=mad))
+        dst = ipaddress.ip_address(peer_ip).packed
+        port = self.link.port
+        if self._v6:
+            icrc = icrc_ipv6(self._local, dst, port, port, body)
+        else:
+            icrc = icrc_ipv4(self._local, dst, port, port, body, ident=0)
+        self.counters.mads_out += 1
+        self.link.send([body, pack_icrc(icrc)], (peer_ip, port))
+
+    def deadline(self) -> float | None:
+        return self.cm.get_timer()
+
+    def handle_timer(self, now: float) -> None:
+        self.cm.handle_timer(now)
