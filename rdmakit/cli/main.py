@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "rdmakit.cli.capture",
     "rdmakit.cli.perftest",
     "rdmakit.cli.rc_pingpong",
+    "rdmakit.cli.rping",
     "rdmakit.cli.conformance",
 )
 

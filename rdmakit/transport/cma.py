@@ -26,13 +26,14 @@ device's own (4791 on a real network).
 
 import ipaddress
 import random
+import socket
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 
 from rdmakit.engine import EngineError, QpState, QueuePair
 from rdmakit.engine.cm import CmConnParams, CmEndpoint, CmEventKind, CmState
-from rdmakit.wire import WireError
+from rdmakit.wire import ROCE_UDP_PORT, WireError
 from rdmakit.wire.cm import CMA_HDR_LEN, CmaHeader, CmMad, PortSpace, RejReason, service_id
 
 from .connect import ConnectOptions, Endpoint, connect_qp, init_qp
@@ -75,6 +76,21 @@ class _Conn:
     private: bytes = b""  # active: the REP's private data, for ESTABLISHED
 
 
+def route_source(dst: str) -> str:
+    """The local address the kernel routes `dst` from (``rdma_resolve_addr`` without ``-I``).
+
+    A UDP socket is connected, which sends nothing, and asked for its name.
+    """
+    ip = ipaddress.ip_address(dst)
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((str(ip), ROCE_UDP_PORT))
+        except OSError as e:
+            raise EngineError("INVALID_VALUE", f"no route to {ip}: {e.strerror or e}") from None
+        return str(s.getsockname()[0])
+
+
 def _gid(ip: str) -> int:
     a = ipaddress.ip_address(ip)
     packed = a.packed if a.version == 6 else bytes(10) + b"\xff\xff" + a.packed
@@ -114,6 +130,7 @@ class RdmaCm:
         self._conns: dict[int, _Conn] = {}
         self._events: deque[CmaEvent] = deque()
         self._ports: set[int] = set()
+        self._awaiting_rtu: dict[int, int] = {}  # passive handle -> its QP's packets_in at accept
 
     # -- listening --------------------------------------------------------------------------------
 
@@ -188,6 +205,18 @@ class RdmaCm:
         params = self._params(qp, c.psn, c.peer_ip, private_data, mtu)
         params.responder_resources, params.initiator_depth = opts.max_dest_rd_atomic, opts.max_rd_atomic
         self.cm.accept(conn, params, now)
+        self._awaiting_rtu[conn] = qp.stats.packets_in
+
+    def _check_comm_est(self) -> None:
+        """A passive QP that received a packet before the RTU is connected (IBTA §12.9.7.2,
+        ``IB_EVENT_COMM_EST``): the RTU was lost, or is late."""
+        for conn, seen in list(self._awaiting_rtu.items()):
+            c = self._conns.get(conn)
+            if c is None or c.qp is None or self.cm.state(conn) is not CmState.REP_SENT:
+                del self._awaiting_rtu[conn]
+            elif c.qp.stats.packets_in > seen:
+                del self._awaiting_rtu[conn]
+                self.cm.establish(conn)
 
     def reject(self, conn: int, now: float, *, private_data: bytes = b"") -> None:
         """Refuse a CONNECT_REQUEST (``rdma_reject``: REJ reason 28, consumer defined)."""
@@ -222,6 +251,8 @@ class RdmaCm:
 
     def poll_event(self, now: float) -> CmaEvent | None:
         """The next connection event, after the QP transitions it implies."""
+        if self._awaiting_rtu:
+            self._check_comm_est()
         while not self._events:
             ev = self.cm.next_event()
             if ev is None:

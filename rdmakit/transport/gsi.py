@@ -29,6 +29,8 @@ __all__ = ["Gsi", "GsiCounters"]
 
 _ICRC = struct.Struct("<I")
 _PKEYS = (0xFFFF, 0x7FFF)
+#: MADs waiting for socket space at most; older ones are dropped (the CM resends what matters).
+_MAX_BACKLOG = 256
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Gsi:
         self.counters = GsiCounters()
         self._local = ipaddress.ip_address(local_ip).packed
         self._v6 = len(self._local) == 16
+        self._backlog: list[tuple[list[bytes], tuple[str, int]]] = []
 
     # -- in ---------------------------------------------------------------------------------------------
 
@@ -92,12 +95,21 @@ class Gsi:
     # -- out --------------------------------------------------------------------------------------------
 
     def transmit(self, now: float) -> bool:
+        """Send what the CM produced; what the socket does not take waits for the next call."""
         out = self.cm.poll_transmit()
         for peer, mad in out:
-            self._send(str(peer), encode_cm(mad))
+            self._backlog.append(self._datagram(str(peer), encode_cm(mad)))
+        if len(self._backlog) > _MAX_BACKLOG:  # the CM retransmits what is dropped here
+            del self._backlog[: len(self._backlog) - _MAX_BACKLOG]
+        while self._backlog:
+            parts, addr = self._backlog[0]
+            if not self.link.send(parts, addr):
+                break
+            self._backlog.pop(0)
+            self.counters.mads_out += 1
         return bool(out)
 
-    def _send(self, peer_ip: str, mad: bytes) -> None:
+    def _datagram(self, peer_ip: str, mad: bytes) -> tuple[list[bytes], tuple[str, int]]:
         body = encode_ud_send(UdSend(dest_qp=GSI_QPN, src_qp=GSI_QPN, qkey=GSI_QKEY, payload=mad))
         dst = ipaddress.ip_address(peer_ip).packed
         port = self.link.port
@@ -105,8 +117,7 @@ class Gsi:
             icrc = icrc_ipv6(self._local, dst, port, port, body)
         else:
             icrc = icrc_ipv4(self._local, dst, port, port, body, ident=0)
-        self.counters.mads_out += 1
-        self.link.send([body, pack_icrc(icrc)], (peer_ip, port))
+        return [body, pack_icrc(icrc)], (peer_ip, port)
 
     def deadline(self) -> float | None:
         return self.cm.get_timer()

@@ -8,7 +8,7 @@ import ipaddress
 import random
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 import pytest
 
@@ -208,3 +208,24 @@ def test_hostile_datagrams_to_qp1(pair: tuple[Side, Side]) -> None:
     b.pump()
     assert b.events == []  # the REQ named another address: refused, not reported
     assert gsi.counters.mads_in == 1
+
+
+def test_data_before_a_lost_rtu_establishes(pair: tuple[Side, Side]) -> None:
+    """IBTA §12.9.7.2: the passive QP's first packet stands for a lost RTU (IB_EVENT_COMM_EST)."""
+    a, b = pair
+    b.cm.listen(PORT)
+    polled = a.cm.cm.poll_transmit
+
+    def without_rtu() -> list[tuple[Hashable, CmMad]]:
+        return [(p, m) for p, m in polled() if m.attr is not CmAttr.RTU]
+
+    a.cm.cm.poll_transmit = without_rtu  # type: ignore[method-assign]
+    qa = a.qp()
+    a.cm.connect(b.dev.ip, PORT, qa, time.monotonic())
+    _until((a, b), _has(b, CmaEventKind.CONNECT_REQUEST))
+    qb = b.qp()
+    b.cm.accept(b.take(CmaEventKind.CONNECT_REQUEST).conn, qb, time.monotonic())
+    _until((a, b), _has(a, CmaEventKind.ESTABLISHED))
+    assert not _has(b, CmaEventKind.ESTABLISHED)()
+    _send(a, b, qa, qb, b"data, no RTU", 0x1000)
+    _until((a, b), _has(b, CmaEventKind.ESTABLISHED))

@@ -1,0 +1,302 @@
+"""``rdmakit rping``: rdma-core's ``rping``, over rdmakit's ``rdma_cm`` on a soft RoCE-UDP device.
+
+Follows ``librdmacm/examples/rping.c``. The client connects by address
+(port 7174, the TCP port space), then each ping is:
+
+1. the client fills its start buffer with ``rdma-ping-N: `` and a rolling
+   run of the letters A..z, and SENDs its address, rkey and size (the 16-byte
+   ``struct rping_rdma_info``, big-endian);
+2. the server RDMA READs that buffer, then SENDs a "go ahead";
+3. the client SENDs the same for its sink buffer;
+4. the server RDMA WRITEs what it read (up to its NUL) into the sink, and
+   SENDs a "go ahead"; the client compares the two buffers (``-V``) and
+   prints the sink (``-v``).
+
+The server serves one connection, until the client disconnects. Flags are
+rping's: ``-s``/``-c``, ``-a ADDR``, ``-I ADDR`` (the client's source),
+``-p PORT``, ``-C COUNT``, ``-S SIZE``, ``-v``, ``-V``, ``-d``. A server
+needs ``-a``: a soft device is bound to one address. What the peer
+advertises is checked: a SEND must be exactly 16 bytes, and a buffer the
+server is asked to read must fit its own ``-S``.
+"""
+
+import argparse
+import ipaddress
+import struct
+import sys
+import time
+from collections.abc import Callable
+
+from rdmakit.cli.errors import CliError
+from rdmakit.cli.lifecycle import run
+from rdmakit.engine import (
+    SGE,
+    Access,
+    Completion,
+    CompletionQueue,
+    EngineError,
+    QueuePair,
+    RecvWR,
+    SendWR,
+    WcOpcode,
+    WcStatus,
+    WrOpcode,
+)
+from rdmakit.transport.cma import CmaEvent, CmaEventKind, RdmaCm, route_source
+from rdmakit.transport.device import SoftDevice
+
+__all__ = ["register"]
+
+DEFAULT_PORT = 7174
+INFO = struct.Struct(">QII")  # struct rping_rdma_info: buf, rkey, size
+MIN_SIZE = len("2147483647") + 1 + len("rdma-ping-%d: ") + 1  # RPING_MIN_BUFSIZE
+MAX_SIZE = 64 * 1024 - 1
+#: Where rping's buffers sit in the soft device's address space.
+RECV_ADDR, SEND_ADDR, RDMA_ADDR, START_ADDR = 0x10000, 0x20000, 0x100000, 0x200000
+CONNECT_TIMEOUT = 60.0
+_REASONS = {8: "no listener (invalid service ID)", 28: "rejected by the peer", 10: "stale connection"}
+
+
+class Rping:
+    """One side: the device, its rdma_cm, the QP's buffers and the event pump."""
+
+    def __init__(self, args: argparse.Namespace, ip: str) -> None:
+        self.args = args
+        self.dev = SoftDevice(ip)
+        self.cm = RdmaCm(self.dev, mtu=1024)
+        self.cq = CompletionQueue(64)
+        self.size: int = args.size
+        self.recv_buf, self.send_buf = bytearray(INFO.size), bytearray(INFO.size)
+        self.rdma_buf, self.start_buf = bytearray(self.size), bytearray(self.size)
+        pd, rw = self.dev.pd, Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_WRITE
+        self.recv_mr = pd.register(self.recv_buf, RECV_ADDR, Access.LOCAL_WRITE)
+        self.send_mr = pd.register(self.send_buf, SEND_ADDR, Access(0))
+        self.rdma_mr = pd.register(self.rdma_buf, RDMA_ADDR, rw)
+        self.start_mr = pd.register(self.start_buf, START_ADDR, rw)
+        self.qp: QueuePair = self.dev.create_qp(send_cq=self.cq, recv_cq=self.cq)
+        self.disconnected = False
+        self.wcs: list[Completion] = []
+
+    def debug(self, text: str) -> None:
+        if self.args.debug:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        self.dev.close()
+
+    # -- pumping ------------------------------------------------------------------------------------
+
+    def pump(self) -> list[CmaEvent]:
+        now = time.monotonic()
+        self.dev.progress(now)
+        events = []
+        while (ev := self.cm.poll_event(now)) is not None:
+            self.debug(f"cma_event type {ev.kind.name}")
+            if ev.kind is CmaEventKind.DISCONNECTED:
+                print(f"{'server' if self.args.server else 'client'} DISCONNECT EVENT...", file=sys.stderr)
+                self.disconnected = True
+            elif ev.kind in (CmaEventKind.REJECTED, CmaEventKind.UNREACHABLE):
+                why = _REASONS.get(ev.reason or 0, "")
+                raise CliError(f"cma event {ev.kind.name}, error {ev.reason}{f': {why}' if why else ''}")
+            events.append(ev)
+        for wc in self.cq.poll(16):
+            if wc.status is WcStatus.WR_FLUSH_ERR:
+                continue
+            if wc.status is not WcStatus.SUCCESS:
+                raise CliError(f"cq completion failed status {wc.status.value} ({wc.status.name})")
+            self.wcs.append(wc)
+        return events
+
+    def wait_for(self, what: str, done: Callable[[], bool], limit: float | None = None) -> bool:
+        """Pump until `done`; False if the peer disconnected first."""
+        end = None if limit is None else time.monotonic() + limit
+        while not done():
+            self.pump()
+            if self.disconnected and not done():
+                return False
+            if end is not None and time.monotonic() > end:
+                raise CliError(f"timed out after {limit:.0f} s waiting for {what}")
+            time.sleep(0.00005)
+        return True
+
+    def wait_events(self, what: str, limit: float | None = None) -> list[CmaEvent]:
+        """Pump until a connection event (a CONNECT_REQUEST or ESTABLISHED) comes."""
+        events: list[CmaEvent] = []
+
+        def got() -> bool:
+            events.extend(self.pump())
+            return bool(events)
+
+        self.wait_for(what, got, limit)
+        return events
+
+    def wait_wc(self, opcode: WcOpcode) -> bool:
+        def got() -> bool:
+            for i, wc in enumerate(self.wcs):
+                if wc.opcode is opcode:
+                    del self.wcs[i]
+                    if opcode is WcOpcode.RECV and wc.byte_len != INFO.size:
+                        raise CliError(f"Received bogus data, size {wc.byte_len}")
+                    return True
+            return False
+
+        return self.wait_for(opcode.name, got)
+
+    # -- verbs ---------------------------------------------------------------------------------------
+
+    def post_recv(self) -> None:
+        self.qp.post_recv(RecvWR(wr_id=1, sg_list=(SGE(RECV_ADDR, INFO.size, self.recv_mr.lkey),)))
+
+    def send_info(self, addr: int, rkey: int, size: int) -> None:
+        self.send_buf[:] = INFO.pack(addr, rkey, size)
+        self.debug(f"RDMA addr {addr:x} rkey {rkey:x} len {size}")
+        self.send_go()
+
+    def send_go(self) -> None:
+        sge = SGE(SEND_ADDR, INFO.size, self.send_mr.lkey)
+        self.qp.post_send(SendWR(wr_id=2, opcode=WrOpcode.SEND, sg_list=(sge,)))
+
+    def rdma(self, opcode: WrOpcode, length: int, remote: tuple[int, int]) -> None:
+        addr, rkey = remote
+        sge = SGE(RDMA_ADDR, length, self.rdma_mr.lkey)
+        self.qp.post_send(SendWR(wr_id=3, opcode=opcode, sg_list=(sge,), remote_addr=addr, rkey=rkey))
+
+
+def _cstr(buf: bytearray) -> str:
+    end = buf.find(0)
+    return bytes(buf[: end if end >= 0 else len(buf)]).decode("ascii", errors="replace")
+
+
+def _server(r: Rping) -> int:
+    r.cm.listen(r.args.port)
+    events = r.wait_events("a connection request")
+    req = events[0]
+    r.cm.accept(req.conn, r.qp, time.monotonic())  # RTS now; the REP leaves at the next pump
+    r.post_recv()
+    while True:
+        if not r.wait_wc(WcOpcode.RECV):
+            return 0
+        addr, rkey, length = INFO.unpack(r.recv_buf)
+        r.post_recv()
+        if not 0 < length <= r.size:
+            raise CliError(f"the client advertised {length} bytes to read; this server's -S is {r.size}")
+        r.rdma(WrOpcode.RDMA_READ, length, (addr, rkey))
+        if not r.wait_wc(WcOpcode.RDMA_READ):
+            return 0
+        if r.args.verbose:
+            print(f"server ping data: {_cstr(r.rdma_buf)}", flush=True)
+        r.send_go()
+        if not r.wait_wc(WcOpcode.RECV):
+            return 0
+        addr, rkey, length = INFO.unpack(r.recv_buf)
+        r.post_recv()
+        n = min(len(_cstr(r.rdma_buf)) + 1, r.size, length)
+        r.rdma(WrOpcode.RDMA_WRITE, n, (addr, rkey))
+        if not r.wait_wc(WcOpcode.RDMA_WRITE):
+            return 0
+        r.send_go()
+
+
+def _fill(buf: bytearray, ping: int, start: int) -> None:
+    head = f"rdma-ping-{ping}: ".encode()[: len(buf)]
+    buf[: len(head)] = head
+    c = start
+    for i in range(len(head), len(buf)):
+        buf[i] = c
+        c = 65 if c >= 122 else c + 1
+    buf[-1] = 0
+
+
+def _client(r: Rping, peer: str) -> int:
+    r.cm.connect(peer, r.args.port, r.qp, time.monotonic())  # the QP is in INIT from here
+    r.post_recv()
+    events = r.wait_events("the connection", CONNECT_TIMEOUT)
+    start, ping = 65, 0
+    while not r.args.count or ping < r.args.count:
+        _fill(r.start_buf, ping, start)
+        start = 65 if start >= 122 else start + 1
+        r.send_info(START_ADDR, r.start_mr.rkey, r.size)
+        if not r.wait_wc(WcOpcode.RECV):
+            raise CliError("the server disconnected")
+        r.post_recv()
+        r.send_info(RDMA_ADDR, r.rdma_mr.rkey, r.size)
+        if not r.wait_wc(WcOpcode.RECV):
+            raise CliError("the server disconnected")
+        r.post_recv()
+        if r.args.validate and r.start_buf != r.rdma_buf:
+            raise CliError("data mismatch!")
+        if r.args.verbose:
+            print(f"ping data: {_cstr(r.rdma_buf)}", flush=True)
+        ping += 1
+    r.cm.disconnect(next(iter([e.conn for e in events])), time.monotonic())
+    r.wait_for("the disconnection", lambda: r.disconnected, 30)
+    return 0
+
+
+def _address(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
+
+
+def _size(text: str) -> int:
+    n = int(text)
+    if not MIN_SIZE <= n <= MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"Invalid size {n} (valid range is {MIN_SIZE} to {MAX_SIZE})")
+    return n
+
+
+def _count(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"Invalid count {n}")
+    return n
+
+
+def run_args(args: argparse.Namespace) -> int:
+    if args.server:
+        if args.addr is None:
+            raise CliError("rping -s needs -a ADDR: the soft device's address to listen on")
+        ip = args.addr
+    else:
+        if args.addr is None:
+            raise CliError("rping -c needs -a ADDR: the server's address")
+        ip = args.source or route_source(args.addr)
+    try:
+        r = Rping(args, ip)
+    except (EngineError, OSError) as e:
+        raise CliError(f"cannot open a soft RoCE device on {ip}: {e}") from None
+    try:
+        return _server(r) if args.server else _client(r, args.addr)
+    except EngineError as e:
+        raise CliError(str(e)) from None
+    finally:
+        r.close()
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser(
+        "rping",
+        help="rping: RDMA READ/WRITE ping over an rdma_cm connection, compatible with rdma-core's",
+        description="rdma-core's rping (-s | -c) [-vVd] [-S size] [-C count] [-a addr] [-I addr] [-p port]",
+        allow_abbrev=False,
+    )
+    role = p.add_mutually_exclusive_group(required=True)
+    role.add_argument("-s", dest="server", action="store_true", help="server side")
+    role.add_argument("-c", dest="client", action="store_true", help="client side")
+    p.add_argument(
+        "-a", dest="addr", type=_address, metavar="ADDR", help="address (the server's, or to listen on)"
+    )
+    p.add_argument(
+        "-I", dest="source", type=_address, metavar="ADDR", help="source address to bind to for client"
+    )
+    p.add_argument("-p", dest="port", type=int, default=DEFAULT_PORT, metavar="PORT", help="port (7174)")
+    p.add_argument(
+        "-C", dest="count", type=_count, default=0, metavar="COUNT", help="ping count times (0: forever)"
+    )
+    p.add_argument("-S", dest="size", type=_size, default=64, metavar="SIZE", help="ping data size (64)")
+    p.add_argument("-v", dest="verbose", action="count", default=0, help="display ping data to stdout")
+    p.add_argument("-V", dest="validate", action="count", default=0, help="validate ping data")
+    p.add_argument("-d", dest="debug", action="count", default=0, help="debug printfs")
+    p.set_defaults(handler=run(p, run_args))
