@@ -105,6 +105,7 @@ from rdmakit.doca.rdma import (
     RdmaWriteImmJob,
     RdmaWriteJob,
 )
+from rdmakit.doca.rdma_cm import ConnectionCallback, RdmaAddr, RdmaConnection
 from rdmakit.doca.rdma_tasks import (
     RdmaTaskAtomicCmpSwp,
     RdmaTaskAtomicFetchAdd,
@@ -122,6 +123,7 @@ from rdmakit.doca.shm import (
 )
 from rdmakit.doca.soft import SOFT_CAPS, SoftBackendDevice, SoftBackendQP, soft_devinfo
 from rdmakit.doca.soft import install as _install_soft
+from rdmakit.doca.soft_cm import SoftBackendCm, soft_cm
 from rdmakit.doca.sync_event import (
     U64_MAX,
     SyncEvent,
@@ -174,6 +176,7 @@ __all__ = [
     "CommChannel",
     "CommChannelServer",
     "ConnectAttrs",
+    "ConnectionCallback",
     "ConnectionDescriptor",
     "Ctx",
     "CtxState",
@@ -203,8 +206,10 @@ __all__ = [
     "ProgressEngine",
     "Pump",
     "Rdma",
+    "RdmaAddr",
     "RdmaAtomicCmpSwpJob",
     "RdmaAtomicFetchAddJob",
+    "RdmaConnection",
     "RdmaJob",
     "RdmaOpcode",
     "RdmaReadJob",
@@ -228,6 +233,7 @@ __all__ = [
     "RdmaWriteImmJob",
     "RdmaWriteJob",
     "SharedMemory",
+    "SoftBackendCm",
     "SoftBackendDevice",
     "SoftBackendQP",
     "StateChangedCallback",
@@ -260,6 +266,7 @@ __all__ = [
     "read_mmap_descriptor",
     "register_provider",
     "register_resolver",
+    "soft_cm",
     "soft_devinfo",
     "thread_engine",
     "write_descriptor",

@@ -229,6 +229,7 @@ class CmEvent:
     private_data: bytes = b""
     reason: int | None = None  # REJ reason (IBTA Vol. 1 Table 112), REJECTED only
     peer: tuple[IPv4Address | IPv6Address, int] | None = None  # address, port
+    local_port: int = 0  # CONNECT_REQUEST: the listened port the REQ named
     detail: str = ""  # one line for a person
 
 

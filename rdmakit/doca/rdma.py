@@ -73,6 +73,7 @@ from rdmakit.doca.descriptor import ConnectionDescriptor
 from rdmakit.doca.device import Dev, DevInfo
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.doca.mmap import AccessFlag
+from rdmakit.doca.rdma_cm import RdmaCmApi
 from rdmakit.doca.rdma_jobs import (
     JOBS,
     U32,
@@ -92,7 +93,6 @@ from rdmakit.doca.rdma_jobs import (
     check_uint,
     wc_error,
 )
-from rdmakit.doca.sync_event_remote import RdmaRemoteNetTaskApi
 from rdmakit.engine.states import QpState
 from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, WcOpcode, WcStatus
 
@@ -137,7 +137,7 @@ RDMA_PERMISSIONS = (
 )
 
 
-class Rdma(RdmaRemoteNetTaskApi):
+class Rdma(RdmaCmApi):
     """A DOCA RDMA context (``doca_rdma``): one RC connection to one peer."""
 
     def __init__(self) -> None:
@@ -394,6 +394,7 @@ class Rdma(RdmaRemoteNetTaskApi):
         self._connected()
 
     def _stop(self) -> None:
+        self._cm_release()
         self._flush("RDMA context stopped")
         if self._qp is not None:
             self._qp.reset()  # back to RESET; start() re-initialises it with a fresh PSN
@@ -404,6 +405,7 @@ class Rdma(RdmaRemoteNetTaskApi):
             self._qp.to_error()  # the buffers of flushed jobs are the caller's again
 
     def _close(self) -> None:
+        self._cm_release()
         if self._qp is not None:
             self._qp.close()
             self._qp = None
@@ -461,7 +463,8 @@ class Rdma(RdmaRemoteNetTaskApi):
         """Collect this connection's completions (the device's pump did the I/O)."""
         if self._closed:
             return False
-        return self._reap()
+        busy = self._cm_progress()  # connection events: their callbacks run here, in progress
+        return self._reap() or busy
 
     def _reap(self) -> bool:
         qp = self._qp

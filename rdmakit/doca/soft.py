@@ -28,6 +28,7 @@ from rdmakit.doca._addresses import address_problem, gid_mismatch
 from rdmakit.doca.backend import BackendCm, ConnectAttrs, DeviceCaps, JobType
 from rdmakit.doca.device import DevInfo, register_provider, register_resolver
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_engine, error_from_os
+from rdmakit.doca.soft_cm import soft_cm
 from rdmakit.engine import (
     Access,
     Completion,
@@ -269,7 +270,8 @@ class SoftBackendDevice:
             self.soft.pd.deregister(registration)
 
     def cm(self) -> BackendCm:
-        raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{self.name}: no connection manager yet")
+        """The device's connection manager: rdma_cm over its QP1 (RoCE-UDP only)."""
+        return soft_cm(self.soft)
 
     def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> SoftBackendQP:
         if self._closed:
