@@ -15,6 +15,7 @@ error, 3 on a timeout; errors are one line.
 """
 
 import argparse
+import ipaddress
 import json
 import os
 import stat
@@ -141,6 +142,10 @@ def _device(args: argparse.Namespace) -> str:
 def _session(args: argparse.Namespace, permissions: int, files: Files) -> Session:
     s = Session(_device(args), permissions=permissions, gid_index=args.gid_index)
     s.watch = files.watch
+    if args.use_rdma_cm:
+        s.enable_cm()
+    elif args.server_addr is not None:
+        raise CliError("-sa/--server-addr goes with -cm/--use-rdma-cm", EXIT_USAGE)
     return s
 
 
@@ -171,7 +176,20 @@ def _remote_mmap(args: argparse.Namespace, files: Files, s: Session) -> Mmap:
 
 
 def _start_and_connect(args: argparse.Namespace, files: Files, s: Session, desc: bytes | None = None) -> None:
-    """Publish this side's descriptor (starting the context unless ``desc`` is given) and connect."""
+    """Publish this side's descriptor (starting the context unless ``desc`` is given) and connect.
+
+    With ``-cm`` (DOCA 2.9's samples), connect by address instead: to ``-sa`` if given, else
+    listen on ``--port`` on the ``-d`` device's address; the memory descriptor still goes by file.
+    """
+    if args.use_rdma_cm:
+        kind, server = args.server_addr_type, args.server_addr
+        if kind is not None and server is not None and ipaddress.ip_address(server).version != int(kind[-1]):
+            raise CliError(f"-sa {server} is not an {kind} address", EXIT_USAGE)
+        if desc is None:
+            s.rdma.start()
+        s.cm_connect(args.server_addr, args.port, args.timeout)
+        log.info("connected by rdma_cm")
+        return
     files.publish(files.local, desc if desc is not None else s.start(), "the connection descriptor")
     log.info("connection descriptor written to %s", files.local)
     peer = _peer_descriptor(args, files)
@@ -503,6 +521,37 @@ def _runner(fn: Sample, task_fn: Sample | None = None) -> Callable[[argparse.Nam
     return handler
 
 
+#: The port ``-cm`` listens on and connects to unless ``--port`` says otherwise.
+DEFAULT_CM_PORT = 18515
+
+
+def add_cm_flags(p: argparse.ArgumentParser) -> None:
+    """DOCA 2.9 samples' connection-manager flags."""
+    p.add_argument(
+        "-cm", "--use-rdma-cm", action="store_true",
+        help="connect by address through the RDMA CM instead of descriptor files (DOCA 2.9)",
+    )  # fmt: skip
+    p.add_argument(
+        "-sa", "--server-addr", type=_ip_text, metavar="ADDR",
+        help="with -cm: the server to connect to (without it, this side listens on its -d address)",
+    )  # fmt: skip
+    p.add_argument(
+        "-sat", "--server-addr-type", choices=("ipv4", "ipv6"), default=None,
+        help="with -cm: the type of -sa (checked against it)",
+    )  # fmt: skip
+    p.add_argument(
+        "--port", "-lp", "--listen-port", dest="port", type=int_in(1, 65535), default=DEFAULT_CM_PORT,
+        metavar="PORT", help=f"with -cm: the port to listen on or connect to ({DEFAULT_CM_PORT})",
+    )  # fmt: skip
+
+
+def _ip_text(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
+
+
 def register(
     sub: "argparse._SubParsersAction[argparse.ArgumentParser]", task_api: dict[Sample, Sample] | None = None
 ) -> None:
@@ -539,6 +588,7 @@ def register(
         p.add_argument("-r", "--read-string", default=DEFAULT_STRING, help="string the responder offers")
         p.add_argument("-w", "--write-string", default=DEFAULT_STRING, help="string to write")
         p.add_argument("--timeout", type=TIMEOUT, default=30.0, help="seconds to wait for the peer (30)")
+        add_cm_flags(p)
         add_foreign_flag(p)
         p.add_argument(
             "--interactive", action="store_true", help="ask for Enter before reading the peer's file"

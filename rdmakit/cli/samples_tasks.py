@@ -50,6 +50,8 @@ RW = AccessFlag.LOCAL_READ_WRITE
 def _session(args: argparse.Namespace, permissions: int, files: Files) -> TaskSession:
     s = TaskSession(_device(args), permissions=permissions, gid_index=args.gid_index)
     s.watch = files.watch
+    if args.use_rdma_cm:
+        s.enable_cm()
     return s
 
 

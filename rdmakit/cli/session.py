@@ -23,6 +23,8 @@ from rdmakit.doca import (
     Job,
     Mmap,
     Rdma,
+    RdmaAddr,
+    RdmaConnection,
     WorkQ,
 )
 from rdmakit.transport.driver import wait_readable
@@ -156,6 +158,67 @@ class Session:
         if not ev.ok:
             raise job_failed(what, ev.error)
         return ev
+
+    # -- connecting by address (DOCA 2.9 samples' -cm) ------------------------------------------
+
+    def enable_cm(self) -> None:
+        """Set the connection callbacks (``doca_rdma_set_connection_state_callbacks``); before start."""
+        self._cm_state: dict[str, object] = {}
+        state = self._cm_state
+
+        def request(conn: RdmaConnection, ud: object) -> None:
+            if "conn" in state:
+                conn.reject()
+                return
+            state["conn"] = conn
+            conn.accept()
+
+        def established(conn: RdmaConnection, ud: object) -> None:
+            state["established"] = conn
+
+        def failure(conn: RdmaConnection, ud: object) -> None:
+            state["failed"] = str(self.rdma.error or "the connection failed")
+
+        def disconnect(conn: RdmaConnection, ud: object) -> None:
+            state["disconnected"] = True
+
+        self.rdma.set_connection_state_callbacks(request, established, failure, disconnect)
+
+    def pump(self) -> None:
+        """Progress the context once (connection callbacks run here)."""
+        while (ev := self.wq.progress_retrieve()) is not None:
+            self._events[id(ev.job)] = ev
+
+    def cm_connect(self, server: str | None, port: int, timeout: float) -> None:
+        """Connect to `server`:`port` by address, or listen on `port` for one client; until established."""
+        state = self._cm_state
+        deadline = time.monotonic() + timeout
+
+        def begin() -> None:
+            try:
+                if server is not None:
+                    self.rdma.connect_to_addr(RdmaAddr(server, port))
+                else:
+                    self.rdma.start_listen_to_port(port)
+            except DocaError as e:
+                raise CliError(f"rdma_cm: {e}") from e
+
+        begin()
+        while "established" not in state:
+            self.pump()
+            if "failed" in state:
+                # The server may not listen yet: the samples start in either order, so a client
+                # tries again until --timeout, as it waits for a descriptor file.
+                if "no listener" in str(state["failed"]) and time.monotonic() + 0.2 < deadline:
+                    del state["failed"]
+                    time.sleep(0.2)
+                    begin()
+                    continue
+                raise CliError(f"rdma_cm: {state['failed']}")
+            if time.monotonic() > deadline:
+                what = f"the connection to {server}:{port}" if server else f"a client on port {port}"
+                raise CliError(f"timed out after {timeout:g} s waiting for {what}", status=3)
+            time.sleep(0.0005)
 
     def close(self) -> None:
         """Children before parents: context, work queue, mmaps, inventory, device."""

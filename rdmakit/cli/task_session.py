@@ -49,6 +49,9 @@ class TaskSession(Session):
     def _failed(self, task: Task, task_user_data: object, ctx_user_data: object) -> None:
         self.done.append(task)
 
+    def pump(self) -> None:
+        self.pe.progress()
+
     def wait_tasks(self, tasks: Iterable[Task], timeout: float, what: str) -> None:
         """Progress until every task's callback ran, or CliError after ``timeout`` seconds."""
         want = list(tasks)
