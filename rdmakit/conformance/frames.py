@@ -221,10 +221,10 @@ class Rx:
         return s
 
 
-def dissect(src: str, sport: int, dst: str, dport: int, body: bytes, ip_header: bytes | None) -> Rx | None:
-    """Dissect one received UDP payload; None when it is not an RC packet scapy can read."""
-    if len(body) < 16:
-        return None
+def check_icrc(
+    src: str, sport: int, dst: str, dport: int, body: bytes, ip_header: bytes | None
+) -> tuple[bool, str, int]:
+    """Whether ``body``'s ICRC checks; how it was checked; the IPv4 ID it covers (-1: none)."""
     if ip_header is not None:
         ip_id = int.from_bytes(ip_header[4:6], "big")
         df = bool(ip_header[6] & 0x40)
@@ -235,14 +235,18 @@ def dissect(src: str, sport: int, dst: str, dport: int, body: bytes, ip_header: 
             method += f": the IP ID was {ip_id:#06x}, the ICRC covers " + (
                 f"ID {meant:#06x}" if meant is not None else "no ID"
             )
-    else:
-        df = True
-        solved = solve_ip_id(src, dst, sport, dport, body, df)
-        if solved is None:
-            solved = solve_ip_id(src, dst, sport, dport, body, False)
-        ok = solved is not None
-        ip_id = -1 if solved is None else solved
-        method = "solved-id"
+        return ok, method, ip_id
+    solved = solve_ip_id(src, dst, sport, dport, body, True)
+    if solved is None:
+        solved = solve_ip_id(src, dst, sport, dport, body, False)
+    return solved is not None, "solved-id", -1 if solved is None else solved
+
+
+def dissect(src: str, sport: int, dst: str, dport: int, body: bytes, ip_header: bytes | None) -> Rx | None:
+    """Dissect one received UDP payload; None when it is not an RC packet scapy can read."""
+    if len(body) < 16:
+        return None
+    ok, method, ip_id = check_icrc(src, sport, dst, dport, body, ip_header)
     bth = BTH(body)
     op = int(bth.opcode)
     pad = int(bth.padcount)

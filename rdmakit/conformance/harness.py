@@ -2,7 +2,8 @@
 
 A case is a function of a `Ctx` registered with `case`: an id, the tester's
 role (``requester``: the tester sends requests and the DUT responds;
-``responder``: the DUT is the requester), a one-line purpose, what it
+``responder``: the DUT is the requester; ``cm``: the tester connects to
+the DUT through its QP1), a one-line purpose, what it
 follows (an IBTA Vol. 1 section or rule, Annex A17, else the Linux rxe
 function or datenlord/roce-sim case) and the expected result. It fails by
 raising `CaseFail` and skips with `Skip`.
@@ -19,10 +20,11 @@ from typing import Any
 
 from rdmakit.transport.probe import ProbeLink
 
+from . import cm_frames as C
 from . import frames as F
 from .control import TargetClient
 
-Role = str  # "requester" | "responder": the tester's role
+Role = str  # "requester" | "responder" | "cm" (the active side, MADs to QP1): the tester's role
 
 
 class CaseFail(Exception):
@@ -277,3 +279,40 @@ class Ctx:
     def qpn(self) -> int:
         assert self.qp is not None
         return self.qp.qpn
+
+    # -- CM MADs to and from the DUT's QP1 (IBTA Vol. 1 ch. 12) --
+    def send_mad(self, message: Any, **kw: Any) -> None:
+        self.log.append(f"-> MAD {message.summary()} at {time.monotonic():.6f}")
+        self.link.send(C.build_mad(self.flow, message, **kw), (self.dut_ip, F.ROCE_PORT))
+
+    def recv_mad(self, timeout: float = 3.0) -> C.MadRx | None:
+        """The DUT's next CM MAD (ICRC checked), or None within `timeout`; other packets are passed over."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            d = self.link.recv(left)
+            if d is None:
+                return None
+            if d.src_ip != self.dut_ip:
+                continue
+            rx = C.dissect_mad(d.src_ip, d.sport, self.link.ip, self.link.port, d.payload, d.ip_header)
+            if rx is None:
+                continue
+            self.received += 1
+            self.icrc_methods.add(rx.icrc_method)
+            self.log.append(f"<- {rx.describe()} at {time.monotonic():.6f}")
+            check(rx.icrc_ok, f"the DUT sent a bad ICRC ({rx.icrc_method}): {rx.describe()}")
+            check(rx.qkey == C.QP1_QKEY, f"the DUT's MAD carried Q_Key {rx.qkey:#x}, not 0x80010000")
+            check(rx.srcqp == 1, f"the DUT's MAD came from QP {rx.srcqp}, not QP1")
+            return rx
+        return None
+
+    def expect_mad(self, attr: int, what: str, timeout: float = 5.0) -> C.MadRx:
+        rx = self.recv_mad(timeout)
+        if rx is None:
+            raise CaseFail(f"expected {what}, got nothing in {timeout:g} s")
+        check(rx.attr == attr, f"expected {what}, got {rx.describe()}")
+        return rx
+
+    def no_mad(self, wait: float = 1.0) -> None:
+        rx = self.recv_mad(wait)
+        check(rx is None, f"expected no MAD, got {rx.describe() if rx else ''}")

@@ -42,7 +42,7 @@ class Result:
 
 
 def load_cases() -> list[Case]:
-    from . import dut_requester, dut_requester_errors, dut_responder, dut_responder_errors  # noqa: F401
+    from . import dut_cm, dut_requester, dut_requester_errors, dut_responder, dut_responder_errors  # noqa: F401
 
     return list(CASES)
 

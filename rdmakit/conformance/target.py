@@ -33,6 +33,7 @@ from rdmakit.engine import (
     SendWR,
     WrOpcode,
 )
+from rdmakit.transport.cma import CmaEventKind, RdmaCm
 from rdmakit.transport.comm import Listener, MessageSocket
 from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.port import PeerAddress
@@ -119,7 +120,7 @@ class Target:
             "modify_qp": self.modify_qp, "query_qp": self.query_qp, "reg_mr": self.reg_mr,
             "dereg_mr": self.dereg_mr, "write_mem": self.write_mem, "read_mem": self.read_mem,
             "post_recv": self.post_recv, "post_send": self.post_send, "poll": self.poll,
-            "cleanup": self.cleanup,
+            "cleanup": self.cleanup, "cm_listen": self.cm_listen, "cm_events": self.cm_events,
         }  # fmt: skip
 
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -319,6 +320,20 @@ class Target:
         recv = [_wc(q.recv.popleft()) for _ in range(min(n, len(q.recv)))]
         return {"send": send, "recv": recv}
 
+    # -- the connection manager: listen on a port, accept every request, report what happened --
+    def cm_listen(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self._dev_cm_listen(_int(msg, "port", 1, 0x10000))
+        return {}
+
+    def cm_events(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"events": self._dev_cm_events()}
+
+    def _dev_cm_listen(self, port: int) -> None:
+        raise Refused("this target has no connection manager")
+
+    def _dev_cm_events(self) -> list[dict[str, Any]]:
+        raise Refused("this target has no connection manager")
+
     def cleanup(self, msg: dict[str, Any]) -> dict[str, Any]:
         for q in list(self.qps.values()):
             self._dev_destroy_qp(q.qp)
@@ -327,6 +342,11 @@ class Target:
             self._dev_deregister(mr)
         self.mrs.clear()
         return {}
+
+
+#: Connections the agent accepts at most, and events it keeps for the tester.
+CM_QPS_MAX = 64
+CM_LOG_MAX = 256
 
 
 class SoftTarget(Target):
@@ -338,6 +358,14 @@ class SoftTarget(Target):
         super().__init__()
         self.dev = dev
         self._cqs: dict[int, tuple[CompletionQueue, CompletionQueue]] = {}
+        # QP1 answers from the start, as a kernel's CM does: a REQ nobody listens for gets its REJ.
+        self.cm: RdmaCm | None = (
+            RdmaCm(dev, timeout_exponent=16, max_retries=4, timewait=1.0)
+            if dev.udp_port is not None
+            else None
+        )
+        self._cm_log: list[dict[str, Any]] = []
+        self._cm_qps: list[QueuePair] = []
 
     def _dev_info(self) -> dict[str, Any]:
         return {
@@ -391,8 +419,36 @@ class SoftTarget(Target):
         q.send.extend(scq.poll(n))
         q.recv.extend(rcq.poll(n))
 
+    def _dev_cm_listen(self, port: int) -> None:
+        if self.cm is None:
+            raise Refused("a TCP device has no QP1 and no connection manager")
+        self.cm.listen(port)
+
+    def _dev_cm_events(self) -> list[dict[str, Any]]:
+        if self.cm is None:
+            raise Refused("a TCP device has no QP1 and no connection manager")
+        self.progress()
+        out, self._cm_log = self._cm_log, []
+        return out
+
+    def _cm_pump(self) -> None:
+        """Accept every request with a fresh QP; note each event for `cm_events`."""
+        cm = self.cm
+        assert cm is not None
+        now = time.monotonic()
+        while (ev := cm.poll_event(now)) is not None:
+            if ev.kind is CmaEventKind.CONNECT_REQUEST and len(self._cm_qps) < CM_QPS_MAX:
+                scq = CompletionQueue(CQ_DEPTH)
+                qp = self.dev.create_qp(send_cq=scq, recv_cq=scq)
+                self._cm_qps.append(qp)
+                cm.accept(ev.conn, qp, now)
+            self._cm_log.append({"event": ev.kind.name, "peer": ev.peer_ip, "reason": ev.reason})
+            del self._cm_log[:-CM_LOG_MAX]
+
     def progress(self) -> None:
         self.dev.progress(time.monotonic())
+        if self.cm is not None:
+            self._cm_pump()
 
     def fileno(self) -> int | None:
         return self.dev.fileno()

@@ -21,7 +21,8 @@ def test_client_and_server_ping_and_validate(new_ip: Callable[[], str]) -> None:
     assert (rc, s_rc) == (0, 0), (out, err, s_out, s_err)
     pings = out.splitlines()
     assert len(pings) == 5
-    assert pings[0] == "ping data: rdma-ping-0: " + "".join(chr(c) for c in range(65, 65 + 64 - 1 - len("rdma-ping-0: ")))
+    head = "rdma-ping-0: "
+    assert pings[0] == "ping data: " + head + "".join(chr(c) for c in range(65, 65 + 64 - 1 - len(head)))
     assert pings[1].startswith("ping data: rdma-ping-1: BCD")
     assert [line.removeprefix("server ") for line in s_out.splitlines()] == pings
     assert "client DISCONNECT EVENT..." in err

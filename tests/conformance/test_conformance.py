@@ -21,7 +21,7 @@ from tests.conformance.mutations import MUTATIONS
 
 pytest.importorskip("scapy")
 
-ROLES = {"requester", "responder"}  # the tester's role
+ROLES = {"requester", "responder", "cm"}  # the tester's role
 OUTCOMES = {"PASS", "FAIL", "KNOWN-DEVIATION", "SKIPPED"}
 
 
