@@ -27,6 +27,11 @@ notification handle, clear), one trio task at a time; the task's own
 callbacks (``set_conf``) still run, inside ``progress``, before the await
 returns.
 
+Connecting by address (DOCA 2.7+): after ``rdma.connect_to_addr(addr)`` or
+``rdma.start_listen_to_port(port)``, ``await aio.wait_connected(rdma)``
+drives the engine until the connection is established (the connection
+callbacks still run, inside progress) and raises if it failed.
+
 Failed jobs are returned, not raised: check ``event.ok`` and ``event.error``
 as with ``WorkQ.progress_retrieve``. Misuse (submitting to a stopped context,
 a full WorkQ, ...) raises `DocaError` at once, as ``WorkQ.submit`` does.
@@ -37,12 +42,23 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from rdmakit.doca.ctx import Event, Job, WorkQ
+from rdmakit.doca.ctx import CtxState, Event, Job, WorkQ
 from rdmakit.doca.errors import DocaError, DocaErrorCode
 from rdmakit.doca.pe import ProgressEngine
+from rdmakit.doca.rdma import Rdma
+from rdmakit.doca.rdma_cm import RdmaConnection
 from rdmakit.doca.tasks import Task, TaskState
 
-__all__ = ["next_event", "progress", "run_job", "run_jobs", "run_task", "wait_job", "wait_task"]
+__all__ = [
+    "next_event",
+    "progress",
+    "run_job",
+    "run_jobs",
+    "run_task",
+    "wait_connected",
+    "wait_job",
+    "wait_task",
+]
 
 
 class _Waiters:
@@ -252,6 +268,28 @@ async def wait_task(task: Task) -> Task:
         raise DocaError(DocaErrorCode.BAD_STATE, f"{task!r} is not submitted")
     await _drive_until(pe, lambda: task._completions != seen)
     return task
+
+
+async def wait_connected(rdma: Rdma) -> RdmaConnection:
+    """Progress `rdma`'s engine until its connection by address is established; returns it.
+
+    After `Rdma.connect_to_addr`, or `Rdma.start_listen_to_port` on the
+    passive side (the request callback still decides). A failure (the
+    failure callback ran) raises the context's error; the callbacks run, in
+    progress, before this returns.
+    """
+    pe = rdma.pe
+    if pe is None:
+        raise DocaError(DocaErrorCode.NOT_CONNECTED, "the context has no progress engine")
+
+    def settled() -> bool:
+        return rdma.state is not CtxState.STARTING or rdma.error is not None
+
+    await _drive_until(pe, settled)
+    conn = rdma.connection
+    if rdma.state is not CtxState.RUNNING or conn is None:
+        raise rdma.error or DocaError(DocaErrorCode.NOT_CONNECTED, f"the context is {rdma.state.name}")
+    return conn
 
 
 async def run_task(task: Task) -> Task:

@@ -202,6 +202,11 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
             self._cm_hub = _hub(dev.backend.cm())
         return self._cm_hub
 
+    @property
+    def connection(self) -> RdmaConnection | None:
+        """The context's connection (requested, connecting or established), if any."""
+        return self._cm_conn
+
     # -- listening and connecting ---------------------------------------------------------------
 
     def start_listen_to_port(self, port: int) -> None:

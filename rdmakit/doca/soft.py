@@ -248,6 +248,8 @@ class SoftBackendDevice:
         self.pump.add(self.soft)
         self._qps: list[SoftBackendQP] = []
         self._closed = False
+        if transport == "roce-udp":
+            soft_cm(self.soft)  # QP1 answers from the start, as a NIC's CM does (REJ when nobody listens)
 
     @property
     def gid(self) -> IPv6Address:

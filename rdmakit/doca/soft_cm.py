@@ -137,7 +137,10 @@ class SoftBackendCm:
         while (ev := self.cma.poll_event(now)) is not None:
             if ev.kind is not CmaEventKind.CONNECT_REQUEST:
                 self._deadlines.pop(ev.conn, None)
-            detail = _REASONS.get(ev.reason or 0, f"REJ reason {ev.reason}" if ev.reason else "")
+            if ev.kind is CmaEventKind.UNREACHABLE:
+                detail = "no answer from the peer's connection manager"
+            else:
+                detail = _REASONS.get(ev.reason or 0, f"REJ reason {ev.reason}" if ev.reason else "")
             peer_port = ev.peer_port if ev.kind is CmaEventKind.CONNECT_REQUEST else 0
             out.append(
                 CmEvent(

@@ -199,3 +199,47 @@ def test_misuse(duo: Duo) -> None:
         error_code(lambda: d.server.rdma.set_connection_state_callbacks(cb, cb, cb, cb))
         is DocaErrorCode.BAD_STATE
     )
+
+
+def test_await_the_connection_with_trio(duo: Duo) -> None:
+    """rdmakit.doca.aio.wait_connected: both sides awaited in one trio run; a refusal raises."""
+    import trio
+
+    from rdmakit.doca import aio
+
+    d = duo
+    d.server.rdma.start()
+    d.client.rdma.start()
+    d.server.rdma.start_listen_to_port(PORT)
+    d.client.rdma.connect_to_addr(RdmaAddr(d.server.ip, PORT))
+    got: dict[str, RdmaConnection] = {}
+
+    async def main() -> None:
+        async def side(name: str, rdma: Rdma) -> None:
+            got[name] = await aio.wait_connected(rdma)
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as n:
+                n.start_soon(side, "client", d.client.rdma)
+                n.start_soon(side, "server", d.server.rdma)
+
+    trio.run(main)
+    assert got["client"].state == "established"
+    assert got["server"].state == "established"
+
+
+def test_await_a_refused_connection_raises(duo: Duo) -> None:
+    import trio
+
+    from rdmakit.doca import DocaError, aio
+
+    d = duo
+    d.client.rdma.start()
+    d.client.rdma.connect_to_addr(RdmaAddr(d.server.ip, PORT))  # the server's device has no listener
+
+    async def main() -> None:
+        with trio.fail_after(20):
+            await aio.wait_connected(d.client.rdma)
+
+    with pytest.raises(DocaError, match="no listener"):
+        trio.run(main)
