@@ -69,13 +69,15 @@ def test_rdmakit_client_against_rdma_server(guest: LabGuest) -> None:
     assert "end 0" in c.stdout + c.stderr, _report(host, c)
 
 
-def test_rdma_client_against_rdmakit_server(guest: LabGuest) -> None:
+def _host_server(
+    guest: LabGuest, cmd: list[str], *client: str
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """A host-side server (`cmd`), then the guest's `client` against it: both results, the host's first."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = guest.host_command(sys.executable, str(HOST), HOST_ADDR, "server", "7471")
     host = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        time.sleep(1)
-        c = guest.run("rdma_client", "-s", HOST_ADDR, "-p", "7471", timeout=200)
+        time.sleep(1.5)
+        c = guest.run(*client, timeout=200)
         out, err = host.communicate(timeout=200)
     finally:
         if host.poll() is None:
@@ -84,6 +86,12 @@ def test_rdma_client_against_rdmakit_server(guest: LabGuest) -> None:
     h = subprocess.CompletedProcess(cmd, host.returncode, out, err)
     assert c.returncode == 0, _report(h, c)
     assert h.returncode == 0, _report(h, c)
+    return h, c
+
+
+def test_rdma_client_against_rdmakit_server(guest: LabGuest) -> None:
+    cmd = guest.host_command(sys.executable, str(HOST), HOST_ADDR, "server", "7471")
+    h, c = _host_server(guest, cmd, "rdma_client", "-s", HOST_ADDR, "-p", "7471")
     assert "end 0" in c.stdout + c.stderr, _report(h, c)
 
 
@@ -118,20 +126,8 @@ def test_rdmakit_rping_client_against_rping_server(guest: LabGuest, size: str) -
 
 def test_rping_client_against_rdmakit_rping_server(guest: LabGuest) -> None:
     """rdmakit rping -s; rping -c -v -V -C 10 on rxe: it validates every pong."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = _rdmakit(guest, "rping", "-s", "-a", HOST_ADDR, "-v")
-    host = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        time.sleep(1.5)
-        c = guest.run("rping", "-c", "-a", HOST_ADDR, "-v", "-V", "-C", "10", timeout=200)
-        out, err = host.communicate(timeout=200)
-    finally:
-        if host.poll() is None:
-            host.kill()
-            host.wait()
-    h = subprocess.CompletedProcess(cmd, host.returncode, out, err)
-    assert c.returncode == 0, _report(h, c)
-    assert h.returncode == 0, _report(h, c)
-    theirs, ours = _pings(c.stdout, "ping data: "), _pings(out, "server ping data: ")
+    h, c = _host_server(guest, cmd, "rping", "-c", "-a", HOST_ADDR, "-v", "-V", "-C", "10")
+    theirs, ours = _pings(c.stdout, "ping data: "), _pings(h.stdout, "server ping data: ")
     assert len(theirs) == 10, _report(h, c)
     assert [line.removeprefix("server ") for line in ours] == theirs, _report(h, c)
