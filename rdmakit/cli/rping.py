@@ -76,6 +76,7 @@ class Rping:
         self.qp: QueuePair = self.dev.create_qp(send_cq=self.cq, recv_cq=self.cq)
         self.disconnected = False
         self.wcs: list[Completion] = []
+        self.events: list[CmaEvent] = []
 
     def debug(self, text: str) -> None:
         if self.args.debug:
@@ -86,10 +87,10 @@ class Rping:
 
     # -- pumping ------------------------------------------------------------------------------------
 
-    def pump(self) -> list[CmaEvent]:
+    def pump(self) -> None:
+        """Progress the device; keep connection events (`events`) and completions (`wcs`)."""
         now = time.monotonic()
         self.dev.progress(now)
-        events = []
         while (ev := self.cm.poll_event(now)) is not None:
             self.debug(f"cma_event type {ev.kind.name}")
             if ev.kind is CmaEventKind.DISCONNECTED:
@@ -98,14 +99,13 @@ class Rping:
             elif ev.kind in (CmaEventKind.REJECTED, CmaEventKind.UNREACHABLE):
                 why = _REASONS.get(ev.reason or 0, "")
                 raise CliError(f"cma event {ev.kind.name}, error {ev.reason}{f': {why}' if why else ''}")
-            events.append(ev)
+            self.events.append(ev)
         for wc in self.cq.poll(16):
             if wc.status is WcStatus.WR_FLUSH_ERR:
                 continue
             if wc.status is not WcStatus.SUCCESS:
                 raise CliError(f"cq completion failed status {wc.status.value} ({wc.status.name})")
             self.wcs.append(wc)
-        return events
 
     def wait_for(self, what: str, done: Callable[[], bool], limit: float | None = None) -> bool:
         """Pump until `done`; False if the peer disconnected first."""
@@ -120,14 +120,9 @@ class Rping:
         return True
 
     def wait_events(self, what: str, limit: float | None = None) -> list[CmaEvent]:
-        """Pump until a connection event (a CONNECT_REQUEST or ESTABLISHED) comes."""
-        events: list[CmaEvent] = []
-
-        def got() -> bool:
-            events.extend(self.pump())
-            return bool(events)
-
-        self.wait_for(what, got, limit)
+        """Pump until a connection event (a CONNECT_REQUEST or ESTABLISHED) comes; the events so far."""
+        self.wait_for(what, lambda: bool(self.events), limit)
+        events, self.events = self.events, []
         return events
 
     def wait_wc(self, opcode: WcOpcode) -> bool:

@@ -21,7 +21,13 @@ def spawn(*args: str, **kw: object) -> subprocess.Popen[str]:
 
 
 def finish(p: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
-    out, err = p.communicate(timeout=timeout)
+    """The exit status and output of `p`; past `timeout` it is killed (not left to a later test)."""
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise
     return p.returncode, out.strip(), err.strip()
 
 

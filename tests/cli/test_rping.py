@@ -13,11 +13,15 @@ from tests.cli.cli_util import finish, run_once, spawn
 def test_client_and_server_ping_and_validate(new_ip: Callable[[], str]) -> None:
     server_ip, client_ip = new_ip(), new_ip()
     server = spawn("rping", "-s", "-a", server_ip, "-v", "-p", "7300")
-    time.sleep(0.8)
-    rc, out, err = run_once(
-        "rping", "-c", "-a", server_ip, "-I", client_ip, "-p", "7300", "-v", "-V", "-C", "5"
-    )
-    s_rc, s_out, s_err = finish(server)
+    try:
+        time.sleep(0.8)
+        client = ("rping", "-c", "-a", server_ip, "-I", client_ip, "-p", "7300", "-v", "-V", "-C", "5")
+        rc, out, err = run_once(*client, timeout=120)
+        s_rc, s_out, s_err = finish(server, timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
     assert (rc, s_rc) == (0, 0), (out, err, s_out, s_err)
     pings = out.splitlines()
     assert len(pings) == 5
