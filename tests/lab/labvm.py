@@ -174,12 +174,20 @@ def lab_marks(timeout: int) -> list[pytest.MarkDecorator]:
 
 
 @contextmanager
-def booted(instance: str, tap_queue: int | None = None) -> Iterator[LabGuest]:
-    """A guest of `instance` for the duration (a module fixture's body), stopped however it ends."""
+def booted(instance: str, tap_queue: int | None = None, *, rdma_cm: bool = False) -> Iterator[LabGuest]:
+    """A guest of `instance` for the duration (a module fixture's body), stopped however it ends.
+
+    `rdma_cm`: load the kernel's RDMA CM first. The kernel answers CM MADs on QP1 only once
+    ``rdma_cm`` is loaded (librdmacm's first user loads it; a distribution's rdma-load-modules
+    does at boot).
+    """
     g = LabGuest.boot(instance)
     try:
         if tap_queue is not None:
             g.set_tap_queue(tap_queue)
+        if rdma_cm:
+            loaded = g.run("modprobe", "rdma_ucm", timeout=120)
+            assert loaded.returncode == 0, loaded.stdout + loaded.stderr
         yield g
     finally:
         g.stop()

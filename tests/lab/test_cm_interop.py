@@ -30,11 +30,7 @@ pytestmark = lab_marks(900)
 
 @pytest.fixture(scope="module")
 def guest() -> Iterator[LabGuest]:
-    with booted(INSTANCE, tap_queue=4096) as g:
-        # The kernel's CM answers on QP1 once rdma_cm is loaded (librdmacm's first user loads it;
-        # a distribution's rdma-load-modules does at boot).
-        loaded = g.run("modprobe", "rdma_ucm", timeout=120)
-        assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    with booted(INSTANCE, tap_queue=4096, rdma_cm=True) as g:
         yield g
 
 

@@ -33,10 +33,7 @@ pytestmark = lab_marks(2400)
 
 @pytest.fixture(scope="module")
 def guest() -> Iterator[LabGuest]:
-    with booted(INSTANCE, tap_queue=16384) as g:
-        # The kernel's CM answers on QP1 once rdma_cm is loaded (the cm.* cases need it).
-        loaded = g.run("modprobe", "rdma_ucm", timeout=120)
-        assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    with booted(INSTANCE, tap_queue=16384, rdma_cm=True) as g:
         yield g
 
 
