@@ -381,6 +381,11 @@ class CmEndpoint:
 
     # -- output ---------------------------------------------------------------------------------------
 
+    @property
+    def has_output(self) -> bool:
+        """Whether `poll_transmit` has MADs to give (cheap: the pump asks at every turn)."""
+        return bool(self._out)
+
     def poll_transmit(self) -> list[tuple[Hashable, CmMad]]:
         out = list(self._out)
         self._out.clear()
@@ -390,6 +395,8 @@ class CmEndpoint:
         return self._events.popleft() if self._events else None
 
     def get_timer(self) -> float | None:
+        if not self._conns:
+            return None
         deadlines = [c.deadline for c in self._conns.values() if c.deadline is not None]
         return min(deadlines) if deadlines else None
 

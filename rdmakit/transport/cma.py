@@ -37,7 +37,7 @@ from rdmakit.wire import ROCE_UDP_PORT, WireError
 from rdmakit.wire.cm import CMA_HDR_LEN, CmaHeader, CmMad, PortSpace, RejReason, service_id
 
 from .connect import ConnectOptions, Endpoint, connect_qp, init_qp
-from .device import SoftDevice
+from .device import SoftDevice, gid_of
 
 __all__ = ["MAX_ACCEPT_PRIVATE", "MAX_CONNECT_PRIVATE", "CmaEvent", "CmaEventKind", "RdmaCm"]
 
@@ -92,9 +92,7 @@ def route_source(dst: str) -> str:
 
 
 def _gid(ip: str) -> int:
-    a = ipaddress.ip_address(ip)
-    packed = a.packed if a.version == 6 else bytes(10) + b"\xff\xff" + a.packed
-    return int.from_bytes(packed, "big")
+    return int(ipaddress.IPv6Address(gid_of(ip)))
 
 
 class RdmaCm:

@@ -202,8 +202,7 @@ class SoftDevice:
                     qp.handle_timer(now)
         gsi = self.gsi
         if gsi is not None:
-            t = gsi.deadline()
-            if t is not None and t <= now:
+            if d is not None and d <= now:  # the CM's deadlines are in the cached earliest one too
                 gsi.handle_timer(now)
             if gsi.transmit(now):
                 busy = True

@@ -96,6 +96,8 @@ class Gsi:
 
     def transmit(self, now: float) -> bool:
         """Send what the CM produced; what the socket does not take waits for the next call."""
+        if not self._backlog and not self.cm.has_output:
+            return False  # the common case, at every turn of the pump
         out = self.cm.poll_transmit()
         for peer, mad in out:
             self._backlog.append(self._datagram(str(peer), encode_cm(mad)))
