@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from ipaddress import IPv6Address
 
 from rdmakit.cli.bench_qp import TestQp, oob_timeout, open_device
 from rdmakit.cli.errors import CliError
@@ -49,6 +50,7 @@ from rdmakit.cli.oob_messages import (
     encode_version,
     version_value,
 )
+from rdmakit.cli.perftest_cm import KEY_BIN_LEN, CmLink, CmQps, decode_dest, encode_dest
 from rdmakit.cli.perftest_params import (
     CACHE_LINE,
     CYCLE_BUFFER,
@@ -91,11 +93,15 @@ RUN_WAIT_FACTOR = 10
 
 
 class Exchange:
-    """perftest's ``ctx_xchg_data``: fixed-size, the client writes first, the server reads first."""
+    """perftest's ``ctx_xchg_data``: fixed-size, the client writes first, the server reads first.
 
-    def __init__(self, stream: OobStream, client: bool) -> None:
+    Over TCP (`OobStream`) or, with ``-R``/``-z``, over an RDMA CM connection (`CmLink`), where
+    the key message is binary and the end sends no ``"done"``."""
+
+    def __init__(self, stream: OobStream | CmLink, client: bool) -> None:
         self.stream = stream
         self.client = client
+        self.binary = isinstance(stream, CmLink)
         self.timeout = oob_timeout()
         self.qps: list[TestQp] = []
 
@@ -116,13 +122,17 @@ class Exchange:
 
     def hand_shake(self, mine: PerftestDest, long_wait: bool = False) -> PerftestDest:
         t = self.timeout * RUN_WAIT_FACTOR if long_wait else self.timeout
+        if self.binary:
+            return decode_dest(self.xchg(encode_dest(mine), KEY_BIN_LEN, "the key message", t))
         return PerftestDest.decode(self.xchg(mine.encode(), KEY_MSG_LEN, "the key message", t))
 
     def close_connection(self, mine: PerftestDest, long_wait: bool = False) -> None:
-        """``ctx_close_connection``: one more barrier, then ``"done"`` (nobody reads it) and close."""
+        """``ctx_close_connection``: one more barrier, then ``"done"`` (nobody reads it) and close;
+        over RDMA CM the barrier alone (the connections end after the test)."""
         self.hand_shake(mine, long_wait)
-        self.stream.send(b"done\0")
-        self.stream.close()
+        if not self.binary:
+            self.stream.send(b"done\0")
+            self.stream.close()
 
     def reports(self, mine: BwReport) -> BwReport:
         """``xchg_bw_reports``: five fields, each its own exchange."""
@@ -183,15 +193,26 @@ def main(name: str, argv: Sequence[str]) -> int:
 
 def _run(p: Params, dev: BackendDevice) -> int:
     own_mtu = min(p.mtu or dev.mtu, dev.mtu, 4096)
-    if p.client:
-        assert p.server is not None
-        stream = OobStream.connect(p.server, p.port, oob_timeout())
-    else:
+    if not p.client:
         out(
             "\n************************************\n"
             "* Waiting for client to connect... *\n"
             "************************************"
         )
+    stream: OobStream | CmLink
+    if p.comm_rdma_cm:
+        stream = CmLink(dev, p.port, oob_timeout())
+        if p.client:
+            assert p.server is not None
+            stream.connect(p.server)
+        else:
+            stream.timeout *= RUN_WAIT_FACTOR  # waiting for the client
+            stream.accept()
+            stream.timeout /= RUN_WAIT_FACTOR
+    elif p.client:
+        assert p.server is not None
+        stream = OobStream.connect(p.server, p.port, oob_timeout())
+    else:
         stream = OobStream.accept(p.port, oob_timeout() * RUN_WAIT_FACTOR)
     with stream:
         ex = Exchange(stream, p.client)
@@ -200,20 +221,48 @@ def _run(p: Params, dev: BackendDevice) -> int:
         res = Resources(p, dev, neg.cycle_buffer)
         ex.qps = res.qps
         try:
-            return _test(p, ex, res, mtu)
+            if not isinstance(stream, CmLink) or not p.rdma_cm:
+                return _test(p, ex, res, mtu)
+            cm_qps = _connect_cm(p, ex, stream, res)
+            status = _test(p, ex, res, mtu)
+            cm_qps.close(p.client)
+            return status
         finally:
             res.close()
 
 
+def _connect_cm(p: Params, ex: Exchange, link: CmLink, res: Resources) -> CmQps:
+    """``create_rdma_cm_connection``: a barrier, a connection per QP, a barrier. The barriers carry
+    perftest's still-empty ``my_dest``."""
+    empty = PerftestDest(lid=0, out_reads=0, qpn=0, psn=0, rkey=0, vaddr=0, gid=IPv6Address(0))
+    ex.hand_shake(empty)
+    for q in res.qps:
+        _attributes(p, q, p.out_reads)
+    cm_qps = CmQps(link, res.qps)
+    if p.client:
+        assert p.server is not None
+        cm_qps.connect(p.server)
+    else:
+        cm_qps.accept()
+    ex.hand_shake(empty)
+    return cm_qps
+
+
+def _attributes(p: Params, q: TestQp, peer_out_reads: int) -> None:
+    q.set_options(
+        min_rnr_timer=12, rnr_retry=7, max_dest_rd_atomic=p.out_reads,
+        max_rd_atomic=max(1, min(peer_out_reads, MAX_OUT_READ)),
+        hop_limit=255,
+    )  # fmt: skip
+    if p.qp_timeout is not None:
+        q.set_options(timeout=p.qp_timeout)
+
+
 def _connect(p: Params, res: Resources, rem: list[PerftestDest], mtu: int) -> None:
+    if p.rdma_cm:
+        return  # the QPs were connected by RDMA CM
     for q, r in zip(res.qps, rem, strict=True):
-        q.set_options(
-            min_rnr_timer=12, rnr_retry=7, max_dest_rd_atomic=p.out_reads,
-            max_rd_atomic=max(1, min(r.out_reads, MAX_OUT_READ)),
-            hop_limit=255,
-        )  # fmt: skip
-        if p.qp_timeout is not None:
-            q.set_options(timeout=p.qp_timeout)
+        _attributes(p, q, r.out_reads)
         q.connect(gid=r.gid, qpn=r.qpn, psn=r.psn, mtu=mtu)
 
 

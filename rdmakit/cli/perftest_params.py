@@ -83,6 +83,10 @@ class Params:
     duration: int | None = None
     #: ``-u``: the local ACK timeout code (4.096 µs × 2^code); None keeps the device's default.
     qp_timeout: int | None = None
+    #: ``-R``: the test's QPs are connected by RDMA CM (and the exchange runs over it: ``-z``).
+    rdma_cm: bool = False
+    #: ``-z`` (or ``-R``): the out-of-band exchange is an RC connection made by RDMA CM, not TCP.
+    comm_rdma_cm: bool = False
     sizes: list[int] = field(default_factory=list)
 
     @property
@@ -104,7 +108,9 @@ def build_parser(name: str) -> argparse.ArgumentParser:
         description=f"{name}: perftest's test on rdmakit (perftest 6.06 exchange)",
     )
     p.add_argument("server", nargs="?", help="the server's address (client); none: be the server")
-    p.add_argument("-p", "--port", type=_int, default=DEF_PORT, help="TCP port of the exchange (18515)")
+    p.add_argument(
+        "-p", "--port", type=_int, default=DEF_PORT, help="port of the exchange (TCP; rdma_cm: -R/-z)"
+    )
     p.add_argument("-d", "--ib-dev", dest="device", help="device: a soft device's address, or a verbs device")
     p.add_argument("-x", "--gid-index", type=_int, help="GID index (verbs devices)")
     p.add_argument("-s", "--size", type=_int, help="message size")
@@ -123,6 +129,13 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     p.add_argument(
         "-u", "--qp-timeout", dest="qp_timeout", type=_int, help="QP timeout, 4.096 µs * 2^timeout (0..31)"
     )
+    p.add_argument(
+        "-R", "--rdma_cm", dest="rdma_cm", action="store_true", help="connect the QPs with rdma_cm"
+    )
+    p.add_argument(
+        "-z", "--comm_rdma_cm", dest="comm_rdma_cm", action="store_true",
+        help="exchange data over an rdma_cm connection instead of TCP",
+    )  # fmt: skip
     p.add_argument("--report_gbits", action="store_true", help="report Gb/sec instead of MB/sec")
     p.add_argument("-V", "--version", action="version", version=f"Version: {ANNOUNCED_VERSION}")
     return p
@@ -200,5 +213,6 @@ def parse(name: str, argv: Sequence[str]) -> Params:
         size=MAX_SIZE if run_all else size, iters=iters, run_all=run_all, tx_depth=tx_depth,
         rx_depth=rx_depth, cq_mod=cq_mod, mtu=a.mtu, num_qps=a.qp, duplex=a.bidirectional,
         atomic_cas=a.atomic_type == "CMP_AND_SWAP", gbits=a.report_gbits, out_reads=out_reads, sizes=sizes,
-        duration=duration, qp_timeout=a.qp_timeout,
+        duration=duration, qp_timeout=a.qp_timeout, rdma_cm=a.rdma_cm,
+        comm_rdma_cm=a.rdma_cm or a.comm_rdma_cm,
     )  # fmt: skip

@@ -92,9 +92,21 @@ def print_test_info(p: Params, dev: BackendDevice, mtu: int, gid_index: int) -> 
         " Link type       : Ethernet",
         f" GID index       : {gid_index}",
     ]
-    if p.kind.verb in ("read", "atomic"):
+    if p.kind.verb in ("read", "atomic"):  # perftest prints one or the other
         lines.append(f" Outstand reads  : {p.out_reads}")
-    lines += [" Max inline data : 0[B]", " rdma_cm QPs\t : OFF", " Data ex. method : Ethernet", RESULT_LINE]
+    else:
+        lines.append(" Max inline data : 0[B]")
+    lines += [
+        f" rdma_cm QPs\t : {'ON' if p.rdma_cm else 'OFF'}",
+        f" Data ex. method : {'rdma_cm' if p.comm_rdma_cm else 'Ethernet'}",
+    ]
+    if p.rdma_cm and not p.client:
+        lines += [
+            RESULT_LINE,
+            " Waiting for client rdma_cm QP to connect",
+            " Please run the same command with the IB/RoCE interface IP",
+        ]
+    lines.append(RESULT_LINE)
     out("\n".join(lines))
 
 

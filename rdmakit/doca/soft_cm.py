@@ -19,6 +19,7 @@ from rdmakit.doca.backend import BackendQP, CmEvent, CmEventKind
 from rdmakit.doca.errors import DocaError, DocaErrorCode, error_from_engine
 from rdmakit.engine import EngineError, QueuePair
 from rdmakit.transport.cma import MAX_ACCEPT_PRIVATE, MAX_CONNECT_PRIVATE, CmaEventKind, RdmaCm
+from rdmakit.transport.connect import ConnectOptions
 from rdmakit.transport.device import SoftDevice
 
 __all__ = ["SoftBackendCm", "soft_cm"]
@@ -53,6 +54,15 @@ def _engine_qp(dev: SoftDevice, qp: BackendQP) -> QueuePair:
         if engine.qpn == qp.qpn:
             return engine
     raise DocaError(DocaErrorCode.INVALID_VALUE, f"QP {qp.qpn:#x} is not one of {dev.name}'s")
+
+
+def _options(qp: BackendQP) -> ConnectOptions:
+    """`qp`'s RTR/RTS attributes (its `connect_attrs`) for the CM's REQ or REP and transitions."""
+    a = qp.connect_attrs
+    return ConnectOptions(
+        max_rd_atomic=a.max_rd_atomic, max_dest_rd_atomic=a.max_dest_rd_atomic, min_rnr_timer=a.min_rnr_timer,
+        timeout=a.timeout, retry_cnt=a.retry_cnt, rnr_retry=a.rnr_retry,
+    )  # fmt: skip
 
 
 class SoftBackendCm:
@@ -96,8 +106,9 @@ class SoftBackendCm:
         now = time.monotonic()
         try:
             handle = self.cma.connect(
-                str(ip_address(addr)), port, _engine_qp(self.dev, qp), now, private_data=private_data
-            )
+                str(ip_address(addr)), port, _engine_qp(self.dev, qp), now, private_data=private_data,
+                options=_options(qp),
+            )  # fmt: skip
         except EngineError as e:
             raise error_from_engine(e) from e
         self._deadlines[handle] = now + timeout
@@ -110,7 +121,10 @@ class SoftBackendCm:
                 DocaErrorCode.INVALID_VALUE, f"accept private data is at most {MAX_ACCEPT_PRIVATE} bytes"
             )
         try:
-            self.cma.accept(conn, _engine_qp(self.dev, qp), time.monotonic(), private_data=private_data)
+            self.cma.accept(
+                conn, _engine_qp(self.dev, qp), time.monotonic(), private_data=private_data,
+                options=_options(qp),
+            )  # fmt: skip
         except EngineError as e:
             raise error_from_engine(e) from e
 

@@ -74,6 +74,8 @@ class _Conn:
     psn: int  # our starting PSN: what we expect to receive
     req: CmMad | None = None  # passive: the REQ
     private: bytes = b""  # active: the REP's private data, for ESTABLISHED
+    options: ConnectOptions | None = None  # active: the QP's RTR/RTS attributes
+    mtu: int = 1024  # active: the path MTU the REQ proposed
 
 
 def route_source(dst: str) -> str:
@@ -89,6 +91,29 @@ def route_source(dst: str) -> str:
         except OSError as e:
             raise EngineError("INVALID_VALUE", f"no route to {ip}: {e.strerror or e}") from None
         return str(s.getsockname()[0])
+
+
+#: What RoCEv2 adds to a payload (``iboe_get_mtu``: GRH, UDP, BTH, XRC ETH, AtomicETH, ICRC).
+ROCE_OVERHEAD = 40 + 8 + 12 + 4 + 28 + 4
+_IP_MTU, _IPV6_MTU = 14, 24  # <linux/in.h>, <linux/in6.h>
+
+
+def path_mtu(dst: str, limit: int = 4096) -> int:
+    """The largest IB MTU (at most `limit`) that fits the route to `dst` (``iboe_get_mtu`` of
+    the route's MTU, as ``cma.c`` does for RoCE). The route's MTU is a connected UDP socket's
+    ``IP_MTU``; a connect sends nothing. 1024 when the route cannot be asked."""
+    ip = ipaddress.ip_address(dst)
+    v6 = ip.version == 6
+    try:
+        with socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((str(ip), ROCE_UDP_PORT))
+            route = s.getsockopt(
+                socket.IPPROTO_IPV6 if v6 else socket.IPPROTO_IP, _IPV6_MTU if v6 else _IP_MTU
+            )
+    except OSError:
+        return min(1024, limit)
+    fits = [m for m in _MTU_CODE if m <= route - ROCE_OVERHEAD and m <= limit]
+    return max(fits, default=256)
 
 
 def _gid(ip: str) -> int:
@@ -143,8 +168,9 @@ class RdmaCm:
 
     # -- the active side --------------------------------------------------------------------------
 
-    def _params(self, qp: QueuePair, psn: int, peer_ip: str, private: bytes, mtu: int) -> CmConnParams:
-        o = self.options
+    def _params(
+        self, qp: QueuePair, psn: int, peer_ip: str, private: bytes, mtu: int, o: ConnectOptions
+    ) -> CmConnParams:
         return CmConnParams(
             qpn=qp.qpn,
             starting_psn=psn,
@@ -159,26 +185,50 @@ class RdmaCm:
             private_data=private,
         )
 
-    def connect(self, ip: str, port: int, qp: QueuePair, now: float, *, private_data: bytes = b"") -> int:
-        """Send a REQ for `ip`:`port` (``rdma_connect``); `qp` is in RESET or INIT. Returns the handle."""
+    def connect(
+        self,
+        ip: str,
+        port: int,
+        qp: QueuePair,
+        now: float,
+        *,
+        private_data: bytes = b"",
+        options: ConnectOptions | None = None,
+    ) -> int:
+        """Send a REQ for `ip`:`port` (``rdma_connect``); `qp` is in RESET or INIT. Returns the handle.
+
+        `options` are `qp`'s RTR/RTS attributes (the device's by default); the REQ's path MTU is
+        the largest that fits the route to `ip` (`path_mtu`), at most the `RdmaCm`'s."""
         if len(private_data) > MAX_CONNECT_PRIVATE:
             raise EngineError("INVALID_VALUE", f"connect private data is at most {MAX_CONNECT_PRIVATE} bytes")
         peer_ip = str(ipaddress.ip_address(ip))
+        opts = options or self.options
         if qp.state is QpState.RESET:
-            init_qp(qp, self.options.access)
+            init_qp(qp, opts.access)
         hdr = CmaHeader(
             ipaddress.ip_address(self.dev.ip), ipaddress.ip_address(peer_ip), self.rng.randrange(32768, 61000)
         ).encode()
         psn = self.rng.getrandbits(24)
-        params = self._params(qp, psn, peer_ip, hdr + private_data, self.mtu)
+        mtu = path_mtu(peer_ip, self.mtu)
+        params = self._params(qp, psn, peer_ip, hdr + private_data, mtu, opts)
         handle = self.cm.connect(peer_ip, service_id(PortSpace.TCP, port), params, now)
-        self._conns[handle] = _Conn(qp, peer_ip, psn)
+        self._conns[handle] = _Conn(qp, peer_ip, psn, options=opts, mtu=mtu)
         return handle
 
     # -- the passive side -------------------------------------------------------------------------
 
-    def accept(self, conn: int, qp: QueuePair, now: float, *, private_data: bytes = b"") -> None:
-        """Answer a CONNECT_REQUEST (``rdma_accept``): `qp` goes to RTS, then the REP leaves."""
+    def accept(
+        self,
+        conn: int,
+        qp: QueuePair,
+        now: float,
+        *,
+        private_data: bytes = b"",
+        options: ConnectOptions | None = None,
+    ) -> None:
+        """Answer a CONNECT_REQUEST (``rdma_accept``): `qp` goes to RTS, then the REP leaves.
+
+        `options` are `qp`'s RTR/RTS attributes (the device's by default), bounded by the REQ's."""
         c = self._conns.get(conn)
         if c is None or c.req is None or c.qp is not None:
             raise EngineError("INVALID_VALUE", f"connection {conn:#x} has no pending request")
@@ -186,7 +236,7 @@ class RdmaCm:
             raise EngineError("INVALID_VALUE", f"accept private data is at most {MAX_ACCEPT_PRIVATE} bytes")
         req = c.req
         mtu = min(_MTUS.get(req["path_mtu"], 1024), self.dev.max_mtu)  # the REQ's path MTU
-        o = self.options
+        o = options or self.options
         opts = ConnectOptions(
             access=o.access,
             max_rd_atomic=max(1, min(o.max_rd_atomic, req["responder_resources"] or 1)),
@@ -200,7 +250,7 @@ class RdmaCm:
             qp, c.peer_ip, req["local_qpn"], sq_psn=req["starting_psn"], rq_psn=c.psn, mtu=mtu, opts=opts
         )
         c.qp = qp
-        params = self._params(qp, c.psn, c.peer_ip, private_data, mtu)
+        params = self._params(qp, c.psn, c.peer_ip, private_data, mtu, opts)
         params.responder_resources, params.initiator_depth = opts.max_dest_rd_atomic, opts.max_rd_atomic
         self.cm.accept(conn, params, now)
         self._awaiting_rtu[conn] = qp.stats.packets_in
@@ -271,8 +321,8 @@ class RdmaCm:
                 if mad is None or c is None or c.qp is None:
                     raise EngineError("BAD_STATE", "a REP for a connection without a QP")
                 self._connect_qp(
-                    c.qp, peer, mad["local_qpn"], sq_psn=mad["starting_psn"], rq_psn=c.psn, mtu=self.mtu,
-                    opts=self.options,
+                    c.qp, peer, mad["local_qpn"], sq_psn=mad["starting_psn"], rq_psn=c.psn, mtu=c.mtu,
+                    opts=c.options or self.options,
                 )  # fmt: skip
             except EngineError:
                 self.cm.reject(handle, now, reason=RejReason.NO_QP)

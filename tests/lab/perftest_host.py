@@ -6,7 +6,8 @@ Runs ``rdmakit RDMAKIT-ARGS`` (``perftest NAME ...`` or ``rc-pingpong ...``
 with ``-d ADDR``) in this process while holding the soft device on ADDR open,
 so its counters outlive the program; prints each QP's engine statistics as
 it closes (``QP_STATS {json}``, for diagnosis) and the device's counters on
-stderr as the last line, ``COUNTERS {json}`` (the change over the run), and
+stderr as the last line, ``COUNTERS {json}`` (the change over the run; QP1's
+as ``gsi_*``), and
 exits with the program's status.
 """
 
@@ -42,14 +43,22 @@ def _close_reporting(self: bench_qp.TestQp) -> None:
     _close(self)
 
 
+def _counters(dev: SoftBackendDevice) -> dict[str, int]:
+    """The device's counters, and its QP1's (``gsi_*``: the connection manager's MADs, -R)."""
+    counters = dev.soft.counters.as_dict()
+    gsi = dev.soft.gsi
+    counters.update({f"gsi_{k}": v for k, v in (gsi.counters.as_dict() if gsi is not None else {}).items()})
+    return counters
+
+
 def run(argv: list[str]) -> int:
     ip, args = argv[0], argv[1:]
     bench_qp.TestQp.close = _close_reporting  # type: ignore[method-assign]
     held = SoftBackendDevice("roce-udp", ip)
     try:
-        before = held.soft.counters.as_dict()
+        before = _counters(held)
         rc = main(args)
-        after = held.soft.counters.as_dict()
+        after = _counters(held)
     finally:
         held.close()
     sys.stdout.flush()
