@@ -105,7 +105,8 @@ from rdmakit.doca.rdma import (
     RdmaWriteImmJob,
     RdmaWriteJob,
 )
-from rdmakit.doca.rdma_cm import ConnectionCallback, RdmaAddr, RdmaConnection
+from rdmakit.doca.rdma_cm import ConnectionCallback, RdmaAddr
+from rdmakit.doca.rdma_conns import MAX_NUM_CONNECTIONS, RdmaConnection
 from rdmakit.doca.rdma_tasks import (
     RdmaTaskAtomicCmpSwp,
     RdmaTaskAtomicFetchAdd,
@@ -157,6 +158,7 @@ __all__ = [
     "DPU_DESCRIPTOR_FORMAT",
     "LOCAL_CAPS",
     "MAX_DESCRIPTOR_SIZE",
+    "MAX_NUM_CONNECTIONS",
     "MAX_REFCOUNT",
     "PE",
     "RDMA_PERMISSIONS",

@@ -30,7 +30,11 @@ returns.
 Connecting by address (DOCA 2.7+): after ``rdma.connect_to_addr(addr)`` or
 ``rdma.start_listen_to_port(port)``, ``await aio.wait_connected(rdma)``
 drives the engine until the connection is established (the connection
-callbacks still run, inside progress) and raises if it failed.
+callbacks still run, inside progress) and raises if it failed. A context
+with several connections awaits each: ``await aio.wait_connected(rdma,
+conn)`` for the one `connect_to_addr` returned (or the request callback
+got), ``await aio.wait_connections(rdma, n)`` until n are established (a
+listener), ``await aio.wait_disconnected(conn)`` until one is closed.
 
 Failed jobs are returned, not raised: check ``event.ok`` and ``event.error``
 as with ``WorkQ.progress_retrieve``. Misuse (submitting to a stopped context,
@@ -46,7 +50,7 @@ from rdmakit.doca.ctx import CtxState, Event, Job, WorkQ
 from rdmakit.doca.errors import DocaError, DocaErrorCode
 from rdmakit.doca.pe import ProgressEngine
 from rdmakit.doca.rdma import Rdma
-from rdmakit.doca.rdma_cm import RdmaConnection
+from rdmakit.doca.rdma_conns import RdmaConnection
 from rdmakit.doca.tasks import Task, TaskState
 
 __all__ = [
@@ -56,6 +60,8 @@ __all__ = [
     "run_jobs",
     "run_task",
     "wait_connected",
+    "wait_connections",
+    "wait_disconnected",
     "wait_job",
     "wait_task",
 ]
@@ -270,26 +276,83 @@ async def wait_task(task: Task) -> Task:
     return task
 
 
-async def wait_connected(rdma: Rdma) -> RdmaConnection:
-    """Progress `rdma`'s engine until its connection by address is established; returns it.
-
-    After `Rdma.connect_to_addr`, or `Rdma.start_listen_to_port` on the
-    passive side (the request callback still decides). A failure (the
-    failure callback ran) raises the context's error; the callbacks run, in
-    progress, before this returns.
-    """
+def _engine(rdma: Rdma) -> ProgressEngine:
     pe = rdma.pe
     if pe is None:
         raise DocaError(DocaErrorCode.NOT_CONNECTED, "the context has no progress engine")
+    return pe
+
+
+def _established(rdma: Rdma) -> list[RdmaConnection]:
+    return [c for c in rdma.connections if c.state == "established"]
+
+
+async def wait_connected(rdma: Rdma, connection: RdmaConnection | None = None) -> RdmaConnection:
+    """Progress `rdma`'s engine until its connection by address is established; returns it.
+
+    After `Rdma.connect_to_addr`, or `Rdma.start_listen_to_port` on the
+    passive side (the request callback still decides). Without `connection`,
+    until the context is RUNNING (its first connection): a failure before
+    (the failure callback ran) raises the context's error. With it, one of
+    `rdma`'s connections, until that one is established; its failure or
+    disconnect raises its error. The callbacks run, in progress, before this
+    returns.
+    """
+    pe = _engine(rdma)
+    if connection is not None:
+        if connection.rdma is not rdma:
+            raise DocaError(DocaErrorCode.INVALID_VALUE, f"{connection!r} is not a connection of {rdma!r}")
+        await _drive_until(pe, lambda: connection.state in ("established", "closed"))
+        if connection.state != "established":
+            raise connection.error or DocaError(DocaErrorCode.NOT_CONNECTED, f"{connection!r} is closed")
+        return connection
 
     def settled() -> bool:
         return rdma.state is not CtxState.STARTING or rdma.error is not None
 
     await _drive_until(pe, settled)
-    conn = rdma.connection
-    if rdma.state is not CtxState.RUNNING or conn is None:
+    up = _established(rdma)
+    if rdma.state is not CtxState.RUNNING or not up:
         raise rdma.error or DocaError(DocaErrorCode.NOT_CONNECTED, f"the context is {rdma.state.name}")
-    return conn
+    return up[0]
+
+
+async def wait_connections(rdma: Rdma, count: int) -> tuple[RdmaConnection, ...]:
+    """Progress `rdma`'s engine until `count` of its connections are established; returns them.
+
+    For a listener of ``max_num_connections`` >= `count` (the request
+    callback still accepts or rejects each); BAD_STATE if the context stops
+    meanwhile, INVALID_VALUE for a `count` it can never hold.
+    """
+    if type(count) is not int or not 1 <= count <= rdma.max_num_connections:
+        raise DocaError(
+            DocaErrorCode.INVALID_VALUE,
+            f"count {count!r} is not in [1, max_num_connections {rdma.max_num_connections}]",
+        )
+    pe = _engine(rdma)
+
+    def settled() -> bool:
+        live = rdma.state in (CtxState.STARTING, CtxState.RUNNING)
+        return not live or len(_established(rdma)) >= count
+
+    await _drive_until(pe, settled)
+    up = _established(rdma)
+    if len(up) < count:
+        raise DocaError(DocaErrorCode.BAD_STATE, f"the context is {rdma.state.name}")
+    return tuple(up)
+
+
+async def wait_disconnected(connection: RdmaConnection) -> DocaError | None:
+    """Progress its context's engine until `connection` is closed (its disconnect callback ran).
+
+    Returns the connection's error (why it closed), None if it had none.
+    """
+    ctx = connection.rdma
+    pe = ctx.pe
+    if pe is None:
+        raise DocaError(DocaErrorCode.NOT_CONNECTED, "the context has no progress engine")
+    await _drive_until(pe, lambda: connection.state == "closed")
+    return connection.error
 
 
 async def run_task(task: Task) -> Task:

@@ -1,4 +1,4 @@
-"""DOCA RDMA (DOCA RDMA guide ch. 4-5, ``doca_rdma.h``): one RC connection as a DOCA context.
+"""DOCA RDMA (DOCA RDMA guide ch. 4-5, ``doca_rdma.h``): RC connections as a DOCA context.
 
 Lifecycle (guide §4, "Configuring DOCA RDMA instances")::
 
@@ -14,8 +14,13 @@ it to RUNNING. Receive jobs may be submitted while STARTING: they are posted
 to the queue pair in INIT, so a peer's first send finds them. Every other job
 needs RUNNING (BAD_STATE).
 
+Connected by descriptor, a context is one RC connection. Connected by
+address (``rdmakit.doca.rdma_cm``) it holds up to ``max_num_connections``,
+each an `RdmaConnection` with a queue pair of its own; the first uses the
+queue pair made at ``start``, and every one completes through the context.
+
 The connection state (`Rdma.rdma_state`, ``enum doca_rdma_state``) follows the
-backend queue pair: RESET before ``start`` and after ``stop``, INIT once
+queue pair made at ``start``: RESET before ``start`` and after ``stop``, INIT once
 started, CONNECTED once connected, ERROR once a job failed (IBTA Vol. 1
 §10.3.1: the QP moved to the Error state). In ERROR every job in flight and
 every later job completes with IO_FAILED (flushed) until the recovery flow:
@@ -90,6 +95,7 @@ from rdmakit.doca.rdma_jobs import (
     RdmaSendJob,
     RdmaWriteImmJob,
     RdmaWriteJob,
+    _OnConnection,
     check_uint,
     wc_error,
 )
@@ -138,7 +144,7 @@ RDMA_PERMISSIONS = (
 
 
 class Rdma(RdmaCmApi):
-    """A DOCA RDMA context (``doca_rdma``): one RC connection to one peer."""
+    """A DOCA RDMA context (``doca_rdma``): RC connections, one by descriptor or several by address."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -294,7 +300,10 @@ class Rdma(RdmaCmApi):
 
     @property
     def rdma_state(self) -> RdmaState:
-        """The connection state (``doca_rdma_get_state``)."""
+        """The connection state (``doca_rdma_get_state``) of the queue pair made at start.
+
+        With several connections by address, each `RdmaConnection` has its own ``state``.
+        """
         qp = self._qp
         if qp is None or self._state is CtxState.IDLE:
             return RdmaState.RESET
@@ -361,7 +370,21 @@ class Rdma(RdmaCmApi):
         # IBTA §10.6.3.1: the responder's remote-access rights are the QP's access flags.
         self._qp.init(self._qp_access())
         self._error = None
+        self._by_descriptor = False
         return False  # STARTING until connect()
+
+    def _new_qp(self) -> BackendQP:
+        """The queue pair of a further connection by address: made like the start one, in INIT."""
+        dev = self.dev
+        if dev is None or self._qp_key is None:
+            raise DocaError(DocaErrorCode.BAD_STATE, "the RDMA context is not started")
+        qp = dev.backend.create_qp(*self._qp_key)
+        try:
+            qp.init(self._qp_access())
+        except BaseException:
+            qp.close()
+            raise
+        return qp
 
     def export(self) -> bytes:
         """This side's connection descriptor, ``rdmakit.connection/1`` (``doca_rdma_export``)."""
@@ -385,27 +408,32 @@ class Rdma(RdmaCmApi):
             raise DocaError(
                 DocaErrorCode.BAD_STATE, f"connect needs a started context; it is {self._state.name}"
             )
-        if self.rdma_state is not RdmaState.INIT:
+        if self.rdma_state is not RdmaState.INIT or self._cm_conns:
             raise DocaError(
-                DocaErrorCode.BAD_STATE, f"the connection is {self.rdma_state.name}; stop and start again"
+                DocaErrorCode.BAD_STATE,
+                f"the connection is {self.rdma_state.name} (by address: {len(self._cm_conns)}); "
+                "stop and start again",
             )
         desc = remote if isinstance(remote, ConnectionDescriptor) else ConnectionDescriptor.from_bytes(remote)
         self._qp.connect(desc.to_backend())
+        self._by_descriptor = True
         self._connected()
 
     def _stop(self) -> None:
-        self._cm_release()
+        self._cm_release()  # every connection by address disconnected
         self._flush("RDMA context stopped")
+        self._cm_close_qps()
         if self._qp is not None:
             self._qp.reset()  # back to RESET; start() re-initialises it with a fresh PSN
 
     def _cancel(self) -> None:
         self._posted.clear()
-        if self._qp is not None:
-            self._qp.to_error()  # the buffers of flushed jobs are the caller's again
+        for qp in self._cm_lanes():
+            qp.to_error()  # the buffers of flushed jobs are the caller's again
 
     def _close(self) -> None:
         self._cm_release()
+        self._cm_close_qps()
         if self._qp is not None:
             self._qp.close()
             self._qp = None
@@ -429,11 +457,11 @@ class Rdma(RdmaCmApi):
         super()._dispatch(job, sink)
 
     def _submit(self, job: Job) -> None:
-        qp = self._qp
         dev = self.dev
         spec = JOBS.get(type(job))
-        if spec is None:
+        if spec is None or not isinstance(job, _OnConnection):
             raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{type(job).__name__} is not an RDMA job")
+        qp, conn = self._cm_route(job.connection, isinstance(job, RdmaRecvJob))
         if qp is None or dev is None:
             raise DocaError(DocaErrorCode.BAD_STATE, "the RDMA context has no queue pair")
         caps = dev.backend.caps
@@ -445,6 +473,7 @@ class Rdma(RdmaCmApi):
             )
         wr_id = next(self._wr_ids)
         posted, wr = spec.plan(job, wr_id, Planning(dev, caps.max_sge, self._recv_buf_chain_len))
+        posted.lane, posted.conn = qp, conn
         self._posted[wr_id] = posted
         try:
             if isinstance(wr, RecvWR):
@@ -454,7 +483,7 @@ class Rdma(RdmaCmApi):
         except BaseException:
             del self._posted[wr_id]
             raise
-        if self.rdma_state is RdmaState.ERROR:
+        if qp.state in (QpState.ERR, QpState.SQE):
             self._reap()  # flushed at once: deliver now, before the caller arms its WorkQ
 
     # -- completion ----------------------------------------------------------------------------
@@ -467,30 +496,33 @@ class Rdma(RdmaCmApi):
         return self._reap() or busy
 
     def _reap(self) -> bool:
-        qp = self._qp
+        """Completions of every connection's queue pair, the start one first."""
         got = False
-        while qp is not None:
-            wcs = qp.poll(64)
-            if not wcs:
-                break
-            got = True
-            for wc in wcs:
-                self._on_completion(wc)
-            qp = self._qp
+        for qp in self._cm_lanes():
+            while not self._closed and (wcs := qp.poll(64)):
+                got = True
+                for wc in wcs:
+                    self._on_completion(wc)
+        if self._cm_retired:
+            self._cm_drop_drained(p.lane for p in self._posted.values() if p.lane is not None)
         return got
 
     def _on_completion(self, wc: Completion) -> None:
         posted = self._posted.pop(wc.wr_id, None)
         if posted is None or not self._in_flight(posted.job):
             return  # a job flushed by stop or WorkQ close: forgotten
-        job = posted.job
+        job, qp, conn = posted.job, posted.lane, posted.conn
         if wc.status != WcStatus.SUCCESS:
-            fault = self._qp.transport_fault() if self._qp is not None else None
-            error = wc_error(posted, wc, self._error, fault)
-            if self._error is None and wc.status != WcStatus.WR_FLUSH_ERR:
-                self._error = error
-            if self._qp is not None:
-                self._qp.to_error()  # IBTA §10.3.1: an RC error completion leaves the QP in Error
+            fault = qp.transport_fault() if qp is not None else None
+            cause = conn.error if conn is not None and conn.error is not None else self._error
+            error = wc_error(posted, wc, cause, fault)
+            if wc.status != WcStatus.WR_FLUSH_ERR:
+                if self._error is None:
+                    self._error = error
+                if conn is not None and conn.error is None:
+                    conn._error = error
+            if qp is not None:
+                qp.to_error()  # IBTA §10.3.1: an RC error completion leaves the QP in Error
             self._complete(job, error=error)
             return
         if isinstance(job, RdmaRecvJob):
@@ -504,13 +536,14 @@ class Rdma(RdmaCmApi):
                     if n:
                         buf.commit_append(n)
                     left -= n
-            self._complete(job, result=RdmaResult(opcode=opcode, length=wc.byte_len, immediate=wc.imm_data))
+            result = RdmaResult(opcode=opcode, length=wc.byte_len, immediate=wc.imm_data, connection=conn)
+            self._complete(job, result=result)
             return
         for buf, n in posted.parts:
             buf.commit_append(n)
         if posted.remote_append is not None:
             posted.remote_append.commit_append(posted.length)
-        self._complete(job, result=RdmaResult(length=posted.length))
+        self._complete(job, result=RdmaResult(length=posted.length, connection=conn))
 
     def __repr__(self) -> str:
         qpn = "" if self._qp is None else f" qpn={self._qp.qpn:#x}"

@@ -19,9 +19,12 @@ job                      what it does
 `RdmaAtomicFetchAddJob`  add ``add`` to the remote u64 at ``dst_buf.data``
 =======================  ====================================================================
 
-Atomics append the remote word's original value (8 bytes, the CPU's byte
-order, like verbs) to ``result_buf``. A job's `Event` carries an `RdmaResult`:
-the received opcode (receive jobs), the byte count and the immediate.
+Every job takes ``connection=``, the `RdmaConnection` of its context it runs
+on; without it, the context's only connection (or the queue pair of a
+context connected by descriptor). Atomics append the remote word's original
+value (8 bytes, the CPU's byte order, like verbs) to ``result_buf``. A job's
+`Event` carries an `RdmaResult`: the received opcode (receive jobs), the
+byte count, the immediate and the connection.
 
 `JOBS` is the table the context consults: per job class, its `JobType`
 (the device capability it needs), the permission the responder must grant
@@ -38,12 +41,13 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
 
-from rdmakit.doca.backend import JobType
+from rdmakit.doca.backend import BackendQP, JobType
 from rdmakit.doca.buf import Buf
 from rdmakit.doca.ctx import Job
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode, error_from_wc_status
 from rdmakit.doca.mmap import AccessFlag, MmapDescriptor
+from rdmakit.doca.rdma_conns import RdmaConnection
 from rdmakit.engine.types import SGE, Completion, RecvWR, SendWR, WcStatus, WrOpcode
 
 __all__ = [
@@ -78,7 +82,8 @@ class RdmaResult:
 
     ``opcode`` is set for receive jobs only. ``length`` is the byte count:
     received (for a write with immediate, the bytes the peer wrote), read,
-    written, sent, or 8 for an atomic. ``immediate`` is the ImmDt u32 exactly
+    written, sent, or 8 for an atomic. ``connection`` is the connection the job
+    ran on (a receive: the one the message came on). ``immediate`` is the ImmDt u32 exactly
     as on the wire (``doca_be32_t``: big-endian there), so the value a sender
     passes arrives unchanged; `immediate_bytes` gives the four wire bytes.
     """
@@ -86,6 +91,7 @@ class RdmaResult:
     opcode: RdmaOpcode | None = None
     length: int = 0
     immediate: int | None = None
+    connection: RdmaConnection | None = None  # the connection it ran on (None: not by address)
 
     @property
     def immediate_bytes(self) -> bytes | None:
@@ -96,7 +102,14 @@ class RdmaResult:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaRecvJob(Job):
+class _OnConnection(Job):
+    """An RDMA job names the connection it runs on; None: the context's only one."""
+
+    connection: RdmaConnection | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RdmaRecvJob(_OnConnection):
     """Receive the peer's next message (``DOCA_RDMA_JOB_RECV``).
 
     The message is appended to ``dst_buf`` (a chain of at most
@@ -108,14 +121,14 @@ class RdmaRecvJob(Job):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaSendJob(Job):
+class RdmaSendJob(_OnConnection):
     """Send ``src_buf``'s data (``DOCA_RDMA_JOB_SEND``); None sends an empty message."""
 
     src_buf: Buf | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaSendImmJob(Job):
+class RdmaSendImmJob(_OnConnection):
     """Send with a 32-bit immediate (``DOCA_RDMA_JOB_SEND_IMM``)."""
 
     src_buf: Buf | None = None
@@ -123,7 +136,7 @@ class RdmaSendImmJob(Job):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaReadJob(Job):
+class RdmaReadJob(_OnConnection):
     """Read remote ``src_buf``'s data into local ``dst_buf`` (``DOCA_RDMA_JOB_READ``).
 
     The length is ``min(src_buf.data_len, room of dst_buf)``; the bytes are
@@ -135,7 +148,7 @@ class RdmaReadJob(Job):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaWriteJob(Job):
+class RdmaWriteJob(_OnConnection):
     """Write local ``src_buf``'s data after remote ``dst_buf``'s data (``DOCA_RDMA_JOB_WRITE``).
 
     It must fit in ``dst_buf``'s tailroom; on success ``dst_buf`` (this
@@ -147,7 +160,7 @@ class RdmaWriteJob(Job):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaWriteImmJob(Job):
+class RdmaWriteImmJob(_OnConnection):
     """Write with immediate (``DOCA_RDMA_JOB_WRITE_IMM``): also consumes a receive at the peer."""
 
     src_buf: Buf
@@ -156,7 +169,7 @@ class RdmaWriteImmJob(Job):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaAtomicCmpSwpJob(Job):
+class RdmaAtomicCmpSwpJob(_OnConnection):
     """Compare and swap the remote u64 at ``dst_buf.data`` (``DOCA_RDMA_JOB_ATOMIC_CMP_SWP``).
 
     The word must be 8-byte aligned; its original value is appended to ``result_buf``.
@@ -169,7 +182,7 @@ class RdmaAtomicCmpSwpJob(Job):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RdmaAtomicFetchAddJob(Job):
+class RdmaAtomicFetchAddJob(_OnConnection):
     """Add to the remote u64 at ``dst_buf.data`` (``DOCA_RDMA_JOB_ATOMIC_FETCH_ADD``).
 
     The original value is appended to ``result_buf``.
@@ -216,6 +229,8 @@ class Posted:
     parts: list[tuple[Buf, int]] = dataclasses.field(default_factory=list)  # local appends
     remote_append: Buf | None = None  # a write's remote destination
     remote: MmapDescriptor | None = None
+    lane: BackendQP | None = None  # the queue pair it was posted to
+    conn: RdmaConnection | None = None  # the connection of that queue pair, if by address
 
 
 @dataclass(frozen=True, slots=True)

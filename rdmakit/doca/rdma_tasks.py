@@ -24,18 +24,24 @@ as the job in the right column, through the same planning and completion
 code (``rdmakit.doca.rdma_jobs``), so the buffer and permission rules, the
 errors and the results are the job API's.
 
-An `Rdma` context is one RC connection: the ``rdma_connection`` argument
-of DOCA 2.7+ is accepted as None or the context itself, and a receive's
-connection is the context. The remote net sync event tasks
+Connections (DOCA 2.7+): every task runs on one connection of its context,
+the ``rdma_connection`` argument of ``allocate_init`` (a receive's too) or
+``set_rdma_connection``: an `RdmaConnection` of the context, or None (also
+the context itself) for the context's only connection (``rdmakit.doca.rdma_cm``
+says which that is). ``get_rdma_connection`` returns the connection, or the
+context when none was named; a receive's ``get_result_rdma_connection`` the
+connection the message came on (the context, connected by descriptor).
+The remote net sync event tasks
 (``doca_rdma_task_remote_net_sync_event_*``) are in
 ``rdmakit.doca.sync_event_remote``.
 """
 
-from typing import Any
+from typing import Any, TypeVar
 
 from rdmakit.doca.buf import Buf
 from rdmakit.doca.ctx import Ctx, Job
 from rdmakit.doca.errors import DocaError, DocaErrorCode
+from rdmakit.doca.rdma_conns import RdmaConnection
 from rdmakit.doca.rdma_jobs import (
     RdmaAtomicCmpSwpJob,
     RdmaAtomicFetchAddJob,
@@ -62,12 +68,38 @@ __all__ = [  # RdmaTaskApi: a base of Rdma
 ]
 
 
+def connection_arg(ctx: Ctx[Any], rdma_connection: object) -> RdmaConnection | None:
+    """A task's connection: one of `ctx`'s, or None (also `ctx` itself) for its only one."""
+    if rdma_connection is None or rdma_connection is ctx:
+        return None
+    if isinstance(rdma_connection, RdmaConnection) and rdma_connection.rdma is ctx:
+        return rdma_connection
+    raise DocaError(
+        DocaErrorCode.INVALID_VALUE,
+        f"{rdma_connection!r} is not a connection of this context (pass one of its RdmaConnection s, "
+        "or None for its only connection)",
+    )
+
+
 class _RdmaTask(Task):
-    __slots__ = ()
+    __slots__ = ("_connection",)
+
+    def __init__(self, ctx: Ctx[Any], user_data: object) -> None:
+        super().__init__(ctx, user_data)
+        self._connection: RdmaConnection | None = None
 
     def _rdma_result(self) -> RdmaResult:
         res = self._result
         return res if isinstance(res, RdmaResult) else RdmaResult()
+
+    def get_rdma_connection(self) -> RdmaConnection | Ctx[Any]:
+        """``doca_rdma_task_<x>_get_rdma_connection``: the connection, or the context if none was named."""
+        return self._ctx if self._connection is None else self._connection
+
+    def set_rdma_connection(self, rdma_connection: object) -> None:
+        """``doca_rdma_task_<x>_set_rdma_connection``: INVALID_VALUE unless a connection of the context."""
+        self._connection = connection_arg(self._ctx, rdma_connection)
+        self._changed()
 
 
 class _SrcBuf(_RdmaTask):
@@ -113,7 +145,7 @@ class RdmaTaskReceive(_RdmaTask):
         self._dst_buf = dst_buf
 
     def _make_job(self) -> Job:
-        return RdmaRecvJob(ctx=self._ctx, dst_buf=self._dst_buf)
+        return RdmaRecvJob(ctx=self._ctx, connection=self._connection, dst_buf=self._dst_buf)
 
     def get_dst_buf(self) -> Buf | None:
         return self._dst_buf
@@ -134,9 +166,10 @@ class RdmaTaskReceive(_RdmaTask):
         """The immediate as on the wire (``doca_be32_t``), None without one."""
         return self._rdma_result().immediate
 
-    def get_result_rdma_connection(self) -> Ctx[Any]:
-        """The connection the message came on: the context (one connection per `Rdma`)."""
-        return self._ctx
+    def get_result_rdma_connection(self) -> RdmaConnection | Ctx[Any]:
+        """The connection the message came on; the context when it is connected by descriptor."""
+        conn = self._rdma_result().connection
+        return self._ctx if conn is None else conn
 
 
 class RdmaTaskSend(_SrcBuf):
@@ -150,7 +183,7 @@ class RdmaTaskSend(_SrcBuf):
         self._src_buf = src_buf
 
     def _make_job(self) -> Job:
-        return RdmaSendJob(ctx=self._ctx, src_buf=self._src_buf)
+        return RdmaSendJob(ctx=self._ctx, connection=self._connection, src_buf=self._src_buf)
 
 
 class RdmaTaskSendImm(_SrcBuf):
@@ -165,7 +198,9 @@ class RdmaTaskSendImm(_SrcBuf):
         self._immediate = immediate_data
 
     def _make_job(self) -> Job:
-        return RdmaSendImmJob(ctx=self._ctx, src_buf=self._src_buf, immediate=self._immediate)
+        return RdmaSendImmJob(
+            ctx=self._ctx, connection=self._connection, src_buf=self._src_buf, immediate=self._immediate
+        )
 
     def get_immediate_data(self) -> int:
         return self._immediate
@@ -186,7 +221,9 @@ class RdmaTaskRead(_SrcDst):
         self._src_buf, self._dst_buf = src_buf, dst_buf
 
     def _make_job(self) -> Job:
-        return RdmaReadJob(ctx=self._ctx, src_buf=self._src_buf, dst_buf=self._dst_buf)
+        return RdmaReadJob(
+            ctx=self._ctx, connection=self._connection, src_buf=self._src_buf, dst_buf=self._dst_buf
+        )
 
     def get_result_len(self) -> int:
         """Bytes read (``doca_rdma_task_read_get_result_len``)."""
@@ -204,7 +241,9 @@ class RdmaTaskWrite(_SrcDst):
         self._src_buf, self._dst_buf = src_buf, dst_buf
 
     def _make_job(self) -> Job:
-        return RdmaWriteJob(ctx=self._ctx, src_buf=self._src_buf, dst_buf=self._dst_buf)
+        return RdmaWriteJob(
+            ctx=self._ctx, connection=self._connection, src_buf=self._src_buf, dst_buf=self._dst_buf
+        )
 
 
 class RdmaTaskWriteImm(_SrcDst):
@@ -221,7 +260,11 @@ class RdmaTaskWriteImm(_SrcDst):
 
     def _make_job(self) -> Job:
         return RdmaWriteImmJob(
-            ctx=self._ctx, src_buf=self._src_buf, dst_buf=self._dst_buf, immediate=self._immediate
+            ctx=self._ctx,
+            connection=self._connection,
+            src_buf=self._src_buf,
+            dst_buf=self._dst_buf,
+            immediate=self._immediate,
         )
 
     def get_immediate_data(self) -> int:
@@ -266,7 +309,12 @@ class RdmaTaskAtomicCmpSwp(_Atomic):
 
     def _make_job(self) -> Job:
         return RdmaAtomicCmpSwpJob(
-            ctx=self._ctx, dst_buf=self._dst_buf, result_buf=self._result_buf, cmp=self._cmp, swap=self._swap
+            ctx=self._ctx,
+            connection=self._connection,
+            dst_buf=self._dst_buf,
+            result_buf=self._result_buf,
+            cmp=self._cmp,
+            swap=self._swap,
         )
 
     def get_cmp_data(self) -> int:
@@ -298,7 +346,11 @@ class RdmaTaskAtomicFetchAdd(_Atomic):
 
     def _make_job(self) -> Job:
         return RdmaAtomicFetchAddJob(
-            ctx=self._ctx, dst_buf=self._dst_buf, result_buf=self._result_buf, add=self._add
+            ctx=self._ctx,
+            connection=self._connection,
+            dst_buf=self._dst_buf,
+            result_buf=self._result_buf,
+            add=self._add,
         )
 
     def get_add_data(self) -> int:
@@ -309,14 +361,20 @@ class RdmaTaskAtomicFetchAdd(_Atomic):
         self._changed()
 
 
+_T = TypeVar("_T", bound=_RdmaTask)
+
+
 class RdmaTaskApi(Ctx[Job]):
     """The task half of `Rdma`: per type ``task_<x>_set_conf`` and ``task_<x>_allocate_init``."""
 
-    def _connection(self, rdma_connection: object) -> None:
-        if rdma_connection is not None and rdma_connection is not self:
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE, "an Rdma context has one connection: pass None or the context"
-            )
+    def _on(self, task: _T, rdma_connection: object) -> _T:
+        """`task`, set to run on `rdma_connection` (None: the context's only connection)."""
+        try:
+            task._connection = connection_arg(self, rdma_connection)
+        except BaseException:
+            task.free()
+            raise
+        return task
 
     # receive
     def task_receive_set_conf(
@@ -328,9 +386,11 @@ class RdmaTaskApi(Ctx[Job]):
         """``doca_rdma_task_receive_set_conf``."""
         set_task_conf(self, RdmaTaskReceive, success_cb, error_cb, num_tasks)
 
-    def task_receive_allocate_init(self, dst_buf: Buf | None, user_data: object = None) -> RdmaTaskReceive:
+    def task_receive_allocate_init(
+        self, dst_buf: Buf | None, user_data: object = None, *, rdma_connection: object = None
+    ) -> RdmaTaskReceive:
         """``doca_rdma_task_receive_allocate_init``; NO_MEMORY when the pool is exhausted."""
-        return RdmaTaskReceive(self, dst_buf, user_data)
+        return self._on(RdmaTaskReceive(self, dst_buf, user_data), rdma_connection)
 
     task_receive_alloc_init = task_receive_allocate_init
 
@@ -348,8 +408,7 @@ class RdmaTaskApi(Ctx[Job]):
         self, src_buf: Buf | None, user_data: object = None, *, rdma_connection: object = None
     ) -> RdmaTaskSend:
         """``doca_rdma_task_send_allocate_init``."""
-        self._connection(rdma_connection)
-        return RdmaTaskSend(self, src_buf, user_data)
+        return self._on(RdmaTaskSend(self, src_buf, user_data), rdma_connection)
 
     task_send_alloc_init = task_send_allocate_init
 
@@ -372,8 +431,7 @@ class RdmaTaskApi(Ctx[Job]):
         rdma_connection: object = None,
     ) -> RdmaTaskSendImm:
         """``doca_rdma_task_send_imm_allocate_init``."""
-        self._connection(rdma_connection)
-        return RdmaTaskSendImm(self, src_buf, immediate_data, user_data)
+        return self._on(RdmaTaskSendImm(self, src_buf, immediate_data, user_data), rdma_connection)
 
     task_send_imm_alloc_init = task_send_imm_allocate_init
 
@@ -391,8 +449,7 @@ class RdmaTaskApi(Ctx[Job]):
         self, src_buf: Buf, dst_buf: Buf, user_data: object = None, *, rdma_connection: object = None
     ) -> RdmaTaskRead:
         """``doca_rdma_task_read_allocate_init``."""
-        self._connection(rdma_connection)
-        return RdmaTaskRead(self, src_buf, dst_buf, user_data)
+        return self._on(RdmaTaskRead(self, src_buf, dst_buf, user_data), rdma_connection)
 
     task_read_alloc_init = task_read_allocate_init
 
@@ -410,8 +467,7 @@ class RdmaTaskApi(Ctx[Job]):
         self, src_buf: Buf, dst_buf: Buf, user_data: object = None, *, rdma_connection: object = None
     ) -> RdmaTaskWrite:
         """``doca_rdma_task_write_allocate_init``."""
-        self._connection(rdma_connection)
-        return RdmaTaskWrite(self, src_buf, dst_buf, user_data)
+        return self._on(RdmaTaskWrite(self, src_buf, dst_buf, user_data), rdma_connection)
 
     task_write_alloc_init = task_write_allocate_init
 
@@ -435,8 +491,7 @@ class RdmaTaskApi(Ctx[Job]):
         rdma_connection: object = None,
     ) -> RdmaTaskWriteImm:
         """``doca_rdma_task_write_imm_allocate_init``."""
-        self._connection(rdma_connection)
-        return RdmaTaskWriteImm(self, src_buf, dst_buf, immediate_data, user_data)
+        return self._on(RdmaTaskWriteImm(self, src_buf, dst_buf, immediate_data, user_data), rdma_connection)
 
     task_write_imm_alloc_init = task_write_imm_allocate_init
 
@@ -461,8 +516,9 @@ class RdmaTaskApi(Ctx[Job]):
         rdma_connection: object = None,
     ) -> RdmaTaskAtomicCmpSwp:
         """``doca_rdma_task_atomic_cmp_swp_allocate_init``."""
-        self._connection(rdma_connection)
-        return RdmaTaskAtomicCmpSwp(self, dst_buf, result_buf, cmp_data, swap_data, user_data)
+        return self._on(
+            RdmaTaskAtomicCmpSwp(self, dst_buf, result_buf, cmp_data, swap_data, user_data), rdma_connection
+        )
 
     task_atomic_cmp_swp_alloc_init = task_atomic_cmp_swp_allocate_init
 
@@ -486,7 +542,8 @@ class RdmaTaskApi(Ctx[Job]):
         rdma_connection: object = None,
     ) -> RdmaTaskAtomicFetchAdd:
         """``doca_rdma_task_atomic_fetch_add_allocate_init``."""
-        self._connection(rdma_connection)
-        return RdmaTaskAtomicFetchAdd(self, dst_buf, result_buf, add_data, user_data)
+        return self._on(
+            RdmaTaskAtomicFetchAdd(self, dst_buf, result_buf, add_data, user_data), rdma_connection
+        )
 
     task_atomic_fetch_add_alloc_init = task_atomic_fetch_add_allocate_init

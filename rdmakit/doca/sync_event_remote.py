@@ -126,10 +126,6 @@ class _RemoteNetTask(_RdmaTask):
         """``doca_rdma_task_remote_net_sync_event_<x>_get_sync_event``."""
         return self._event
 
-    def get_rdma_connection(self) -> Ctx[Any]:
-        """The connection the task uses: its `Rdma` context."""
-        return self._ctx
-
 
 class RdmaTaskRemoteNetSyncEventGet(_RemoteNetTask):
     """``doca_rdma_task_remote_net_sync_event_get``: read the peer's counter into ``dst_buf``."""
@@ -145,7 +141,9 @@ class RdmaTaskRemoteNetSyncEventGet(_RemoteNetTask):
         self._event, self._dst_buf = event, dst_buf
 
     def _make_job(self) -> Job:
-        return RdmaReadJob(ctx=self._ctx, src_buf=self._event.word, dst_buf=self._dst_buf)
+        return RdmaReadJob(
+            ctx=self._ctx, connection=self._connection, src_buf=self._event.word, dst_buf=self._dst_buf
+        )
 
     def set_sync_event(self, event: SyncEventRemoteNet) -> None:
         event._check_alive()
@@ -188,7 +186,9 @@ class RdmaTaskRemoteNetSyncEventNotifySet(_RemoteNetTask):
                 DocaErrorCode.INVALID_VALUE,
                 f"{self.doca_name}: src_buf holds {self._src_buf.data_len} bytes, not 8",
             )
-        return RdmaWriteJob(ctx=self._ctx, src_buf=self._src_buf, dst_buf=self._target)
+        return RdmaWriteJob(
+            ctx=self._ctx, connection=self._connection, src_buf=self._src_buf, dst_buf=self._target
+        )
 
     def submit(self) -> None:
         self._target.reset_data_len()
@@ -235,7 +235,11 @@ class RdmaTaskRemoteNetSyncEventNotifyAdd(_RemoteNetTask):
 
     def _make_job(self) -> Job:
         return RdmaAtomicFetchAddJob(
-            ctx=self._ctx, dst_buf=self._event.word, result_buf=self._result_buf, add=self._add_data
+            ctx=self._ctx,
+            connection=self._connection,
+            dst_buf=self._event.word,
+            result_buf=self._result_buf,
+            add=self._add_data,
         )
 
     def set_sync_event(self, event: SyncEventRemoteNet) -> None:
@@ -280,8 +284,7 @@ class RdmaRemoteNetTaskApi(RdmaTaskApi):
         rdma_connection: object = None,
     ) -> RdmaTaskRemoteNetSyncEventGet:
         """``doca_rdma_task_remote_net_sync_event_get_allocate_init``."""
-        self._connection(rdma_connection)
-        return RdmaTaskRemoteNetSyncEventGet(self, event, dst_buf, user_data)
+        return self._on(RdmaTaskRemoteNetSyncEventGet(self, event, dst_buf, user_data), rdma_connection)
 
     def task_remote_net_sync_event_notify_set_set_conf(
         self,
@@ -301,8 +304,7 @@ class RdmaRemoteNetTaskApi(RdmaTaskApi):
         rdma_connection: object = None,
     ) -> RdmaTaskRemoteNetSyncEventNotifySet:
         """``doca_rdma_task_remote_net_sync_event_notify_set_allocate_init``."""
-        self._connection(rdma_connection)
-        return RdmaTaskRemoteNetSyncEventNotifySet(self, event, src_buf, user_data)
+        return self._on(RdmaTaskRemoteNetSyncEventNotifySet(self, event, src_buf, user_data), rdma_connection)
 
     def task_remote_net_sync_event_notify_add_set_conf(
         self,
@@ -323,8 +325,9 @@ class RdmaRemoteNetTaskApi(RdmaTaskApi):
         rdma_connection: object = None,
     ) -> RdmaTaskRemoteNetSyncEventNotifyAdd:
         """``doca_rdma_task_remote_net_sync_event_notify_add_allocate_init``."""
-        self._connection(rdma_connection)
-        return RdmaTaskRemoteNetSyncEventNotifyAdd(self, event, result_buf, add_data, user_data)
+        return self._on(
+            RdmaTaskRemoteNetSyncEventNotifyAdd(self, event, result_buf, add_data, user_data), rdma_connection
+        )
 
     task_remote_net_sync_event_get_alloc_init = task_remote_net_sync_event_get_allocate_init
     task_remote_net_sync_event_notify_set_alloc_init = task_remote_net_sync_event_notify_set_allocate_init

@@ -33,6 +33,7 @@ def test_every_module_is_covered() -> None:
         "pe",
         "rdma",
         "rdma_cm",
+        "rdma_conns",
         "rdma_jobs",
         "rdma_tasks",
         "shm",
