@@ -4,18 +4,24 @@ The device's kernel or firmware runs the transport; the agent only creates,
 modifies and destroys QPs with the attributes each case names
 (``rdmakit.verbs.qp_modify``), registers memory, posts work requests and polls
 the one completion queue of each QP, sorting what it finds into the send and
-receive completions the tester asks for.
+receive completions the tester asks for. Its connection manager is the
+kernel's, through librdmacm (``rdmakit.verbs.cm``): made at the first
+``cm_listen``, it accepts every request with a fresh QP, as the soft
+target's does, and notes each event for ``cm_events``.
 """
 
 from ipaddress import IPv6Address, ip_address
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdmakit.engine import Access, QpCaps, QpState, WcOpcode
 from rdmakit.verbs import VerbsDevice, VerbsError
 from rdmakit.verbs.device import VerbsQP
 from rdmakit.verbs.qp_modify import modify_qp
 
-from .target import Region, Remote, Target, _Qp
+from .target import CM_LOG_MAX, CM_QPS_MAX, Refused, Region, Remote, Target, _Qp
+
+if TYPE_CHECKING:
+    from rdmakit.verbs.cm import VerbsCm
 
 __all__ = ["VerbsTarget"]
 
@@ -31,6 +37,9 @@ class VerbsTarget(Target):
         super().__init__()
         self.dev = dev
         self.device_errors = (*Target.device_errors, VerbsError)
+        self.cm: VerbsCm | None = None
+        self._cm_log: list[dict[str, Any]] = []
+        self._cm_qps: list[VerbsQP] = []
 
     def _dev_info(self) -> dict[str, Any]:
         gid = self.dev.gid
@@ -68,3 +77,37 @@ class VerbsTarget(Target):
     def _dev_poll(self, q: _Qp, n: int) -> None:
         for wc in q.qp.poll(2 * n):
             (q.recv if wc.opcode in _RECV else q.send).append(wc)
+
+    def _dev_cm_listen(self, port: int) -> None:
+        if self.cm is None:
+            from rdmakit.verbs.cm import VerbsCm
+
+            self.cm = VerbsCm(self.dev)
+        self.cm.listen(port)
+
+    def _dev_cm_events(self) -> list[dict[str, Any]]:
+        if self.cm is None:
+            raise Refused("the agent listens on no port")
+        self.progress()
+        out, self._cm_log = self._cm_log, []
+        return out
+
+    def progress(self) -> None:
+        """Accept every connection request with a fresh QP; note each event for `cm_events`."""
+        cm = self.cm
+        if cm is None:
+            return
+        for n in cm.poll():
+            peer = str(n.peer[0]) if n.peer is not None else ""
+            self._cm_log.append({"event": n.kind.name, "peer": peer, "reason": n.reason})
+            if n.kind.name == "CONNECT_REQUEST" and len(self._cm_qps) < CM_QPS_MAX:
+                qp = self.dev.create_qp(QpCaps())
+                self._cm_qps.append(qp)
+                try:
+                    cm.accept(n.conn, qp, b"")
+                except VerbsError as e:
+                    self._cm_log.append({"event": "ACCEPT_FAILED", "detail": str(e)[:200]})
+            del self._cm_log[:-CM_LOG_MAX]
+
+    def fileno(self) -> int | None:
+        return self.cm.fileno() if self.cm is not None else None

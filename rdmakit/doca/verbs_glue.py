@@ -7,7 +7,8 @@ mlx5_0, ...) is listed under its own name with the addresses of its RoCE v2
 GIDs, so ``Dev.open("rxe0")`` opens it. The adapters below give the DOCA layer
 what it expects from every backend (``rdmakit.doca.backend``): failures as
 `DocaError`, with the verbs backend's ``doca_error_t`` name and fault carried
-over, and a device `pump` that runs the completion channels of its QPs.
+over, a device `pump` that runs the completion channels of its QPs, and a
+connection manager (`VerbsBackendCm`, librdmacm through ``rdmakit.verbs.cm``).
 """
 
 import contextlib
@@ -17,10 +18,10 @@ import select
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from ipaddress import IPv6Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import TYPE_CHECKING
 
-from rdmakit.doca.backend import BackendCm, ConnectAttrs, DeviceCaps
+from rdmakit.doca.backend import BackendQP, CmEvent, CmEventKind, ConnectAttrs, DeviceCaps
 from rdmakit.doca.device import DevInfo, register_provider
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.engine.states import QpState
@@ -30,7 +31,14 @@ from rdmakit.verbs import ConnectOptions, VerbsDeviceInfo, VerbsError, list_devi
 if TYPE_CHECKING:
     from rdmakit.verbs.device import VerbsDevice, VerbsMR, VerbsQP
 
-__all__ = ["VerbsBackendDevice", "VerbsBackendQP", "install", "to_doca_error", "verbs_devinfo"]
+__all__ = [
+    "VerbsBackendCm",
+    "VerbsBackendDevice",
+    "VerbsBackendQP",
+    "install",
+    "to_doca_error",
+    "verbs_devinfo",
+]
 
 log = logging.getLogger("rdmakit.verbs")
 
@@ -81,13 +89,18 @@ class VerbsBackendQP:
         with _doca_errors():
             self.verbs.to_error()
 
-    def connect(self, remote: Mapping[str, object]) -> None:
+    def apply_connect_attrs(self) -> "VerbsQP":
+        """`connect_attrs` into the verbs QP's options, for `connect` or a connection manager."""
         a = self.connect_attrs
         self.verbs.options = replace(
             self.verbs.options, max_rd_atomic=a.max_rd_atomic, max_dest_rd_atomic=a.max_dest_rd_atomic,
             min_rnr_timer=a.min_rnr_timer, timeout=_VERBS_TIMEOUT if a.timeout is None else a.timeout,
             retry_cnt=a.retry_cnt, rnr_retry=a.rnr_retry, hop_limit=a.hop_limit,
         )  # fmt: skip
+        return self.verbs
+
+    def connect(self, remote: Mapping[str, object]) -> None:
+        self.apply_connect_attrs()
         with _doca_errors():
             self.verbs.connect(remote)
 
@@ -153,6 +166,19 @@ class VerbsPump:
                 with contextlib.suppress(OSError, ValueError):
                     self._epoll.unregister(fd)
 
+    def qp(self, qpn: int) -> VerbsBackendQP | None:
+        """The device's QP with number `qpn`, if it has one."""
+        return next((q for q in self._qps if q.qpn == qpn), None)
+
+    def watch(self, fd: int) -> None:
+        """Wake waiters on the pump when `fd` (a connection manager's channel) is readable."""
+        self._epoll.register(fd, select.EPOLLIN)
+
+    def unwatch(self, fd: int) -> None:
+        if not self._epoll.closed:
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(fd)
+
     def progress(self) -> bool:
         busy = False
         for qp in list(self._qps):
@@ -177,6 +203,7 @@ class VerbsBackendDevice:
         self.verbs = dev
         self.caps = _doca_caps(dev.info)
         self.pump = VerbsPump()
+        self._cm: VerbsBackendCm | None = None
 
     @property
     def name(self) -> str:
@@ -213,8 +240,12 @@ class VerbsBackendDevice:
     def local_view(self, lkey: int, addr: int, length: int, *, write: bool) -> memoryview | None:
         return self.verbs.local_view(lkey, addr, length, write=write)
 
-    def cm(self) -> BackendCm:
-        raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{self.name}: no connection manager yet")
+    def cm(self) -> "VerbsBackendCm":
+        if self._cm is None:
+            if self.verbs.closed:
+                raise DocaError(DocaErrorCode.BAD_STATE, f"{self.name} is closed")
+            self._cm = VerbsBackendCm(self)
+        return self._cm
 
     def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> VerbsBackendQP:
         with _doca_errors():
@@ -223,9 +254,86 @@ class VerbsBackendDevice:
         return qp
 
     def close(self) -> None:
+        if self._cm is not None:
+            self._cm.close()
         self.pump.close()
         with _doca_errors():
             self.verbs.close()
+
+
+class VerbsBackendCm:
+    """A verbs device's `BackendCm`: librdmacm (``rdmakit.verbs.cm.VerbsCm``) for the device's own QPs.
+
+    A QP is one of the device's `VerbsBackendQP` s, found by number; its
+    `ConnectAttrs` give the RC timers of the RTR/RTS transitions, the kernel's
+    CM the rest (``rdma_init_qp_attr``). The CM's event channel is in the
+    device pump's epoll set, so a waiter on the pump wakes for CM events;
+    they are read by `poll_events` only.
+    """
+
+    def __init__(self, dev: VerbsBackendDevice) -> None:
+        from rdmakit.verbs.cm import VerbsCm
+
+        self._dev = dev
+        with _doca_errors():
+            self.verbs: VerbsCm = VerbsCm(dev.verbs)
+        self._fd = self.verbs.fileno()
+        dev.pump.watch(self._fd)
+        self._closed = False
+
+    def _check(self) -> None:
+        if self._closed:
+            raise DocaError(DocaErrorCode.BAD_STATE, f"{self._dev.name}'s connection manager is closed")
+
+    def _qp(self, qp: BackendQP) -> "VerbsQP":
+        own = self._dev.pump.qp(qp.qpn)
+        if own is None:
+            raise DocaError(DocaErrorCode.INVALID_VALUE, f"QP {qp.qpn:#x} is not one of {self._dev.name}'s")
+        return own.apply_connect_attrs()
+
+    def listen(self, port: int) -> None:
+        self._check()
+        with _doca_errors():
+            self.verbs.listen(port)
+
+    def stop_listen(self, port: int) -> None:
+        self.verbs.stop_listen(port)
+
+    def connect(
+        self, qp: BackendQP, addr: IPv4Address | IPv6Address, port: int, private_data: bytes, timeout: float
+    ) -> int:
+        self._check()
+        with _doca_errors():
+            return self.verbs.connect(self._qp(qp), addr, port, private_data, timeout)
+
+    def accept(self, conn: int, qp: BackendQP, private_data: bytes) -> None:
+        self._check()
+        with _doca_errors():
+            self.verbs.accept(conn, self._qp(qp), private_data)
+
+    def reject(self, conn: int, private_data: bytes) -> None:
+        with _doca_errors():
+            self.verbs.reject(conn, private_data)
+
+    def disconnect(self, conn: int) -> None:
+        self.verbs.disconnect(conn)
+
+    def poll_events(self) -> Sequence[CmEvent]:
+        if self._closed:
+            return ()
+        out = []
+        for n in self.verbs.poll():
+            kind = CmEventKind(n.kind.value)
+            out.append(CmEvent(kind=kind, conn=n.conn, private_data=n.private_data, reason=n.reason,
+                               peer=n.peer, local_port=n.local_port, detail=n.detail))  # fmt: skip
+        return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._dev.pump.unwatch(self._fd)
+        self.verbs.close()
 
 
 def _doca_caps(info: VerbsDeviceInfo) -> DeviceCaps:

@@ -3,10 +3,11 @@
 The DOCA layer's backend protocol (``rdmakit.doca.backend``) over a real verbs
 device, a kernel soft-RoCE (rxe) or an RNIC: `VerbsDevice` (``ibv_context``,
 ``ibv_pd``, memory registration), `VerbsQP` (an RC QP with its CQ and
-completion channel). Only ``rdmakit.verbs.device`` imports pyverbs, and this
-package imports it only when `VerbsDevice`, `VerbsQP` or `VerbsMR` is first
-used, so everything else here (discovery, the attribute and work-request
-mapping) works on machines without pyverbs.
+completion channel), and ``rdmakit.verbs.cm.VerbsCm``, the connection manager
+(librdmacm). Only ``rdmakit.verbs.device`` and ``rdmakit.verbs.cm`` import
+pyverbs, and this package imports it only when `VerbsDevice`, `VerbsQP` or
+`VerbsMR` is first used, so everything else here (discovery, the attribute and
+work-request mapping, librdmacm's structures) works on machines without pyverbs.
 """
 
 from typing import TYPE_CHECKING

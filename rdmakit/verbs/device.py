@@ -1,6 +1,6 @@
 """The verbs backend: a device, its memory registrations and RC QPs, through pyverbs.
 
-The only module of rdmakit that imports pyverbs. ``rdmakit.doca.verbs_glue``
+With ``rdmakit.verbs.cm``, the only module of rdmakit that imports pyverbs. ``rdmakit.doca.verbs_glue``
 puts the DOCA layer's backend protocols (``rdmakit.doca.backend``) over it;
 every value that crosses it is one of the engine's verbs value types.
 Attribute values are decided by the pure `rdmakit.verbs.attrs` and
@@ -455,6 +455,10 @@ class VerbsQP:
         self._modify(QpState.RTR, rtr)
         self._modify(QpState.RTS, rts)
         log.debug("%s QP %#x -> RTS with peer QP %#x at %s", self._dev.name, self.qpn, p.dest_qpn, p.dgid)
+
+    def modify_with(self, attr: Any, mask: int, what: str) -> None:
+        """``ibv_modify_qp`` with a filled pyverbs ``QPAttr`` and the mask naming its fields."""
+        _call(f"ibv_modify_qp ({what})", lambda: self._qp.modify(attr, mask))
 
     def to_error(self) -> None:
         """To ERR (IBTA §10.3.1): the device flushes outstanding work (§11.6.2); no-op in RESET/ERR."""
