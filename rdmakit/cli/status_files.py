@@ -8,6 +8,10 @@ knows whether the run is still there without trusting the pid: a descriptor
 whose run is gone (or from another boot) is stale (:func:`wait_for_descriptor`
 waits past it), and a peer that failed or died is noticed at once
 (:class:`PeerWatch`). A pid read from a file is only ever printed.
+
+A status file written on another machine (a folder both mount) says nothing
+a reader can check: locks, inode numbers and boots are each machine's own.
+Its descriptor is taken as one without a status file is.
 """
 
 import contextlib
@@ -16,6 +20,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -34,6 +39,15 @@ STATUS_SUFFIX = ".status"
 log = logging.getLogger("rdmakit")
 
 
+def host_id() -> str:
+    """This machine: its host name and ``/etc/machine-id`` (cloned images may share the latter)."""
+    try:
+        machine = Path("/etc/machine-id").read_text().strip()[:64]
+    except OSError:
+        machine = ""
+    return f"{socket.gethostname()[:255]}/{machine}"
+
+
 def boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -47,6 +61,7 @@ class Run:
 
     run: str = field(default_factory=lambda: secrets.token_hex(8))
     boot: str = field(default_factory=boot_id)
+    host: str = field(default_factory=host_id)
     pid: int = field(default_factory=os.getpid)
     started: float = field(default_factory=time.time)
 
@@ -83,6 +98,7 @@ class StatusFile:
                 "format": STATUS_FORMAT,
                 "run": self.run.run,
                 "boot": self.run.boot,
+                "host": self.run.host,
                 "pid": self.run.pid,
                 "started": self.run.started,
                 "state": self.state,
@@ -150,6 +166,7 @@ class PeerStatus:
     state: Literal["absent", "running", "gone", "failed"]
     run: str = ""
     boot: str = ""
+    host: str = ""
     pid: int = 0
     started: float = 0.0
     reason: str = ""
@@ -174,7 +191,8 @@ def _status_of(data: bytes, state: Literal["running", "gone"]) -> PeerStatus:
         failed = obj.get("state") == "failed"
         return PeerStatus(
             "failed" if failed else state, run=str(obj["run"])[:32], boot=str(obj.get("boot", ""))[:64],
-            pid=int(obj.get("pid", 0)), started=float(obj.get("started", 0.0)),
+            host=str(obj.get("host", ""))[:320], pid=int(obj.get("pid", 0)),
+            started=float(obj.get("started", 0.0)),
             reason=str(obj.get("reason", ""))[:1000], failed_at=float(obj.get("failed_at", 0.0)),
             broke=obj.get("broke") is True, files=files,
         )  # fmt: skip
@@ -249,6 +267,8 @@ def wait_for_descriptor(
             status = read_status(path if status_of is None else status_of, allow_foreign)
             if status.state == "absent":
                 return pf, status
+            if me is not None and status.host and me.host and status.host != me.host:
+                return pf, PeerStatus("absent")  # another machine's: nothing here can check it
             fresh = not (me is not None and status.boot and me.boot and status.boot != me.boot)
             if status.state == "running" and fresh and status.names(pf):
                 return pf, status

@@ -260,8 +260,9 @@ GUEST_PYTHON = ("env", "-u", "PYTHONPYCACHEPREFIX", "python3")
 @pytest.mark.parametrize(
     ("program", "flags"),
     [(["perftest", "ib_write_bw"], ["-n", "100"]), (["perftest", "ib_send_lat"], ["-n", "100"]),
-     (["rc-pingpong"], ["-n", "50"])],
-    ids=["ib_write_bw", "ib_send_lat", "rc-pingpong"],
+     (["rc-pingpong"], ["-n", "50"]), (["perftest", "ib_write_bw"], ["-R", "-n", "100", "-q", "2"]),
+     (["perftest", "ib_read_lat"], ["-R", "-n", "100"])],
+    ids=["ib_write_bw", "ib_send_lat", "rc-pingpong", "ib_write_bw-R-q2", "ib_read_lat-R"],
 )  # fmt: skip
 def test_rdmakit_on_rxe_through_verbs(guest: LabGuest, program: list[str], flags: list[str]) -> None:
     """rdmakit's programs on the guest's rxe0 through the verbs backend, against rdmakit's soft engine."""
@@ -290,7 +291,7 @@ def test_rdmakit_on_rxe_through_verbs(guest: LabGuest, program: list[str], flags
     report = f"--- host\n{h.stdout}\n{h.stderr[-3000:]}\n--- guest\n{g.stdout}\n{g.stderr[-3000:]}"
     assert h.returncode == 0, report
     assert g.returncode == 0, report
-    iters = int(flags[1])
+    iters = int(flags[flags.index("-n") + 1])
     if program == ["rc-pingpong"]:
         for out in (h.stdout, g.stdout):
             found = [m for m in map(PP_ITERS.match, out.splitlines()) if m]
@@ -298,6 +299,11 @@ def test_rdmakit_on_rxe_through_verbs(guest: LabGuest, program: list[str], flags
     else:
         _, h_rows = parse_perftest(h.stdout)
         _, g_rows = parse_perftest(g.stdout)
-        assert [(r.size, r.iters) for r in h_rows] == [(r.size, r.iters) for r in g_rows], report
+        if "-q" in flags:
+            iters *= int(flags[flags.index("-q") + 1])
+        if program[1] == "ib_read_lat":  # only the client (the host) measures
+            assert g_rows == [], report
+        else:
+            assert [(r.size, r.iters) for r in h_rows] == [(r.size, r.iters) for r in g_rows], report
         assert len(h_rows) == 1, report
         assert h_rows[0].iters == iters, report

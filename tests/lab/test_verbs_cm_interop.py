@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -100,3 +101,48 @@ def test_doca_send_pair_connects_by_address(guest: LabGuest, api: str, guest_lis
     receiver, sender = (g.stdout.strip(), out) if guest_listens else (out, g.stdout.strip())
     assert receiver.splitlines()[-1] == f"Received: {text}", report
     assert sender.splitlines()[-1] == f"Sent: {text}", report
+
+
+@pytest.mark.parametrize("guest_listens", [True, False], ids=["guest-listens", "host-listens"])
+def test_doca_write_pair_connects_by_address(guest: LabGuest, guest_listens: bool) -> None:
+    """rdma-write-responder listens (-cm), rdma-write-requester connects (-sa) and WRITEs.
+
+    The memory descriptor still goes by file, through the share both machines
+    mount: each side's status file there is the other machine's, which a
+    reader cannot check (its lock, inodes and boot are not the reader's), so
+    the descriptor is taken as it is.
+    """
+    tag = f"write-{'g' if guest_listens else 'h'}"
+    port = str(7490 + guest_listens)
+    text = f"written by address, {tag}"
+    common = ["-cm", "--port", port, "--timeout", str(TIMEOUT)]
+
+    def files(share: Path | PurePosixPath, me: str, peer: str) -> list[str]:
+        return ["-ld", str(share / f"{tag}-{me}.json"), "-re", str(share / f"{tag}-{peer}.json"),
+                "-m", str(share / f"{tag}-mmap.json")]  # fmt: skip
+
+    guest_rdmakit = (*GUEST_PYTHON, "-m", "rdmakit")
+    if guest_listens:
+        job = guest.start(*guest_rdmakit, "rdma-write-responder", "-d", "rxe0",
+                          *files(GUEST_SHARE, "g", "h"), *common, timeout=TIMEOUT)  # fmt: skip
+        time.sleep(3)
+        host = _host(guest, "rdma-write-requester", "-d", HOST_ADDR, "-sa", GUEST_ADDR, "-sat", "ipv4",
+                     "-w", text, *files(guest.share, "h", "g"), *common)  # fmt: skip
+    else:
+        host = _host(guest, "rdma-write-responder", "-d", HOST_ADDR, *files(guest.share, "h", "g"), *common)
+        time.sleep(2)
+        job = guest.start(*guest_rdmakit, "rdma-write-requester", "-d", "rxe0", "-sa", HOST_ADDR,
+                          "-sat", "ipv4", "-w", text, *files(GUEST_SHARE, "g", "h"), *common,
+                          timeout=TIMEOUT)  # fmt: skip
+    rc, out, err = _finish(host)
+    if rc != 0:
+        guest.kill(job)
+    g = guest.wait(job, timeout=TIMEOUT + 60)
+    report = (
+        f"--- host (rc {rc})\n{out}\n{err[-3000:]}\n"
+        f"--- guest (rc {g.returncode})\n{g.stdout}\n{g.stderr[-3000:]}"
+    )
+    assert (rc, g.returncode) == (0, 0), report
+    responder, requester = (g.stdout.strip(), out) if guest_listens else (out, g.stdout.strip())
+    assert responder.splitlines()[-1] == f"Remote write: {text}", report
+    assert requester.splitlines()[-1] == f"Written to the responder: {text}", report
