@@ -44,6 +44,7 @@ from rdmakit.doca import (
     Task,
     WorkQ,
 )
+from tests.doca.util import started_mmap
 
 Api = Literal["job", "task"]
 RW = AccessFlag.LOCAL_READ_WRITE
@@ -106,12 +107,7 @@ class Side:
     memory: list[Mmap] = field(default_factory=list)
 
     def mmap(self, size_or_bytes: int | bytes, perms: int = RW) -> tuple[Mmap, bytearray]:
-        mem = bytearray(size_or_bytes)
-        m = Mmap()
-        m.set_permissions(perms)
-        m.set_memrange(mem)
-        m.add_dev(self.dev)
-        m.start()
+        m, mem = started_mmap(self.dev, size_or_bytes, perms)
         self.memory.append(m)
         return m, mem
 

@@ -42,7 +42,7 @@ from rdmakit.doca import (
     WorkQ,
     local_devinfo,
 )
-from tests.doca.util import error_code
+from tests.doca.util import error_code, started_mmap
 
 PORT = 7175
 RW = AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE
@@ -106,12 +106,7 @@ class Peer:
         return [c for w, c in self.log if w == what]
 
     def mmap(self, size_or_bytes: int | bytes) -> tuple[Mmap, bytearray]:
-        mem = bytearray(size_or_bytes)
-        m = Mmap()
-        m.set_permissions(RW)
-        m.set_memrange(mem)
-        m.add_dev(self.dev)
-        m.start()
+        m, mem = started_mmap(self.dev, size_or_bytes, RW)
         self.mmaps.append(m)
         return m, mem
 

@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 import pytest
 
-from rdmakit.doca import DocaError, DocaErrorCode, Mmap
+from rdmakit.doca import Dev, DocaError, DocaErrorCode, Mmap
 
 #: The ``make_mmap`` fixture (tests/doca/conftest.py): ``make_mmap(size_or_buffer, access=...)``.
 MmapFactory = Callable[..., Mmap]
@@ -15,3 +15,14 @@ def error_code(call: Callable[[], object]) -> DocaErrorCode:
     with pytest.raises(DocaError) as exc:
         call()
     return exc.value.code
+
+
+def started_mmap(dev: Dev, size_or_bytes: int | bytes, permissions: int) -> tuple[Mmap, bytearray]:
+    """A started mmap over fresh memory on `dev`, and that memory."""
+    mem = bytearray(size_or_bytes)
+    m = Mmap()
+    m.set_permissions(permissions)
+    m.set_memrange(mem)
+    m.add_dev(dev)
+    m.start()
+    return m, mem

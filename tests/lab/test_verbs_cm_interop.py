@@ -64,6 +64,20 @@ def _finish(p: subprocess.Popen[str]) -> tuple[int, str, str]:
     return p.returncode, out.strip(), err
 
 
+def _both_ok(guest: LabGuest, host: subprocess.Popen[str], job: int) -> tuple[str, str, str]:
+    """Both sides' output once each exited 0 (the host's, the guest's, and a report of both)."""
+    rc, out, err = _finish(host)
+    if rc != 0:
+        guest.kill(job)
+    g = guest.wait(job, timeout=TIMEOUT + 60)
+    report = (
+        f"--- host (rc {rc})\n{out}\n{err[-3000:]}\n"
+        f"--- guest (rc {g.returncode})\n{g.stdout}\n{g.stderr[-3000:]}"
+    )
+    assert (rc, g.returncode) == (0, 0), report
+    return out, g.stdout.strip(), report
+
+
 @pytest.mark.parametrize("api", ["job", "task"])
 @pytest.mark.parametrize("guest_listens", [True, False], ids=["guest-listens", "host-listens"])
 def test_doca_send_pair_connects_by_address(guest: LabGuest, api: str, guest_listens: bool) -> None:
@@ -89,16 +103,8 @@ def test_doca_send_pair_connects_by_address(guest: LabGuest, api: str, guest_lis
         time.sleep(2)
         job = guest.start(*guest_rdmakit, "rdma-send", "-d", "rxe0", "-sa", HOST_ADDR, "-sat", "ipv4",
                           "-s", text, *g_files, *common, timeout=TIMEOUT)  # fmt: skip
-    rc, out, err = _finish(host)
-    if rc != 0:
-        guest.kill(job)
-    g = guest.wait(job, timeout=TIMEOUT + 60)
-    report = (
-        f"--- host (rc {rc})\n{out}\n{err[-3000:]}\n"
-        f"--- guest (rc {g.returncode})\n{g.stdout}\n{g.stderr[-3000:]}"
-    )
-    assert (rc, g.returncode) == (0, 0), report
-    receiver, sender = (g.stdout.strip(), out) if guest_listens else (out, g.stdout.strip())
+    out, guest_out, report = _both_ok(guest, host, job)
+    receiver, sender = (guest_out, out) if guest_listens else (out, guest_out)
     assert receiver.splitlines()[-1] == f"Received: {text}", report
     assert sender.splitlines()[-1] == f"Sent: {text}", report
 
@@ -134,15 +140,7 @@ def test_doca_write_pair_connects_by_address(guest: LabGuest, guest_listens: boo
         job = guest.start(*guest_rdmakit, "rdma-write-requester", "-d", "rxe0", "-sa", HOST_ADDR,
                           "-sat", "ipv4", "-w", text, *files(GUEST_SHARE, "g", "h"), *common,
                           timeout=TIMEOUT)  # fmt: skip
-    rc, out, err = _finish(host)
-    if rc != 0:
-        guest.kill(job)
-    g = guest.wait(job, timeout=TIMEOUT + 60)
-    report = (
-        f"--- host (rc {rc})\n{out}\n{err[-3000:]}\n"
-        f"--- guest (rc {g.returncode})\n{g.stdout}\n{g.stderr[-3000:]}"
-    )
-    assert (rc, g.returncode) == (0, 0), report
-    responder, requester = (g.stdout.strip(), out) if guest_listens else (out, g.stdout.strip())
+    out, guest_out, report = _both_ok(guest, host, job)
+    responder, requester = (guest_out, out) if guest_listens else (out, guest_out)
     assert responder.splitlines()[-1] == f"Remote write: {text}", report
     assert requester.splitlines()[-1] == f"Written to the responder: {text}", report
