@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import secrets
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ def host_id() -> str:
         machine = Path("/etc/machine-id").read_text().strip()[:64]
     except OSError:
         machine = ""
-    return f"{socket.gethostname()[:255]}/{machine}"
+    return f"{os.uname().nodename[:255]}/{machine}"
 
 
 def boot_id() -> str:

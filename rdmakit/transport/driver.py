@@ -185,6 +185,12 @@ class Driver:
                 if idle_since is None:
                     idle_since = now
                 if now - idle_since < spin:
+                    # Nothing moved: until a socket or the timer (armed by progress() for the
+                    # next deadline) is readable, progress() would find nothing either, so the
+                    # busy poll is one epoll_wait(0) per turn, not a pass over every device.
+                    stop, poll = idle_since + spin, self._ep.poll
+                    while not poll(0) and not done() and clock() < stop:
+                        pass
                     continue
                 idle_since = None
             self.wait(left)

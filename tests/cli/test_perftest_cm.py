@@ -11,14 +11,18 @@ import ctypes
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from ipaddress import IPv6Address
 
 import pytest
 
+from rdmakit.cli import bench_qp
+from rdmakit.cli.bench_qp import open_device
+from rdmakit.cli.errors import CliError
 from rdmakit.cli.oob_messages import OobFormatError, PerftestDest
-from rdmakit.cli.perftest_cm import KEY_BIN_LEN, decode_dest, encode_dest
+from rdmakit.cli.perftest_cm import KEY_BIN_LEN, CmLink, CmQps, connect_retrying, decode_dest, encode_dest
 from rdmakit.engine import SGE, CompletionQueue, SendWR, WrOpcode
 from rdmakit.engine.types import Access
 from rdmakit.transport.cma import CmaEventKind, RdmaCm
@@ -196,3 +200,45 @@ def test_no_tcp_listener_with_rdma_cm(new_ip: Callable[[], str]) -> None:
     finally:
         server.kill()
         server.communicate()
+
+
+def test_test_qps_are_connected_by_the_exchanges_peer_only(new_ip: Callable[[], str]) -> None:
+    """While the server accepts the test's QPs, a request from any other address is rejected."""
+    a_ip, b_ip, c_ip = new_ip(), new_ip(), new_ip()
+    port = free_port()
+    devs = [open_device(ip, None) for ip in (a_ip, b_ip, c_ip)]
+    try:
+        server, client, intruder = (CmLink(d, port, 20.0) for d in devs)
+        server_qps = CmQps(server, [bench_qp.TestQp(devs[0], send_depth=1, recv_depth=1)])
+        client_done = threading.Event()
+        failed: list[BaseException] = []
+
+        def serve(accept: Callable[[], None]) -> threading.Thread:
+            def run() -> None:
+                try:
+                    accept()
+                    server.wait(client_done.is_set, "the client")  # the REP leaves with the pump
+                except BaseException as e:  # reported by the main thread
+                    failed.append(e)
+
+            t = threading.Thread(target=run)
+            t.start()
+            return t
+
+        t = serve(server.accept)
+        client.connect(a_ip)
+        client_done.set()
+        t.join()
+        client_done.clear()
+        t = serve(server_qps.accept)
+        stranger = bench_qp.TestQp(devs[2], send_depth=1, recv_depth=1)
+        with pytest.raises(CliError, match="REJECTED: the peer rejected the connection"):
+            connect_retrying(intruder, stranger, a_ip, "the intruder")
+        CmQps(client, [bench_qp.TestQp(devs[1], send_depth=1, recv_depth=1)]).connect(a_ip)
+        client_done.set()
+        t.join()
+        assert failed == []
+        assert len(server_qps.conns) == 1
+    finally:
+        for d in devs:
+            d.close()
