@@ -70,7 +70,7 @@ class NativeCodec:
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow
     ) -> int:
-        v6 = sock.family == socket.AF_INET6
+        v6 = ":" in addr[0]  # an IPv6 address (the socket's family property costs an enum per packet)
         return int(self.mod.send_packet(sock.fileno(), addr, v6, pkt, states, flow))
 
     def send_train(
@@ -88,7 +88,7 @@ class NativeCodec:
         ack_every: int,
         states: Buffer,
     ) -> tuple[int, int]:
-        v6 = sock.family == socket.AF_INET6
+        v6 = ":" in addr[0]
         sent, err = self.mod.send_train(
             sock.fileno(), addr, v6, gso, op, dqpn, psn, count, payload, mtu, ack_first, ack_every, states
         )
