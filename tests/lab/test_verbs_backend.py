@@ -22,18 +22,9 @@ import pytest
 
 from rdmakit.engine.types import QpCaps
 from rdmakit.testing.backend import check_backend_pair
-from rdmakit.verbs import list_devices, pyverbs_missing
+from tests.lab.verbs_env import NAME, marks
 
-pytestmark: list[pytest.MarkDecorator] = [pytest.mark.lab]
-
-_missing = pyverbs_missing()
-_devices = list_devices() if _missing is None else []
-if _missing is not None:
-    pytestmark = [pytest.mark.lab, pytest.mark.skip(reason=_missing)]
-elif not _devices:
-    pytestmark = [pytest.mark.lab, pytest.mark.skip(reason="no verbs device with a RoCE v2 GID")]
-
-NAME = os.environ.get("RDMAKIT_RXE_DEV") or (_devices[0].name if _devices else "")
+pytestmark = marks()
 
 
 def _backend() -> Any:

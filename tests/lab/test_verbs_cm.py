@@ -19,26 +19,14 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from ipaddress import IPv4Address, ip_address
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rdmakit.engine.types import SGE, Access, QpCaps, RecvWR, SendWR, WcStatus, WrOpcode
-from rdmakit.verbs import list_devices, pyverbs_missing
+from tests.lab.verbs_env import NAME, marks
 
-pytestmark: list[pytest.MarkDecorator] = [pytest.mark.lab]
-
-_missing = pyverbs_missing()
-_devices = list_devices() if _missing is None else []
-if _missing is not None:
-    pytestmark = [pytest.mark.lab, pytest.mark.skip(reason=_missing)]
-elif not _devices:
-    pytestmark = [pytest.mark.lab, pytest.mark.skip(reason="no verbs device with a RoCE v2 GID")]
-elif not Path("/dev/infiniband/rdma_cm").exists():
-    pytestmark = [pytest.mark.lab, pytest.mark.skip(reason="no /dev/infiniband/rdma_cm: modprobe rdma_ucm")]
-
-NAME = os.environ.get("RDMAKIT_RXE_DEV") or (_devices[0].name if _devices else "")
+pytestmark = marks(rdma_cm=True)
 LIMIT = 60.0
 
 

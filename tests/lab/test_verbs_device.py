@@ -20,19 +20,12 @@ import pytest
 
 from rdmakit.engine.states import QpState
 from rdmakit.engine.types import SGE, Access, Completion, QpCaps, RecvWR, SendWR, WcOpcode, WcStatus, WrOpcode
-from rdmakit.verbs import VerbsError, buffer_address, list_devices, pyverbs_missing
+from rdmakit.verbs import VerbsError, buffer_address
+from tests.lab.verbs_env import DEVICES, NAME, marks
 
-pytestmark: list[pytest.MarkDecorator] = [pytest.mark.lab]
-
-_missing = pyverbs_missing()
-_devices = list_devices() if _missing is None else []
-if _missing is not None:
-    pytestmark = [pytest.mark.lab, pytest.mark.skip(reason=_missing)]
-elif not _devices:
-    pytestmark = [pytest.mark.lab, pytest.mark.skip(reason="no verbs device with a RoCE v2 GID")]
+pytestmark = marks()
 
 ALL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
-NAME = os.environ.get("RDMAKIT_RXE_DEV") or (_devices[0].name if _devices else "")
 
 
 @pytest.fixture
@@ -75,7 +68,7 @@ def send(p: Pair, wr_id: int, opcode: WrOpcode, n: int, off: int = 0, **kw: Any)
 
 
 def test_discovery_picks_the_ipv4_mapped_roce_v2_gid() -> None:
-    info = next(d for d in _devices if d.name == NAME)
+    info = next(d for d in DEVICES if d.name == NAME)
     assert info.gid.ipv4_mapped is not None
     assert info.ip_addrs[0] == info.gid.ipv4_mapped
     assert info.gids.index(info.gid) == info.gid_index  # the table has no holes before it
