@@ -206,9 +206,7 @@ def _run(p: Params, dev: BackendDevice) -> int:
             assert p.server is not None
             stream.connect(p.server)
         else:
-            stream.timeout *= RUN_WAIT_FACTOR  # waiting for the client
-            stream.accept()
-            stream.timeout /= RUN_WAIT_FACTOR
+            stream.accept(stream.timeout * RUN_WAIT_FACTOR)  # waiting for the client
     elif p.client:
         assert p.server is not None
         stream = OobStream.connect(p.server, p.port, oob_timeout())
@@ -221,8 +219,9 @@ def _run(p: Params, dev: BackendDevice) -> int:
         res = Resources(p, dev, neg.cycle_buffer)
         ex.qps = res.qps
         try:
-            if not isinstance(stream, CmLink) or not p.rdma_cm:
+            if not p.rdma_cm:
                 return _test(p, ex, res, mtu)
+            assert isinstance(stream, CmLink)  # -R implies -z
             cm_qps = _connect_cm(p, ex, stream, res)
             status = _test(p, ex, res, mtu)
             cm_qps.close(p.client)

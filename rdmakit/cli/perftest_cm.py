@@ -27,7 +27,9 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from ipaddress import IPv6Address, ip_address
+from typing import TypeVar
 
 from rdmakit.cli.bench_qp import Memory, TestQp, pump
 from rdmakit.cli.errors import CliError
@@ -45,6 +47,7 @@ KEY_BIN_LEN = _KEY.size  # 56: the exchange's receive size
 #: After this long without the peer's DREQ (or DREP), a connection is dropped without it.
 LINGER = 5.0
 _WR_RECV, _WR_SEND = 1, 2
+T = TypeVar("T")
 
 
 def encode_dest(d: PerftestDest, gid_index: int = 0) -> bytes:
@@ -121,24 +124,27 @@ class CmLink:
 
         pump([self.qp], on_wc, done, self.timeout if timeout is None else timeout, what, self.events.poll)
 
+    def wait_for(self, take: Callable[[], T | None], what: str, timeout: float | None = None) -> T:
+        """`wait` until `take` returns something; that."""
+        got: list[T] = []
+
+        def done() -> bool:
+            if not got and (item := take()) is not None:
+                got.append(item)
+            return bool(got)
+
+        self.wait(done, what, timeout)
+        return got[0]
+
     def connect(self, server: str) -> None:
         """The client (``rdma_client_connect``), retrying while the server does not listen yet."""
         self.peer, self.client = str(ip_address(server)), True
         self.conn = connect_retrying(self, self.qp, self.peer, "the exchange's connection")
 
-    def accept(self) -> None:
+    def accept(self, timeout: float) -> None:
         """The server (``rdma_server_connect``): one request on the port, then the port is closed."""
-        self.cm.listen(self.port)
-        try:
-            self.wait(lambda: bool(self.events.requests), "a connection request", self.timeout)
-            req = self.events.requests.popleft()
-            self.conn, self.peer = req.conn, str(req.peer[0]) if req.peer else ""
-            self.cm.accept(req.conn, self.qp.qp, b"")
-        finally:
-            self.cm.stop_listen(self.port)
-        for extra in self.events.requests:
-            self.cm.reject(extra.conn, b"")
-        self.events.requests.clear()
+        (req,) = accept_requests(self, [self.qp], None, timeout)
+        self.conn, self.peer = req.conn, str(req.peer[0]) if req.peer else ""
 
     def _check_conn(self) -> None:
         if self.conn is None:
@@ -162,17 +168,6 @@ class CmLink:
         self._check_conn()
         return None
 
-    def _wait_wc(self, opcode: WcOpcode, what: str, timeout: float) -> Completion:
-        got: list[Completion] = []
-
-        def done() -> bool:
-            if not got and (wc := self._take(opcode)) is not None:
-                got.append(wc)
-            return bool(got)
-
-        self.wait(done, what, timeout)
-        return got[0]
-
     def send(self, data: bytes) -> None:
         if len(data) > KEY_BIN_LEN:
             raise OobError(f"an exchange message of {len(data)} bytes does not fit {KEY_BIN_LEN}")
@@ -180,12 +175,12 @@ class CmLink:
         self.mem.view[off : off + len(data)] = data
         sge = SGE(self.mem.addr + off, len(data), self.mem.lkey)
         self.qp.post_send(SendWR(wr_id=_WR_SEND, opcode=WrOpcode.SEND, sg_list=(sge,)))
-        self._wait_wc(WcOpcode.SEND, "the SEND of an exchange message", self.timeout)
+        self.wait_for(lambda: self._take(WcOpcode.SEND), "the SEND of an exchange message")
 
     def recv_exact(
         self, n: int, timeout: float, what: str, service: object = None, service_fd: int = -1
     ) -> bytes:
-        wc = self._wait_wc(WcOpcode.RECV, what, timeout)
+        wc = self.wait_for(lambda: self._take(WcOpcode.RECV), what, timeout)
         if wc.byte_len != n:
             raise OobError(f"{self.peer}: {what}: a message of {wc.byte_len} bytes, expected {n}")
         data = bytes(self.mem.view[:n])
@@ -216,7 +211,7 @@ def connect_retrying(link: CmLink, qp: TestQp, server: str, what: str) -> int:
             conn = link.cm.connect(qp.qp, ip_address(server), link.port, b"", link.timeout)
         except DocaError as e:
             raise CliError(f"{what}: {e.message}") from e
-        ev = _settle(link, conn, what)
+        ev = link.wait_for(partial(link.events.take, conn), what)  # ESTABLISHED, or why not
         if ev.kind is CmEventKind.ESTABLISHED:
             return conn
         if ev.kind is CmEventKind.REJECTED and ev.reason == 8 and time.monotonic() < end:
@@ -225,18 +220,30 @@ def connect_retrying(link: CmLink, qp: TestQp, server: str, what: str) -> int:
         raise _fail(ev, f"{what} to {server}:{link.port}")
 
 
-def _settle(link: CmLink, conn: int, what: str) -> CmEvent:
-    """The first event of `conn`: ESTABLISHED, or why not."""
-    result: list[CmEvent] = []
+def accept_requests(link: CmLink, qps: list[TestQp], peer: str | None, timeout: float) -> list[CmEvent]:
+    """Listen on the link's port until a request is accepted for each of `qps`, in order (only
+    `peer`'s, when given); then the port is closed and requests left over are rejected."""
+    events = link.events
+    accepted: list[CmEvent] = []
 
-    def settled() -> bool:
-        ev = link.events.take(conn)
-        if ev is not None:
-            result.append(ev)
-        return bool(result)
+    def next_request() -> CmEvent | None:
+        return events.requests.popleft() if events.requests else None
 
-    link.wait(settled, what, link.timeout)
-    return result[0]
+    link.cm.listen(link.port)
+    try:
+        while len(accepted) < len(qps):
+            req = link.wait_for(next_request, "a connection request", timeout)
+            if peer is not None and (req.peer is None or str(req.peer[0]) != peer):
+                link.cm.reject(req.conn, b"")
+                continue
+            link.cm.accept(req.conn, qps[len(accepted)].qp, b"")
+            accepted.append(req)
+    finally:
+        link.cm.stop_listen(link.port)
+    for extra in events.requests:
+        link.cm.reject(extra.conn, b"")
+    events.requests.clear()
+    return accepted
 
 
 def disconnect(link: CmLink, conns: list[int], *, ours: bool) -> None:
@@ -272,22 +279,9 @@ class CmQps:
             self.conns.append(connect_retrying(self.link, q, server, f"QP {i}'s connection"))
 
     def accept(self) -> None:
+        """Only the exchange's peer connects the test's QPs."""
         link = self.link
-        link.cm.listen(link.port)
-        try:
-            while len(self.conns) < len(self.qps):
-                link.wait(lambda: bool(link.events.requests), "the test's connection requests")
-                req = link.events.requests.popleft()
-                if req.peer is None or str(req.peer[0]) != link.peer:
-                    link.cm.reject(req.conn, b"")  # only the exchange's peer connects the test's QPs
-                    continue
-                link.cm.accept(req.conn, self.qps[len(self.conns)].qp, b"")
-                self.conns.append(req.conn)
-        finally:
-            link.cm.stop_listen(link.port)
-        for extra in link.events.requests:
-            link.cm.reject(extra.conn, b"")
-        link.events.requests.clear()
+        self.conns = [r.conn for r in accept_requests(link, self.qps, link.peer, link.timeout)]
 
     def close(self, client: bool) -> None:
         """``rdma_cm_disconnect_nodes``: the client disconnects, the server waits for it."""

@@ -55,7 +55,7 @@ yet established is BAD_STATE.
 import ipaddress
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from rdmakit.doca.backend import BackendCm, BackendQP, CmEvent, CmEventKind, JobType
@@ -296,8 +296,10 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
         elif qp is not None:
             qp.close()
 
-    def _cm_lanes(self) -> list[BackendQP]:
+    def _cm_lanes(self) -> Sequence[BackendQP]:
         """Every queue pair whose completions the context collects: the start one first."""
+        if not self._cm_conns and not self._cm_retired:  # by descriptor, or none yet: each progress
+            return () if self._qp is None else (self._qp,)
         lanes = [] if self._qp is None else [self._qp]
         for conn in (*self._cm_conns.values(), *self._cm_retired):
             if conn._qp is not None and conn._qp is not self._qp:

@@ -34,16 +34,22 @@ from enum import Enum
 from rdmakit.engine import EngineError, QpState, QueuePair
 from rdmakit.engine.cm import CmConnParams, CmEndpoint, CmEventKind, CmState
 from rdmakit.wire import ROCE_UDP_PORT, WireError
-from rdmakit.wire.cm import CMA_HDR_LEN, CmaHeader, CmMad, PortSpace, RejReason, service_id
+from rdmakit.wire.cm import (
+    CMA_HDR_LEN,
+    MAX_ACCEPT_PRIVATE,
+    MAX_CONNECT_PRIVATE,
+    CmaHeader,
+    CmMad,
+    PortSpace,
+    RejReason,
+    service_id,
+)
 
 from .connect import ConnectOptions, Endpoint, connect_qp, init_qp
 from .device import SoftDevice, gid_of
 
 __all__ = ["MAX_ACCEPT_PRIVATE", "MAX_CONNECT_PRIVATE", "CmaEvent", "CmaEventKind", "RdmaCm"]
 
-#: User private data limits of the TCP port space (librdmacm ``rdma_connect``/``rdma_accept``).
-MAX_CONNECT_PRIVATE = 92 - CMA_HDR_LEN
-MAX_ACCEPT_PRIVATE = 196
 _MTUS = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 _MTU_CODE = {v: k for k, v in _MTUS.items()}
 

@@ -43,16 +43,12 @@ from rdmakit.verbs.attrs import QpAttrMask, gid_text
 from rdmakit.verbs.device import VerbsDevice, VerbsQP
 from rdmakit.verbs.errors import ErrorCode, VerbsError, code_for_errno
 from rdmakit.verbs.rdmacm import CmEventType as T
+from rdmakit.wire.cm import MAX_ACCEPT_PRIVATE, MAX_CONNECT_PRIVATE, MAX_REJECT_PRIVATE
 
 __all__ = ["MAX_ACCEPT_PRIVATE", "MAX_CONNECT_PRIVATE", "CmNotice", "CmNoticeKind", "VerbsCm"]
 
 log = logging.getLogger("rdmakit.verbs")
 
-#: User private data of the TCP port space (``rdma_connect(3)``, ``rdma_accept(3)``; IBTA
-#: REQ/REP/REJ private data less the REQ's 36-byte ``cma_hdr``).
-MAX_CONNECT_PRIVATE = 56
-MAX_ACCEPT_PRIVATE = 196
-MAX_REJECT_PRIVATE = 148
 LISTEN_BACKLOG = 64
 #: How long a DREQ may go unanswered before the connection is dropped anyway (seconds).
 DISCONNECT_WAIT = 10.0

@@ -37,6 +37,9 @@ __all__ = [
     "CM_CLASS_VERSION",
     "LAYOUTS",
     "MAD_LEN",
+    "MAX_ACCEPT_PRIVATE",
+    "MAX_CONNECT_PRIVATE",
+    "MAX_REJECT_PRIVATE",
     "CmAttr",
     "CmMad",
     "CmaHeader",
@@ -368,6 +371,11 @@ def service_id(ps: PortSpace, port: int) -> int:
 
 CMA_HDR_LEN = 36
 _CMA_HDR = struct.Struct("!BBH16s16s")
+#: The user's private data in ``rdma_cm``'s TCP port space (``rdma_connect(3)``, ``rdma_accept(3)``,
+#: ``rdma_reject(3)``): a REQ's less the `CmaHeader` before it, a REP's and a REJ's whole.
+MAX_CONNECT_PRIVATE = LAYOUTS[CmAttr.REQ].private_len - CMA_HDR_LEN
+MAX_ACCEPT_PRIVATE = LAYOUTS[CmAttr.REP].private_len
+MAX_REJECT_PRIVATE = LAYOUTS[CmAttr.REJ].private_len
 
 
 class CmaHeader(NamedTuple):

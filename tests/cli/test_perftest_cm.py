@@ -225,7 +225,7 @@ def test_test_qps_are_connected_by_the_exchanges_peer_only(new_ip: Callable[[], 
             t.start()
             return t
 
-        t = serve(server.accept)
+        t = serve(lambda: server.accept(20.0))
         client.connect(a_ip)
         client_done.set()
         t.join()
