@@ -12,14 +12,21 @@ with ``QpCaps.fast_paths`` off they decline everything.
 from rdmakit.wire import MIDDLE_OPCODES, Opcode, Packet, Payload
 
 from .completer import fast_read_middle, read_run, read_run_done
+from .memory import ProtectionDomain
 from .requester import Requester
 from .resp_runs import fast_middle, send_run, send_run_done, write_run, write_run_done, write_target
 from .responder import Responder
 from .stats import QpStats
+from .types import Access
 
 _RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
 _WRITE_MIDDLE = Opcode.RDMA_WRITE_MIDDLE
 _SEND_MIDDLE = Opcode.SEND_MIDDLE
+_WRITE_ONLY = Opcode.RDMA_WRITE_ONLY
+_READ_REQUEST = Opcode.RDMA_READ_REQUEST
+_REMOTE_READ = int(Access.REMOTE_READ)
+#: The one-packet requests ``rx_small`` serves (the native data plane's ``small_request``).
+SMALL_REQUESTS = frozenset((_WRITE_ONLY, _READ_REQUEST, Opcode.COMPARE_SWAP, Opcode.FETCH_ADD))
 
 
 class BulkReceive:
@@ -32,6 +39,8 @@ class BulkReceive:
     _rx: bool
     _tx: bool
     _fast: bool
+    access_bits: int
+    pd: ProtectionDomain
 
     def receive_middle(self, opcode: int, psn: int, ackreq: bool, payload: Payload, now: float) -> bool:
         """The fast path of ``receive`` for a MIDDLE packet (WRITE, SEND, READ response).
@@ -80,6 +89,44 @@ class BulkReceive:
         if not self._fast or not self._rx:
             return None
         return write_target(self.resp, pkt, plen)
+
+    def rx_small(self) -> tuple[int, int, int, bool, dict[int, tuple[int, int, int, memoryview]]] | None:
+        """What a one-packet request must match for a transport to check and execute it.
+
+        For the native data plane's ``small_request``: ``(expected PSN, MTU,
+        the QP's access bits, responder resources exist, the PD's R_Key table
+        (``ProtectionDomain.remote_table``))``. The request must be an RDMA
+        WRITE ONLY without immediate, a READ request, COMPARE SWAP or FETCH
+        ADD with that PSN, pass every check of ``Responder.on_request`` and
+        ``receive`` (P_Key, QPN, access, length, R_Key) and be executed (the
+        WRITE's payload placed, the atomic done on the u64); then call
+        ``rx_small_done``. None: requests take ``receive`` now (between
+        messages only: the ONLY after a FIRST is the generic path's error).
+        """
+        if not self._fast or not self._rx:
+            return None
+        resp = self.resp
+        if resp.in_msg is not None:
+            return None
+        return resp.psn, resp.mtu, self.access_bits, bool(resp.res.ring), self.pd.remote_table
+
+    def rx_small_done(
+        self, op: int, psn: int, ackreq: int, rkey: int, va: int, length: int, orig: int
+    ) -> None:
+        """The request ``rx_small`` described was checked and executed: ``receive``'s effect.
+
+        ``orig``: an atomic's original value; a READ's data is sliced here.
+        """
+        resp = self.resp
+        resp.sent_psn_nak = False
+        if op == _WRITE_ONLY:
+            resp.write_only_executed(psn, rkey, va, length, bool(ackreq))
+        elif op == _READ_REQUEST:
+            view = self.pd.remote_slice(rkey, va, length, _REMOTE_READ) if length else None
+            resp.read_executed(psn, rkey, va, length, view)
+        else:
+            resp.atomic_executed(psn, orig)
+        self.stats.packets_in += 1
 
     def rx_run_done(self, opcode: int, count: int, last_ackreq: int, now: float) -> None:
         """``count`` packets of the run ``rx_run`` described were placed (``last_ackreq``: see Train)."""

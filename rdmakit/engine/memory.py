@@ -49,7 +49,7 @@ class MemoryRegion:
 class ProtectionDomain:
     """The memory registration table shared by the QPs of one PD (``ibv_pd``)."""
 
-    __slots__ = ("_by_lkey", "_by_rkey", "_rng", "generation")
+    __slots__ = ("_by_lkey", "_by_rkey", "_rng", "generation", "remote_table")
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
@@ -58,6 +58,9 @@ class ProtectionDomain:
         self.generation = 0
         self._by_lkey: dict[int, MemoryRegion] = {}
         self._by_rkey: dict[int, MemoryRegion] = {}
+        #: R_Key -> (addr, length, access bits, view): ``remote_slice``'s table, for the
+        #: native data plane's checks (read-only outside this class).
+        self.remote_table: dict[int, tuple[int, int, int, memoryview]] = {}
 
     def _new_key(self) -> int:
         while True:
@@ -95,6 +98,7 @@ class ProtectionDomain:
         mr = MemoryRegion(addr=addr, length=len(view), lkey=lkey, rkey=rkey, access=access, view=view)
         self._by_lkey[lkey] = mr
         self._by_rkey[rkey] = mr
+        self.remote_table[rkey] = (addr, mr.length, mr.bits, view)
         return mr
 
     def deregister(self, mr: MemoryRegion) -> None:
@@ -107,6 +111,7 @@ class ProtectionDomain:
             del self._by_lkey[mr.lkey]
         if self._by_rkey.get(mr.rkey) is mr:
             del self._by_rkey[mr.rkey]
+            del self.remote_table[mr.rkey]
         self.generation += 1
 
     def __iter__(self) -> Iterator[MemoryRegion]:

@@ -353,6 +353,20 @@ class Responder(ResponseOutput):
         if pkt.ackreq:
             self.queue_ack(psn)
 
+    def write_only_executed(self, psn: int, rkey: int, va: int, length: int, ackreq: bool) -> None:
+        """The in-order WRITE ONLY (no immediate) at ``psn`` passed every check and its
+        ``length`` > 0 bytes were placed: the state ``_send_write`` leaves, and its ACK if asked."""
+        self.w_view = None
+        self.w_rkey, self.w_va, self.w_gen = rkey, va, self.qp.pd.generation
+        self.w_off = self.w_len = length
+        self.w_resid = 0
+        self.placed = None
+        self.in_msg = None
+        self.msn = (self.msn + 1) & _MASK
+        self.psn = self.ack_psn = (psn + 1) & _MASK
+        if ackreq:
+            self.queue_ack(psn)
+
     def _fail_rwqe(self, rwqe: RecvWqe | None, status: WcStatus) -> None:
         """A WRITE with immediate failed: its receive WQE completes with ``status``."""
         if rwqe is not None:
@@ -380,12 +394,16 @@ class Responder(ResponseOutput):
             view = qp.pd.remote_slice(reth.rkey, reth.va, length, _REMOTE_READ)
             if view is None:
                 raise _Fatal(NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
-        psn = pkt.psn
+        self.read_executed(pkt.psn, reth.rkey, reth.va, length, view)
+
+    def read_executed(self, psn: int, rkey: int, va: int, length: int, view: memoryview | None) -> None:
+        """The in-order READ request at ``psn`` passed every check: a responder resource
+        for its duplicates, and its response queued (``view``: the bytes; None if empty)."""
         npkts = max(length - 1, 0) // self.mtu + 1
         res = self.res.new(_READ, psn, (psn + npkts - 1) & _MASK)
-        res.va = reth.va
+        res.va = va
         res.length = length
-        res.rkey = reth.rkey
+        res.rkey = rkey
         # IBTA C9-148: a READ counts as a message when it executes.
         self.msn = (self.msn + 1) & _MASK
         self.psn = (psn + npkts) & _MASK
@@ -411,7 +429,11 @@ class Responder(ResponseOutput):
                 view[:] = (ae.swap_add & _U64).to_bytes(8, _BYTEORDER)
         else:
             view[:] = ((orig + ae.swap_add) & _U64).to_bytes(8, _BYTEORDER)
-        psn = pkt.psn
+        self.atomic_executed(pkt.psn, orig)
+
+    def atomic_executed(self, psn: int, orig: int) -> None:
+        """The in-order atomic request at ``psn`` was executed on a u64 that held ``orig``:
+        a responder resource for its duplicates, and the ATOMIC ACKNOWLEDGE queued."""
         res = self.res.new(_ATOMIC, psn, psn)
         res.orig = orig
         self.msn = (self.msn + 1) & _MASK

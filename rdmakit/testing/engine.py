@@ -35,6 +35,7 @@ from rdmakit.engine import (
     WcStatus,
     WrOpcode,
 )
+from rdmakit.transport.codec import SmallRequest
 from rdmakit.transport.simnet import Faults, SimNet
 from rdmakit.wire import Packet
 
@@ -150,6 +151,7 @@ class PairOptions(ConnectOptions, total=False):
     caps: QpCaps | None
     cq_depth: int
     bulk: bool
+    small: SmallRequest | None
 
 
 def make_pair(
@@ -160,12 +162,14 @@ def make_pair(
     caps: QpCaps | None = None,
     cq_depth: int = 4096,
     bulk: bool = False,
+    small: SmallRequest | None = None,
     **conn: Unpack[ConnectOptions],
 ) -> Pair:
     """Two sides ``a`` and ``b`` with `mem_size` bytes registered each, their QPs connected
-    (`connect`, with `conn`) and attached to a new `SimNet` seeded with `seed`."""
+    (`connect`, with `conn`) and attached to a new `SimNet` seeded with `seed` (`bulk`,
+    `small`: see `SimNet`)."""
     rng = random.Random(seed)
-    net = SimNet(seed, faults, bulk=bulk)
+    net = SimNet(seed, faults, bulk=bulk, small=small)
     caps = caps or QpCaps()
     a = make_side("a", rng, mem_size, caps, cq_depth)
     b = make_side("b", rng, mem_size, caps, cq_depth)

@@ -21,7 +21,12 @@
  *                              and send it: one call for what a small
  *                              operation's round trip sends;
  *   check_decode(...)          check one received segment's ICRC and decode it
- *                              into a Packet, or say why the Python path must.
+ *                              into a Packet, or say why the Python path must;
+ *   recv_raw(...)              one non-blocking read of the socket (GRO segment
+ *                              size and source included), None when empty;
+ *   small_request(...)         check and execute an in-order one-packet WRITE,
+ *                              READ or atomic request for the responder, or
+ *                              hand it back to the generic path.
  *
  * The ICRC (IBTA Annex A17.3.3) of a segment is continued from a CRC state the
  * caller computed over the masked pseudo IP/UDP headers of that segment (which
@@ -693,6 +698,69 @@ out:
     return result;
 }
 
+/*
+ * recv_raw(fd, buf, v6) -> (nbytes, seg, (ip, port), errno) | None
+ *
+ * One non-blocking read into buf, as UdpLink.recv_raw: the datagrams are
+ * buf[k*seg : min((k+1)*seg, nbytes)] (one of nbytes without GRO). None: the
+ * socket is empty (no readiness check first, and no exception for an empty
+ * read). After a socket error (an ICMP error surfacing) nbytes and seg are 0
+ * and errno says which.
+ */
+static PyObject *fp_recv_raw(PyObject *Py_UNUSED(self), PyObject *args) {
+    int fd, v6;
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "iw*p:recv_raw", &fd, &b, &v6))
+        return NULL;
+    struct sockaddr_storage from;
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctrl;
+    struct iovec iov = {b.buf, (size_t)b.len};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_name = &from;
+    msg.msg_namelen = sizeof from;
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctrl.buf;
+    msg.msg_controllen = sizeof ctrl.buf;
+    ssize_t r;
+    do {
+        r = recvmsg(fd, &msg, MSG_DONTWAIT);
+    } while (r < 0 && errno == EINTR);
+    int err = r < 0 ? errno : 0;
+    PyBuffer_Release(&b);
+    if (r < 0) {
+        if (err == EAGAIN || err == EWOULDBLOCK)
+            Py_RETURN_NONE;
+        return Py_BuildValue("nn(si)i", (Py_ssize_t)0, (Py_ssize_t)0, "", 0, err);
+    }
+    Py_ssize_t n = r, seg = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO && cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int v;
+            memcpy(&v, CMSG_DATA(cm), sizeof v);
+            seg = v;
+        }
+    }
+    if (!(seg > 0 && seg < n))
+        seg = n > 0 ? n : 1;
+    char host[INET6_ADDRSTRLEN] = "";
+    int port = 0;
+    if (from.ss_family == AF_INET6 && v6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&from;
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+        port = ntohs(a->sin6_port);
+    } else if (from.ss_family == AF_INET) {
+        struct sockaddr_in *a = (struct sockaddr_in *)&from;
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+        port = ntohs(a->sin_port);
+    }
+    return Py_BuildValue("nn(si)i", n, seg, host, port, 0);
+}
+
 /* -- single packets: codec, ICRC and send/check in one call ------------------------------ */
 
 /*
@@ -1154,6 +1222,186 @@ out:
     return result;
 }
 
+/* -- the responder's small operations ---------------------------------------------------- */
+
+/*
+ * small_request(seg, idx, states, flow, qpn, ticket) -> (op, psn, ackreq, rkey, va, length, orig) | int
+ *
+ * The common case of a request that is one packet: an in-order RDMA WRITE
+ * ONLY (no immediate), RDMA READ request, COMPARE SWAP or FETCH ADD for a
+ * responder between messages. ticket is the engine's QueuePair.rx_small():
+ * (expected PSN, MTU, the QP's access bits, responder resources (bool), the
+ * PD's R_Key table {rkey: (addr, length, access bits, memoryview)}).
+ *
+ * In rxe's order: the header as decode() takes it (then P_Key, QPN, PSN), the
+ * ICRC of segment idx, then check_op_valid, check_resource, check_length and
+ * check_rkey (rxe_resp.c). A WRITE's payload is copied to its target and an
+ * atomic is executed on it (the u64 in this host's byte order) here; a READ
+ * is only checked. The answer says what was done, for
+ * QueuePair.rx_small_done to take the effect (responder state, responder
+ * resources, the ACK / READ response / atomic ACK queued). Anything else
+ * answers -1 having done nothing, and the packet takes the generic path,
+ * which is the reference and says what is wrong.
+ */
+static int small_ops[4] = {-1, -1, -1, -1}; /* WRITE ONLY, READ request, CMP SWAP, FETCH ADD */
+static unsigned long small_access[3];       /* REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC */
+static unsigned long long small_max_msg;
+
+static PyObject *fp_init_small(PyObject *Py_UNUSED(self), PyObject *args) {
+    int w, r, c, f;
+    unsigned long aw, ar, aa;
+    unsigned long long mm;
+    if (!PyArg_ParseTuple(args, "iiiikkkK:init_small", &w, &r, &c, &f, &aw, &ar, &aa, &mm))
+        return NULL;
+    if (w < 0 || w > 255 || r < 0 || r > 255 || c < 0 || c > 255 || f < 0 || f > 255) {
+        PyErr_SetString(PyExc_ValueError, "init_small: an opcode is not a u8");
+        return NULL;
+    }
+    small_ops[0] = w;
+    small_ops[1] = r;
+    small_ops[2] = c;
+    small_ops[3] = f;
+    small_access[0] = aw;
+    small_access[1] = ar;
+    small_access[2] = aa;
+    small_max_msg = mm;
+    Py_RETURN_NONE;
+}
+
+/* The region of rtable that grants `access` over [va, va+len): its first byte's offset,
+ * with its entry (a new reference) in *entry; -1 if none (or an error is set: -2). */
+static Py_ssize_t small_region(PyObject *rtable, uint32_t rkey, uint64_t va, uint64_t len, unsigned long access,
+                               PyObject **entry) {
+    PyObject *key = PyLong_FromUnsignedLong(rkey);
+    if (key == NULL)
+        return -2;
+    PyObject *e = PyDict_GetItemWithError(rtable, key);
+    Py_DECREF(key);
+    if (e == NULL)
+        return PyErr_Occurred() ? -2 : -1;
+    if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4) {
+        PyErr_SetString(PyExc_TypeError, "small_request: an R_Key entry is (addr, length, bits, view)");
+        return -2;
+    }
+    uint64_t addr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(e, 0));
+    uint64_t rlen = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(e, 1));
+    unsigned long bits = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(e, 2));
+    if (PyErr_Occurred())
+        return -2;
+    /* MemoryRegion.contains(): addr <= va and va + len <= addr + rlen, without overflow */
+    if (!(bits & access) || va < addr || va - addr > rlen || len > rlen - (va - addr) || rlen > PY_SSIZE_T_MAX)
+        return -1;
+    Py_INCREF(e);
+    *entry = e;
+    return (Py_ssize_t)(va - addr);
+}
+
+static PyObject *fp_small_request(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *seg, *states, *flow, *ticket;
+    Py_ssize_t idx;
+    unsigned long qpn;
+    if (!PyArg_ParseTuple(args, "OnO!OkO!:small_request", &seg, &idx, &PyDict_Type, &states, &flow, &qpn,
+                          &PyTuple_Type, &ticket))
+        return NULL;
+    unsigned long epsn, access;
+    Py_ssize_t mtu;
+    int rd_ok;
+    PyObject *rtable;
+    if (!PyArg_ParseTuple(ticket, "knkpO!:small_request ticket", &epsn, &mtu, &access, &rd_ok, &PyDict_Type,
+                          &rtable))
+        return NULL;
+    if (idx < 0 || idx > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "small_request: segment index is not a u16");
+        return NULL;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(seg, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = NULL, *entry = NULL;
+    const unsigned char *p = b.buf;
+    Py_ssize_t n = b.len;
+    if (n > UDP_MAX_PAYLOAD || n < BTH_LEN + ICRC_LEN || !codec_ready) {
+        result = PyLong_FromLong(-1);
+        goto out;
+    }
+    Py_ssize_t m = n - ICRC_LEN;
+    int op = p[0], b1 = p[1], lay = op_layout[op], which;
+    for (which = 0; which < 4 && small_ops[which] != op; which++)
+        ;
+    Py_ssize_t off = op_hlen[op], end = m - ((b1 >> 4) & 3);
+    uint32_t w1 = get_be32(p + 4), w2 = get_be32(p + 8);
+    /* decode()'s header checks for the layout, then qp.receive()'s P_Key and QPN and
+     * on_request()'s PSN: anything else is the generic path's. */
+    if (which == 4 || lay < 0 || (b1 & 0x0F) || (m & 3) || end < off || (which && end != off) ||
+        (get_be16(p + 2) & 0x7FFF) != 0x7FFF || (w1 & PSN_MASK) != qpn || (w2 & PSN_MASK) != epsn) {
+        result = PyLong_FromLong(-1);
+        goto out;
+    }
+    int64_t st = icrc_state(states, flow, n, idx);
+    if (st < 0)
+        goto out;
+    unsigned char h[BTH_LEN];
+    memcpy(h, p, BTH_LEN);
+    h[4] = 0xFF;
+    uint32_t c = crc32_update((uint32_t)st, h, BTH_LEN);
+    c = crc32_update(c, p + BTH_LEN, (size_t)(m - BTH_LEN));
+    if (c != get_le32(p + m)) {
+        result = PyLong_FromLong(-1);
+        goto out;
+    }
+    const unsigned char *x = p + BTH_LEN;
+    uint64_t va = get_be64(x), orig = 0;
+    uint32_t rkey = get_be32(x + 8);
+    uint64_t len = which >= 2 ? 8 : get_be32(x + 12);
+    Py_ssize_t plen = end - off, at;
+    int ackreq = (w2 >> 31) & 1;
+    /* check_op_valid (the QP's access), check_resource (READ and atomics need
+     * responder resources), check_length, then check_rkey */
+    if (!(access & small_access[which < 2 ? which : 2]) || (which && !rd_ok) ||
+        (which == 0 && ((uint64_t)plen != len || plen == 0 || plen > mtu)) || (which == 1 && len > small_max_msg)) {
+        result = PyLong_FromLong(-1);
+        goto out;
+    }
+    if (which == 1 && len == 0) {
+        result = Py_BuildValue("iknkKKK", op, (unsigned long)(w2 & PSN_MASK), ackreq, (unsigned long)rkey,
+                               (unsigned long long)va, (unsigned long long)len, (unsigned long long)0);
+        goto out;
+    }
+    at = small_region(rtable, rkey, va, len, small_access[which < 2 ? which : 2], &entry);
+    if (at == -2)
+        goto out;
+    if (at < 0 || (which >= 2 && (va & 7))) {
+        result = PyLong_FromLong(-1);
+        goto out;
+    }
+    if (which != 1) {
+        Py_buffer t;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(entry, 3), &t, PyBUF_WRITABLE) < 0)
+            goto out;
+        if ((uint64_t)t.len < (uint64_t)at + len) {
+            PyBuffer_Release(&t);
+            result = PyLong_FromLong(-1);
+            goto out;
+        }
+        unsigned char *dst = (unsigned char *)t.buf + at;
+        if (which == 0) {
+            memcpy(dst, x + 16, (size_t)plen);
+        } else {
+            uint64_t swap_add = get_be64(x + 12), compare = get_be64(x + 20);
+            memcpy(&orig, dst, 8);
+            uint64_t v = which == 2 ? (orig == compare ? swap_add : orig) : orig + swap_add;
+            memcpy(dst, &v, 8);
+        }
+        PyBuffer_Release(&t);
+    }
+    result = Py_BuildValue("iknkKKK", op, (unsigned long)(w2 & PSN_MASK), ackreq, (unsigned long)rkey,
+                           (unsigned long long)va, (unsigned long long)len, (unsigned long long)orig);
+out:
+    Py_XDECREF(entry);
+    PyBuffer_Release(&b);
+    return result;
+}
+
 /* -- module ----------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1161,9 +1409,12 @@ static PyMethodDef methods[] = {
     {"send_train", fp_send_train, METH_VARARGS, "Send a run of MIDDLE packets (see the module source)."},
     {"place_run", fp_place_run, METH_VARARGS, "Check and place a run of MIDDLE segments."},
     {"recv_runs", fp_recv_runs, METH_VARARGS, "Read the socket while what arrives continues a run."},
+    {"recv_raw", fp_recv_raw, METH_VARARGS, "One non-blocking read: (nbytes, seg, source, errno) or None."},
     {"init_codec", fp_init_codec, METH_VARARGS, "Hand over rdmakit.wire.packet's types and opcode table."},
     {"send_packet", fp_send_packet, METH_VARARGS, "Encode one packet, add its ICRC and send it."},
     {"check_decode", fp_check_decode, METH_VARARGS, "Check one segment's ICRC and decode it."},
+    {"init_small", fp_init_small, METH_VARARGS, "Hand over the opcodes and access bits small_request takes."},
+    {"small_request", fp_small_request, METH_VARARGS, "Check and execute a one-packet request (see the source)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -55,6 +55,27 @@ def recv_runs(
     max_reads: int,
     /,
 ) -> tuple[int, int, int, int, int, int, tuple[int, int, int, tuple[str, int]] | None]: ...
+def recv_raw(fd: int, buf: Buffer, v6: bool, /) -> tuple[int, int, tuple[str, int], int] | None: ...
+def init_small(
+    write_only: int,
+    read_request: int,
+    compare_swap: int,
+    fetch_add: int,
+    remote_write: int,
+    remote_read: int,
+    remote_atomic: int,
+    max_msg: int,
+    /,
+) -> None: ...
+def small_request(
+    seg: Buffer,
+    idx: int,
+    states: dict[int, int],
+    flow: IcrcFlow,
+    qpn: int,
+    ticket: tuple[int, int, int, bool, dict[int, tuple[int, int, int, memoryview]]],
+    /,
+) -> tuple[int, int, int, int, int, int, int] | int: ...
 def init_codec(
     packet: type, reth: type, aeth: type, atomic_eth: type, layouts: dict[int, tuple[Any, int, int]], /
 ) -> None: ...

@@ -12,7 +12,9 @@ What the port asks of a codec, and nothing else:
 
 :class:`~rdmakit.transport.codec_py.PythonCodec` is the reference;
 ``_fastpath.c`` does the same without a Python object per packet, and adds
-``recv_runs`` (read the socket while what arrives continues a run). Which one
+``recv_runs`` (read the socket while what arrives continues a run) and
+``recv_raw`` (one read, without a readiness check first) and ``small_request``
+(check and execute a one-packet request for the engine). Which one
 a device uses is chosen once, in :mod:`rdmakit.transport.fastpath`. The ICRC
 of an ``n``-byte segment with index ``idx`` (BTH to ICRC) continues from
 ``states[n | idx << 16]``, or ``flow.state(n, idx)`` where that is missing
@@ -54,6 +56,22 @@ class RecvRuns(Protocol):
     ) -> RecvRunsResult: ...
 
 
+class RecvRaw(Protocol):
+    def __call__(self, fd: int, buf: Buffer, v6: bool, /) -> tuple[int, int, tuple[str, int], int] | None: ...
+
+
+#: What ``QueuePair.rx_small`` says a one-packet request must match.
+SmallTicket = tuple[int, int, int, bool, dict[int, tuple[int, int, int, memoryview]]]
+#: ``small_request``'s answer when it executed the request: ``QueuePair.rx_small_done``'s arguments.
+SmallDone = tuple[int, int, int, int, int, int, int]
+
+
+class SmallRequest(Protocol):
+    def __call__(
+        self, seg: Buffer, idx: int, states: dict[int, int], flow: IcrcFlow, qpn: int, ticket: SmallTicket, /
+    ) -> SmallDone | int: ...
+
+
 class SegmentCodec(Protocol):
     """The codec operations of the RoCE-UDP port (module docstring)."""
 
@@ -61,6 +79,14 @@ class SegmentCodec(Protocol):
     name: str
     #: Reads the socket while what arrives continues a run (native only); None: not offered.
     recv_runs: RecvRuns | None
+    #: One non-blocking read of the socket into ``buf`` (native only; None: not offered):
+    #: ``(nbytes, GRO segment size, source, errno)``, None when the socket is empty.
+    #: It takes ``UdpLink.recv_raw``'s place and needs no readiness check first.
+    recv_raw: RecvRaw | None
+    #: Checks a segment against ``QueuePair.rx_small``'s ticket and, if it is such a
+    #: request, executes it (native only; None: not offered): ``rx_small_done``'s
+    #: arguments, or -1 having done nothing (the generic path takes the packet).
+    small_request: SmallRequest | None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from rdmakit.wire import IcrcFlow, Packet
 
-from .codec import RecvRuns, SegmentCodec
+from .codec import RecvRaw, RecvRuns, SegmentCodec, SmallRequest
 from .codec_py import PythonCodec
 
 if TYPE_CHECKING:
@@ -45,9 +45,15 @@ def _load() -> ModuleType | None:
         from . import _fastpath
     except ImportError:
         return None
-    from rdmakit.wire import AETH, CODEC_LAYOUTS, RETH, AtomicETH, Packet
+    from rdmakit.engine import Access
+    from rdmakit.engine.timers import MAX_MSG_SIZE
+    from rdmakit.wire import AETH, CODEC_LAYOUTS, RETH, AtomicETH, Opcode, Packet
 
     _fastpath.init_codec(Packet, RETH, AETH, AtomicETH, CODEC_LAYOUTS)
+    _fastpath.init_small(
+        Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_READ_REQUEST, Opcode.COMPARE_SWAP, Opcode.FETCH_ADD,
+        Access.REMOTE_WRITE, Access.REMOTE_READ, Access.REMOTE_ATOMIC, MAX_MSG_SIZE,
+    )  # fmt: skip
     return _fastpath
 
 
@@ -66,6 +72,8 @@ class NativeCodec:
         self.check_decode = mod.check_decode
         self.place_run = mod.place_run
         self.recv_runs: RecvRuns | None = mod.recv_runs
+        self.recv_raw: RecvRaw | None = mod.recv_raw
+        self.small_request: SmallRequest | None = mod.small_request
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

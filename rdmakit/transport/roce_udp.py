@@ -16,6 +16,7 @@ import struct
 from collections.abc import Callable
 
 from rdmakit.engine import EngineError, QueuePair
+from rdmakit.engine.bulk import SMALL_REQUESTS
 from rdmakit.wire import (
     BTH_LEN,
     ICRC_LEN,
@@ -65,6 +66,7 @@ class UdpPort:
     ) -> None:
         self.link = UdpLink(ip, port, gso=gso)
         self.port = self.link.port
+        self._fd = self.link.fileno()
         self._qps = qps
         self.counters = counters
         self.verify_icrc = verify_icrc
@@ -110,7 +112,11 @@ class UdpPort:
     # -- receiving ----------------------------------------------------------------------
     def receive(self, now: float, readable: bool | None = None) -> bool:
         link = self.link
-        if not (link.ready() if readable is None else readable):
+        read = self.codec.recv_raw
+        if read is None:
+            if not (link.ready() if readable is None else readable):
+                return False
+        elif readable is False:
             return False
         busy = False
         reads = 0
@@ -126,18 +132,30 @@ class UdpPort:
                     busy = True
                     reads += n
                     continue
-            got = link.recv_raw()
-            if got is None:
-                break
+            if read is None:
+                got = link.recv_raw()
+                if got is None:
+                    break
+                nbytes, segsize, (src_ip, sport) = got
+            else:
+                # One native read: an empty socket says so without a readiness check first.
+                raw = read(self._fd, link.view, self._v6)
+                if raw is None:
+                    break
+                nbytes, segsize, (src_ip, sport), err = raw
+                if err:
+                    link.record_error(OSError(err, os.strerror(err)))
+                    segsize = 0
+                else:
+                    link.count_read(nbytes, segsize)
             busy = True
             reads += 1
-            nbytes, segsize, (src_ip, sport) = got
             if not segsize:
                 continue  # a socket error (counted by the link)
             nsegs = (nbytes + segsize - 1) // segsize if nbytes else 1
             self.counters.packets_in += nsegs
             self._rx_batch(nbytes, segsize, src_ip, sport, 0, now)
-            if not link.ready():
+            if read is None and not link.ready():
                 break
         return busy
 
@@ -208,6 +226,7 @@ class UdpPort:
         view = link.view
         verify, qps, codec = self.verify_icrc, self._qps, self.codec
         runs, hot = self._runs, self._runs and codec.recv_runs is not None
+        small = codec.small_request if runs else None
         unpack_bth = _BTH.unpack_from
         rx: RxFlow | None = None
         ours = False  # a segment checked with our IPv4 IDs
@@ -261,6 +280,14 @@ class UdpPort:
                         if hot and k >= nsegs and got_n < run[3]:
                             self._hot = (qp, op, src_ip, sport, rx.icrc)
                         continue
+            if small is not None and op in SMALL_REQUESTS and (ticket := qp.rx_small()) is not None:
+                # A one-packet request: checked (header, then ICRC) and executed in one call.
+                done = small(seg, idx, rx.states, rx.icrc, qp.qpn, ticket)
+                if type(done) is tuple:
+                    c.icrc_ok += 1
+                    ours = True
+                    qp.rx_small_done(*done)
+                    continue
             # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx), then decode.
             got = codec.check_decode(seg, idx, rx.states, rx.icrc)
             if type(got) is Packet:

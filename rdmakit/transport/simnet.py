@@ -34,9 +34,11 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, cast
 
+from rdmakit.engine.bulk import SMALL_REQUESTS
 from rdmakit.wire import (
     MIDDLE_OPCODES,
     ROCE_UDP_PORT,
+    IcrcFlow,
     Packet,
     Train,
     WireError,
@@ -46,6 +48,8 @@ from rdmakit.wire import (
     pack_icrc,
     unpack_icrc,
 )
+
+from .codec import SmallRequest, SmallTicket
 
 Address = Hashable
 _SPORT = 0xC000
@@ -72,6 +76,15 @@ class BulkSimQP(SimQP, Protocol):
     def poll_transmit_trains(self, now: float, max_packets: int | None = None) -> list[Packet | Train]: ...
     def rx_run(self, opcode: int) -> tuple[int, memoryview, int, int, int] | None: ...
     def rx_run_done(self, opcode: int, count: int, last_ackreq: int, now: float) -> None: ...
+
+
+class SmallSimQP(SimQP, Protocol):
+    """A QP whose one-packet requests a segment codec may execute (``QueuePair`` fits)."""
+
+    def rx_small(self) -> SmallTicket | None: ...
+    def rx_small_done(
+        self, op: int, psn: int, ackreq: int, rkey: int, va: int, length: int, orig: int
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,13 +127,24 @@ class SimNet:
     """The network: endpoints, attached QPs, an event heap and the virtual clock ``now``."""
 
     def __init__(
-        self, seed: int, faults: Faults | None = None, *, trace: bool = True, bulk: bool = False
+        self,
+        seed: int,
+        faults: Faults | None = None,
+        *,
+        trace: bool = True,
+        bulk: bool = False,
+        small: SmallRequest | None = None,
     ) -> None:
         """``bulk``: take the QPs' packets as trains and place in-order MIDDLE packets
         through ``rx_run``/``rx_run_done``, as the native UDP data plane does (the
-        packets on the wire stay the same)."""
+        packets on the wire stay the same). ``small``: a segment codec's
+        ``small_request``, which then checks and executes each one-packet request a
+        QP's ``rx_small`` allows on the datagram's bytes (``rx_small_done``), as the
+        UDP port does; ``stats["small"]`` counts them."""
         self.seed = seed
         self.bulk = bulk
+        self.small = small
+        self._flows: dict[tuple[Address, Address], IcrcFlow] = {}
         self.rng = random.Random(seed)
         self.faults = faults or Faults()
         self.now = 0.0
@@ -257,6 +281,8 @@ class SimNet:
             self._record(src, dst, len(data), crc, "no_qp")
             return
         self._record(src, dst, len(data), crc, "delivered")
+        if self.small is not None and pkt.opcode in SMALL_REQUESTS and self._small(qp, src, dst, data):
+            return
         if self.bulk and pkt.opcode in MIDDLE_OPCODES and self._place(cast(BulkSimQP, qp), pkt):
             return
         qp.receive(pkt, self.now)
@@ -272,6 +298,23 @@ class SimNet:
             return False
         mem[off : off + mtu] = pkt.payload
         qp.rx_run_done(pkt.opcode, 1, 0 if pkt.ackreq else -1, self.now)
+        return True
+
+    def _small(self, qp: SimQP, src: Address, dst: Address, data: bytes) -> bool:
+        """A one-packet request, as the UDP port checks and executes it natively."""
+        ticket = cast(SmallSimQP, qp).rx_small()
+        if ticket is None:
+            return False
+        flow = self._flows.get((src, dst))
+        if flow is None:
+            flow = IcrcFlow.ipv4(self._ip(src), self._ip(dst), _SPORT, ROCE_UDP_PORT)
+            self._flows[(src, dst)] = flow
+        assert self.small is not None
+        done = self.small(data, 0, flow.states, flow, qp.qpn, ticket)
+        if type(done) is not tuple:
+            return False
+        self.stats["small"] += 1
+        cast(SmallSimQP, qp).rx_small_done(*done)
         return True
 
     def _pump(self) -> None:

@@ -160,14 +160,19 @@ class UdpLink:
         for level, typ, data in anc:
             if level == SOL_UDP and typ == UDP_GRO and len(data) >= 4:
                 seg = _I32.unpack_from(data)[0]
-        c = self.counters
-        if 0 < seg < n:
-            c.gro_batches += 1
-            c.datagrams_in += (n + seg - 1) // seg
-        else:
+        if not 0 < seg < n:
             seg = max(n, 1)
-            c.datagrams_in += 1
+        self.count_read(n, seg)
         return n, seg, (addr[0], addr[1])
+
+    def count_read(self, nbytes: int, seg: int) -> None:
+        """Count a read of ``nbytes`` in segments of ``seg`` (one done outside: the native data plane)."""
+        c = self.counters
+        if seg < nbytes:
+            c.gro_batches += 1
+            c.datagrams_in += (nbytes + seg - 1) // seg
+        else:
+            c.datagrams_in += 1
 
     @property
     def view(self) -> memoryview:
