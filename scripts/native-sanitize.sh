@@ -62,9 +62,10 @@ loaded="$("$python" -c 'from rdmakit.transport import fastpath; import rdmakit.t
 [ "$loaded" = "$out" ] || fail "the sanitized module is not the one imported (got '${loaded}')"
 
 tests_log="$work/tests.log"
-if ! "$python" -m pytest -q -p no:cacheprovider -p no:xdist -o addopts="" tests/transport/test_native*.py >"$tests_log" 2>&1; then
+if ! "$python" -m pytest -q -p no:cacheprovider -p no:xdist -o addopts="" tests/transport/test_native*.py \
+    tests/engine/test_engine_small_native.py >"$tests_log" 2>&1; then
     tail -n 60 "$tests_log"
-    fail "tests/transport/test_native*.py under ASan+UBSan"
+    fail "the native tests under ASan+UBSan"
 fi
 passed="$(grep -Eo '[0-9]+ passed' "$tests_log" | tail -n 1)"
 
@@ -74,4 +75,4 @@ if ! "$python" native_fuzz.py --count "$count" --seed "$seed" >"$fuzz_log" 2>&1;
     fail "the fuzz run (seed $seed, count $count) under ASan+UBSan"
 fi
 
-echo "native-sanitize: OK: ASan+UBSan build; tests/transport/test_native*.py: ${passed:-?}; $(tail -n 1 "$fuzz_log")"
+echo "native-sanitize: OK: ASan+UBSan build; native tests: ${passed:-?}; $(tail -n 1 "$fuzz_log")"

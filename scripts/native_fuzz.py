@@ -180,6 +180,58 @@ def fuzz_send(rng: random.Random, native: Any, count: int) -> None:
             call()
 
 
+def fuzz_small_request(rng: random.Random, native: Any, count: int) -> None:
+    """Mutated one-packet requests against hostile tickets: what it executes, decode takes alike."""
+    flow = IcrcFlow.ipv4(bytes((127, 0, 0, 9)), bytes((127, 0, 0, 8)), 4791, 4791)
+    ops = (Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_READ_REQUEST, Opcode.COMPARE_SWAP, Opcode.FETCH_ADD)
+    for _ in range(count):
+        mem = bytearray(rng.choice((0, 8, 64, 4096)))
+        base = rng.choice((0, 1 << 12, (1 << 64) - 4096, rng.getrandbits(64)))
+        entry: Any = (base, len(mem), rng.choice((0, 2, 4, 8, 14, 0xFF)), memoryview(mem))
+        if rng.random() < 0.2:  # a table entry the engine never makes
+            fields = list(entry)
+            fields[rng.randrange(4)] = rng.choice((-1, 1 << 70, "x", None, b"ro", memoryview(b"12345678")))
+            entry = tuple(fields) if rng.random() < 0.8 else fields
+        rkey = rng.getrandbits(32)
+        op = rng.choice(ops)
+        va = base + rng.choice((0, 8, len(mem) - 8, len(mem), rng.getrandbits(16)))
+        pkt = Packet(
+            op, 0x10, 100, ackreq=rng.random() < 0.5,
+            reth=RETH(va & ((1 << 64) - 1), rkey, rng.choice((0, 8, 64, 1 << 31, rng.getrandbits(32)))),
+            atomic_eth=AtomicETH(va & ((1 << 64) - 1), rkey, rng.getrandbits(64), rng.getrandbits(64)),
+            payload=rng.randbytes(rng.choice((0, 8, 64))),
+        )  # fmt: skip
+        pkt = pkt._replace(
+            reth=None if op in ops[2:] else pkt.reth,
+            atomic_eth=pkt.atomic_eth if op in ops[2:] else None,
+            payload=pkt.payload if op is ops[0] else b"",
+        )
+        if op is ops[0] and pkt.reth is not None and rng.random() < 0.7:
+            pkt = pkt._replace(reth=pkt.reth._replace(dma_len=len(pkt.payload)))
+        body = encode(pkt)
+        data = bytearray(body + pack_icrc(flow.icrc_seg(0, body)))
+        if rng.random() < 0.5:
+            data = _mutate(rng, data)
+        ticket: Any = (
+            100 if rng.random() < 0.9 else _int(rng), rng.choice((256, 1024, 4096, 0, -1)),
+            rng.choice((0, 2, 4, 8, 14)), rng.random() < 0.8, {rkey: entry},
+        )  # fmt: skip
+        if rng.random() < 0.05:
+            ticket = ticket[:4]
+        idx = 0 if rng.random() < 0.9 else rng.choice((1, -1, 1 << 16))
+        try:
+            got = native.small_request(memoryview(data), idx, flow.states, flow, 0x10, ticket)
+        except (*REFUSALS, BufferError):
+            continue
+        if type(got) is tuple:
+            want = decode(bytes(data[:-4]))  # what it executed must be a packet decode takes
+            ext = want.reth or want.atomic_eth
+            if (got[0], got[1], got[3]) != (want.opcode, want.psn, ext.rkey if ext else None):
+                raise AssertionError(f"small_request {bytes(data).hex()}: {got} for {want}")
+        elif got != -1:
+            raise AssertionError(f"small_request returned {got!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=20240601)
@@ -193,9 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     fuzz_check_decode(rng, native, args.count)
     fuzz_place_run(rng, native, args.count // 4)
     fuzz_send(rng, native, args.count // 4)
+    fuzz_small_request(rng, native, args.count // 2)
     n = args.count // 4
-    print(f"native_fuzz: {args.count} check_decode, {n} place_run, {n} x 3 send/recv inputs "
-          f"(seed {args.seed}): all answered or refused")  # fmt: skip
+    print(f"native_fuzz: {args.count} check_decode, {n} place_run, {n} x 3 send/recv, "
+          f"{args.count // 2} small_request inputs (seed {args.seed}): all answered or refused")  # fmt: skip
     return 0
 
 
