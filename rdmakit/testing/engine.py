@@ -325,6 +325,31 @@ class Workload:
         assert sorted(fadd_results) == list(range(self.fetch_adds))
 
 
+def both_ways(
+    p: Pair, rng: random.Random, n: int, max_len: int, half: int, ops: tuple[WrOpcode, ...] = tuple(WrOpcode)
+) -> tuple[Workload, Workload]:
+    """Fill both memories from ``rng``, then post ``n`` random operations from ``a`` at ``b`` and
+    ``n`` from ``b`` at ``a`` (``Workload``: sources from offset 0, targets from ``half``)."""
+    fill(p.a.mem, rng)
+    fill(p.b.mem, rng)
+    w1 = Workload(p.a, p.b, rng, n, max_len, 0, half)
+    w1.post(ops)
+    w2 = Workload(p.b, p.a, rng, n, max_len, 0, half)
+    w2.post(ops)
+    return w1, w2
+
+
+def finished(p: Pair, w1: Workload, w2: Workload) -> bool:
+    """Drain ``p``'s CQs; True once every signaled and receive completion of both workloads is in."""
+    p.drain()
+    return (
+        len(p.a.sent) >= w1.n_signaled
+        and len(p.b.received) >= len(w1.expect_recv)
+        and len(p.b.sent) >= w2.n_signaled
+        and len(p.a.received) >= len(w2.expect_recv)
+    )
+
+
 __all__ = [
     "ALL_ACCESS",
     "BASE_ADDR",
@@ -334,8 +359,10 @@ __all__ = [
     "PairOptions",
     "Side",
     "Workload",
+    "both_ways",
     "connect",
     "fill",
+    "finished",
     "make_pair",
     "make_side",
     "pump",

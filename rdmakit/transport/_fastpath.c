@@ -587,6 +587,57 @@ out:
  * read, pending ones included; last_ackreq is relative to psn (-1: none);
  * errno is that of a failed read other than EAGAIN (0: none).
  */
+/* One non-blocking recvmsg into buf[:len] (EINTR retried): the bytes read, or -1 with errno
+ * set; *seg is the GRO segment size (the whole read without GRO), *from the source. */
+static ssize_t read_gro(int fd, void *buf, size_t len, struct sockaddr_storage *from, socklen_t *from_len,
+                        Py_ssize_t *seg) {
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctrl;
+    struct iovec iov = {buf, len};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_name = from;
+    msg.msg_namelen = sizeof *from;
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctrl.buf;
+    msg.msg_controllen = sizeof ctrl.buf;
+    ssize_t r;
+    do {
+        r = recvmsg(fd, &msg, MSG_DONTWAIT);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return r;
+    *from_len = msg.msg_namelen;
+    Py_ssize_t n = r, s = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO && cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int v;
+            memcpy(&v, CMSG_DATA(cm), sizeof v);
+            s = v;
+        }
+    }
+    *seg = s > 0 && s < n ? s : 0;
+    return r;
+}
+
+/* The text form and port of an IPv4 or IPv6 source ("" and 0 for anything else). */
+static void format_addr(const struct sockaddr_storage *from, char host[INET6_ADDRSTRLEN], int *port) {
+    host[0] = '\0';
+    *port = 0;
+    if (from->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)from;
+        inet_ntop(AF_INET6, &a->sin6_addr, host, INET6_ADDRSTRLEN);
+        *port = ntohs(a->sin6_port);
+    } else if (from->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)from;
+        inet_ntop(AF_INET, &a->sin_addr, host, INET6_ADDRSTRLEN);
+        *port = ntohs(a->sin_port);
+    }
+}
+
 static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     int fd, v6, op;
     PyObject *src;
@@ -607,40 +658,19 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t p_nbytes = 0, p_seg = 0, p_k = 0;
     int pending = 0, err = 0;
     struct sockaddr_storage from;
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } ctrl;
+    socklen_t from_len = 0;
     Py_BEGIN_ALLOW_THREADS
     while (reads < max_reads && placed < max_count) {
-        struct iovec iov = {b.buf, (size_t)b.len};
-        struct msghdr msg;
-        memset(&msg, 0, sizeof msg);
-        msg.msg_name = &from;
-        msg.msg_namelen = sizeof from;
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = ctrl.buf;
-        msg.msg_controllen = sizeof ctrl.buf;
-        ssize_t r;
-        do {
-            r = recvmsg(fd, &msg, MSG_DONTWAIT);
-        } while (r < 0 && errno == EINTR);
+        Py_ssize_t seg;
+        ssize_t r = read_gro(fd, b.buf, (size_t)b.len, &from, &from_len, &seg);
         if (r < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 err = errno;
             break;
         }
         reads++;
-        Py_ssize_t n = r, seg = 0;
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
-            if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO && cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
-                int v;
-                memcpy(&v, CMSG_DATA(cm), sizeof v);
-                seg = v;
-            }
-        }
-        if (seg > 0 && seg < n) {
+        Py_ssize_t n = r;
+        if (seg) {
             gro++;
             datagrams += (n + seg - 1) / seg;
         } else {
@@ -648,7 +678,7 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
             datagrams++;
         }
         Py_ssize_t k = 0;
-        int same = msg.msg_namelen == want_len;
+        int same = from_len == want_len;
         if (same && !v6) {
             struct sockaddr_in *a = (struct sockaddr_in *)&from, *w = (struct sockaddr_in *)&want;
             same = a->sin_addr.s_addr == w->sin_addr.s_addr && a->sin_port == w->sin_port;
@@ -678,17 +708,9 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
         result = Py_BuildValue("nnnnniO", placed, last_ack, reads, datagrams, gro, err, Py_None);
         goto out;
     }
-    char host[INET6_ADDRSTRLEN] = "";
-    int port = 0;
-    if (from.ss_family == AF_INET6) {
-        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&from;
-        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-        port = ntohs(a->sin6_port);
-    } else if (from.ss_family == AF_INET) {
-        struct sockaddr_in *a = (struct sockaddr_in *)&from;
-        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-        port = ntohs(a->sin_port);
-    }
+    char host[INET6_ADDRSTRLEN];
+    int port;
+    format_addr(&from, host, &port);
     result = Py_BuildValue("nnnnni(nnn(si))", placed, last_ack, reads, datagrams, gro, err, p_nbytes, p_seg, p_k,
                            host, port);
 out:
@@ -699,7 +721,7 @@ out:
 }
 
 /*
- * recv_raw(fd, buf, v6) -> (nbytes, seg, (ip, port), errno) | None
+ * recv_raw(fd, buf) -> (nbytes, seg, (ip, port), errno) | None
  *
  * One non-blocking read into buf, as UdpLink.recv_raw: the datagrams are
  * buf[k*seg : min((k+1)*seg, nbytes)] (one of nbytes without GRO). None: the
@@ -708,28 +730,14 @@ out:
  * and errno says which.
  */
 static PyObject *fp_recv_raw(PyObject *Py_UNUSED(self), PyObject *args) {
-    int fd, v6;
+    int fd;
     Py_buffer b;
-    if (!PyArg_ParseTuple(args, "iw*p:recv_raw", &fd, &b, &v6))
+    if (!PyArg_ParseTuple(args, "iw*:recv_raw", &fd, &b))
         return NULL;
     struct sockaddr_storage from;
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } ctrl;
-    struct iovec iov = {b.buf, (size_t)b.len};
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_name = &from;
-    msg.msg_namelen = sizeof from;
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = ctrl.buf;
-    msg.msg_controllen = sizeof ctrl.buf;
-    ssize_t r;
-    do {
-        r = recvmsg(fd, &msg, MSG_DONTWAIT);
-    } while (r < 0 && errno == EINTR);
+    socklen_t from_len;
+    Py_ssize_t seg;
+    ssize_t r = read_gro(fd, b.buf, (size_t)b.len, &from, &from_len, &seg);
     int err = r < 0 ? errno : 0;
     PyBuffer_Release(&b);
     if (r < 0) {
@@ -737,27 +745,12 @@ static PyObject *fp_recv_raw(PyObject *Py_UNUSED(self), PyObject *args) {
             Py_RETURN_NONE;
         return Py_BuildValue("nn(si)i", (Py_ssize_t)0, (Py_ssize_t)0, "", 0, err);
     }
-    Py_ssize_t n = r, seg = 0;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
-        if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO && cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
-            int v;
-            memcpy(&v, CMSG_DATA(cm), sizeof v);
-            seg = v;
-        }
-    }
-    if (!(seg > 0 && seg < n))
+    Py_ssize_t n = r;
+    if (!seg)
         seg = n > 0 ? n : 1;
-    char host[INET6_ADDRSTRLEN] = "";
-    int port = 0;
-    if (from.ss_family == AF_INET6 && v6) {
-        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&from;
-        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-        port = ntohs(a->sin6_port);
-    } else if (from.ss_family == AF_INET) {
-        struct sockaddr_in *a = (struct sockaddr_in *)&from;
-        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-        port = ntohs(a->sin_port);
-    }
+    char host[INET6_ADDRSTRLEN];
+    int port;
+    format_addr(&from, host, &port);
     return Py_BuildValue("nn(si)i", n, seg, host, port, 0);
 }
 
@@ -1098,6 +1091,32 @@ static PyObject *int_tuple(PyObject *type, Py_ssize_t n, const uint64_t *v) {
     return t;
 }
 
+/* decode()'s header checks of the BTH .. pad of a segment (m bytes before the ICRC): its
+ * layout, with the end of its headers in *off and of its payload in *end; -1: refused. */
+static int header_layout(const unsigned char *p, Py_ssize_t m, Py_ssize_t *off, Py_ssize_t *end) {
+    int op = p[0], b1 = p[1], lay = codec_ready ? op_layout[op] : -1;
+    *off = op_hlen[op];
+    *end = m - ((b1 >> 4) & 3);
+    if (lay < 0 || (b1 & 0x0F) || (m & 3) || *end < *off ||
+        (*end != *off && (lay == L_AETH_ONLY || lay == L_RETH_ONLY || lay == L_ATOMIC || lay == L_ATOMIC_ACK)))
+        return -1;
+    return lay;
+}
+
+/* 1: the ICRC of the n-byte segment idx matches; 0: it does not; -1: an exception is set. */
+static int icrc_matches(const unsigned char *p, Py_ssize_t n, Py_ssize_t idx, PyObject *states, PyObject *flow) {
+    int64_t st = icrc_state(states, flow, n, idx);
+    if (st < 0)
+        return -1;
+    Py_ssize_t m = n - ICRC_LEN;
+    unsigned char h[BTH_LEN];
+    memcpy(h, p, BTH_LEN);
+    h[4] = 0xFF;
+    uint32_t c = crc32_update((uint32_t)st, h, BTH_LEN);
+    c = crc32_update(c, p + BTH_LEN, (size_t)(m - BTH_LEN));
+    return c == get_le32(p + m);
+}
+
 static PyObject *fp_check_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *seg, *states, *flow;
     Py_ssize_t idx;
@@ -1123,24 +1142,15 @@ static PyObject *fp_check_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     /* The header checks first, as rxe_rcv() runs hdr_check() before the ICRC:
      * what decode() refuses costs no CRC. */
-    Py_ssize_t m = n - ICRC_LEN;
-    int op = p[0], b1 = p[1], lay = codec_ready ? op_layout[op] : -1;
-    Py_ssize_t off = op_hlen[op], end = m - ((b1 >> 4) & 3);
-    if (lay < 0 || (b1 & 0x0F) || (m & 3) || end < off ||
-        (end != off && (lay == L_AETH_ONLY || lay == L_RETH_ONLY || lay == L_ATOMIC || lay == L_ATOMIC_ACK))) {
+    Py_ssize_t m = n - ICRC_LEN, off, end;
+    int op = p[0], b1 = p[1], lay = header_layout(p, m, &off, &end);
+    if (lay < 0) {
         result = PyLong_FromLong(1);
         goto out;
     }
-    int64_t st = icrc_state(states, flow, n, idx);
-    if (st < 0)
-        goto out;
-    unsigned char h[BTH_LEN];
-    memcpy(h, p, BTH_LEN);
-    h[4] = 0xFF;
-    uint32_t c = crc32_update((uint32_t)st, h, BTH_LEN);
-    c = crc32_update(c, p + BTH_LEN, (size_t)(m - BTH_LEN));
-    if (c != get_le32(p + m)) {
-        result = PyLong_FromLong(0);
+    int icrc = icrc_matches(p, n, idx, states, flow);
+    if (icrc <= 0) {
+        result = icrc < 0 ? NULL : PyLong_FromLong(0);
         goto out;
     }
     uint32_t w1 = get_be32(p + 4), w2 = get_be32(p + 8);
@@ -1324,29 +1334,21 @@ static PyObject *fp_small_request(PyObject *Py_UNUSED(self), PyObject *args) {
         result = PyLong_FromLong(-1);
         goto out;
     }
-    Py_ssize_t m = n - ICRC_LEN;
-    int op = p[0], b1 = p[1], lay = op_layout[op], which;
+    int op = p[0], which;
     for (which = 0; which < 4 && small_ops[which] != op; which++)
         ;
-    Py_ssize_t off = op_hlen[op], end = m - ((b1 >> 4) & 3);
+    Py_ssize_t off, end;
     uint32_t w1 = get_be32(p + 4), w2 = get_be32(p + 8);
-    /* decode()'s header checks for the layout, then qp.receive()'s P_Key and QPN and
-     * on_request()'s PSN: anything else is the generic path's. */
-    if (which == 4 || lay < 0 || (b1 & 0x0F) || (m & 3) || end < off || (which && end != off) ||
+    /* decode()'s header checks, then qp.receive()'s P_Key and QPN and on_request()'s
+     * PSN, then the ICRC: anything else is the generic path's. */
+    if (which == 4 || header_layout(p, n - ICRC_LEN, &off, &end) < 0 || (which && end != off) ||
         (get_be16(p + 2) & 0x7FFF) != 0x7FFF || (w1 & PSN_MASK) != qpn || (w2 & PSN_MASK) != epsn) {
         result = PyLong_FromLong(-1);
         goto out;
     }
-    int64_t st = icrc_state(states, flow, n, idx);
-    if (st < 0)
-        goto out;
-    unsigned char h[BTH_LEN];
-    memcpy(h, p, BTH_LEN);
-    h[4] = 0xFF;
-    uint32_t c = crc32_update((uint32_t)st, h, BTH_LEN);
-    c = crc32_update(c, p + BTH_LEN, (size_t)(m - BTH_LEN));
-    if (c != get_le32(p + m)) {
-        result = PyLong_FromLong(-1);
+    int icrc = icrc_matches(p, n, idx, states, flow);
+    if (icrc <= 0) {
+        result = icrc < 0 ? NULL : PyLong_FromLong(-1);
         goto out;
     }
     const unsigned char *x = p + BTH_LEN;

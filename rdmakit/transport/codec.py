@@ -57,7 +57,7 @@ class RecvRuns(Protocol):
 
 
 class RecvRaw(Protocol):
-    def __call__(self, fd: int, buf: Buffer, v6: bool, /) -> tuple[int, int, tuple[str, int], int] | None: ...
+    def __call__(self, fd: int, buf: Buffer, /) -> tuple[int, int, tuple[str, int], int] | None: ...
 
 
 #: What ``QueuePair.rx_small`` says a one-packet request must match.

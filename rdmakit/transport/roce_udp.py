@@ -139,7 +139,7 @@ class UdpPort:
                 nbytes, segsize, (src_ip, sport) = got
             else:
                 # One native read: an empty socket says so without a readiness check first.
-                raw = read(self._fd, link.view, self._v6)
+                raw = read(self._fd, link.view)
                 if raw is None:
                     break
                 nbytes, segsize, (src_ip, sport), err = raw

@@ -18,7 +18,7 @@ from typing import Unpack
 import pytest
 
 from rdmakit.engine import QpCaps, WrOpcode
-from rdmakit.testing.engine import ConnectOptions, Pair, Workload, connect, fill, make_pair, make_side
+from rdmakit.testing.engine import ConnectOptions, Pair, both_ways, connect, finished, make_pair, make_side
 from rdmakit.testing.faults import LONG_REORDER, PROFILES, Faults
 from rdmakit.transport.simnet import SimNet
 from tests.engine.seeds import SeedSample
@@ -51,24 +51,12 @@ def scenario(
     p = make_pair(seed, faults, mem_size=2 * half, bulk=bulk, **conn)
     for start, end in partitions:
         p.net.partition(start, end, between=("a", "b"))
-    rng = random.Random(seed ^ 0x5EED)
-    fill(p.a.mem, rng)
-    fill(p.b.mem, rng)
-    w1 = Workload(p.a, p.b, rng, n, max_len, 0, half)
-    w1.post(ops)
-    w2 = Workload(p.b, p.a, rng, n, max_len, 0, half)
-    w2.post(ops)
-
-    def done() -> bool:
-        p.drain()
-        return (
-            len(p.a.sent) >= w1.n_signaled
-            and len(p.b.received) >= len(w1.expect_recv)
-            and len(p.b.sent) >= w2.n_signaled
-            and len(p.a.received) >= len(w2.expect_recv)
-        )
-
-    assert p.net.run(until=done, max_time=600.0), (p.a.qp.stats, p.b.qp.stats, p.net.stats)
+    w1, w2 = both_ways(p, random.Random(seed ^ 0x5EED), n, max_len, half, ops)
+    assert p.net.run(until=lambda: finished(p, w1, w2), max_time=600.0), (
+        p.a.qp.stats,
+        p.b.qp.stats,
+        p.net.stats,
+    )
     w1.check()
     w2.check()
     return p.net.now
@@ -90,29 +78,8 @@ def shared_link_scenario(
         net.attach("a", a.qp)
         net.attach("b", b.qp)
         pairs.append(Pair(net, a, b))
-    work = []
-    for p in pairs:
-        fill(p.a.mem, rng)
-        fill(p.b.mem, rng)
-        w1 = Workload(p.a, p.b, rng, n, max_len, 0, half)
-        w1.post()
-        w2 = Workload(p.b, p.a, rng, n, max_len, 0, half)
-        w2.post()
-        work.append((p, w1, w2))
-
-    def done() -> bool:
-        for p, w1, w2 in work:
-            p.drain()
-            if (
-                len(p.a.sent) < w1.n_signaled
-                or len(p.b.received) < len(w1.expect_recv)
-                or len(p.b.sent) < w2.n_signaled
-                or len(p.a.received) < len(w2.expect_recv)
-            ):
-                return False
-        return True
-
-    assert net.run(until=done, max_time=600.0), net.stats
+    work = [(p, *both_ways(p, rng, n, max_len, half)) for p in pairs]
+    assert net.run(until=lambda: all(finished(*w) for w in work), max_time=600.0), net.stats
     for _p, w1, w2 in work:
         w1.check()
         w2.check()

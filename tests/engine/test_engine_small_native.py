@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, QueuePair, SendWR, WcStatus, WrOpcode
-from rdmakit.testing.engine import ALL_ACCESS, Workload, connect, fill, make_pair, make_side
+from rdmakit.testing.engine import ALL_ACCESS, both_ways, connect, fill, finished, make_pair, make_side
 from rdmakit.testing.faults import PROFILES, Faults
 from rdmakit.transport import fastpath
 from rdmakit.transport.codec import SmallRequest
@@ -72,24 +72,8 @@ def fingerprint(seed: int, faults: Faults, small: SmallRequest | None, n: int = 
     max_len = 300
     half = 1 << 14
     p = make_pair(seed, faults, mem_size=2 * half, mtu=256, small=small)
-    rng = random.Random(seed ^ 0x5A11)
-    fill(p.a.mem, rng)
-    fill(p.b.mem, rng)
-    w1 = Workload(p.a, p.b, rng, n, max_len, 0, half)
-    w1.post()
-    w2 = Workload(p.b, p.a, rng, n, max_len, 0, half)
-    w2.post()
-
-    def done() -> bool:
-        p.drain()
-        return (
-            len(p.a.sent) >= w1.n_signaled
-            and len(p.b.received) >= len(w1.expect_recv)
-            and len(p.b.sent) >= w2.n_signaled
-            and len(p.a.received) >= len(w2.expect_recv)
-        )
-
-    assert p.net.run(until=done, max_time=600.0), f"seed={seed}"
+    w1, w2 = both_ways(p, random.Random(seed ^ 0x5A11), n, max_len, half)
+    assert p.net.run(until=lambda: finished(p, w1, w2), max_time=600.0), f"seed={seed}"
     p.net.run(max_time=p.net.now + 1.0)  # the last ACKs and duplicates settle
     p.drain()
     w1.check()
