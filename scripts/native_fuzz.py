@@ -232,6 +232,41 @@ def fuzz_small_request(rng: random.Random, native: Any, count: int) -> None:
             raise AssertionError(f"small_request returned {got!r}")
 
 
+def fuzz_small_response(rng: random.Random, native: Any, count: int) -> None:
+    """Mutated one-packet responses against hostile tickets: what it takes, decode takes alike."""
+    flow = IcrcFlow.ipv4(bytes((127, 0, 0, 8)), bytes((127, 0, 0, 9)), 4791, 4791)
+    ops = (Opcode.ACKNOWLEDGE, Opcode.RDMA_READ_RESPONSE_ONLY, Opcode.ATOMIC_ACKNOWLEDGE)
+    for _ in range(count):
+        op = rng.choice(ops)
+        length = rng.choice((0, 1, 8, 256, 300))
+        pkt = Packet(
+            op, 0x10, 100, aeth=AETH(rng.choice((0, 0, 0, 0x1F, 0x21, 0x60, 0x61)), rng.getrandbits(24)),
+            atomic_ack=rng.getrandbits(64) if op is ops[2] else None,
+            payload=rng.randbytes(length) if op is ops[1] else b"",
+        )  # fmt: skip
+        body = encode(pkt)
+        data = bytearray(body + pack_icrc(flow.icrc_seg(0, body)))
+        if rng.random() < 0.5:
+            data = _mutate(rng, data)
+        targets = (None, bytearray(8), bytearray(length), bytearray(3), b"readonly", memoryview(b""))
+        target: Any = rng.choice(targets)
+        ticket: Any = (
+            int(op) if rng.random() < 0.9 else _int(rng), 100 if rng.random() < 0.9 else _int(rng),
+            length if rng.random() < 0.9 else _int(rng), target, rng.choice((256, 1024, 0, -1)),
+        )  # fmt: skip
+        idx = 0 if rng.random() < 0.9 else rng.choice((1, -1, 1 << 16))
+        try:
+            got = native.small_response(memoryview(data), idx, flow.states, flow, 0x10, ticket)
+        except (*REFUSALS, BufferError):
+            continue
+        if type(got) is tuple:
+            want = decode(bytes(data[:-4]))  # what it took must be a packet decode takes
+            if (got[0], got[1]) != (want.opcode, want.psn) or want.aeth is None or want.aeth.syndrome >> 5:
+                raise AssertionError(f"small_response {bytes(data).hex()}: {got} for {want}")
+        elif got != -1:
+            raise AssertionError(f"small_response returned {got!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=20240601)
@@ -246,9 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     fuzz_place_run(rng, native, args.count // 4)
     fuzz_send(rng, native, args.count // 4)
     fuzz_small_request(rng, native, args.count // 2)
-    n = args.count // 4
-    print(f"native_fuzz: {args.count} check_decode, {n} place_run, {n} x 3 send/recv, "
-          f"{args.count // 2} small_request inputs (seed {args.seed}): all answered or refused")  # fmt: skip
+    fuzz_small_response(rng, native, args.count // 2)
+    n, h = args.count // 4, args.count // 2
+    print(f"native_fuzz: {args.count} check_decode, {n} place_run, {n} x 3 send/recv, {h} small_request, "
+          f"{h} small_response inputs (seed {args.seed}): all answered or refused")  # fmt: skip
     return 0
 
 

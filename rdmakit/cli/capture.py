@@ -20,6 +20,7 @@ from typing import BinaryIO
 from rdmakit.cli.errors import CliError
 from rdmakit.cli.lifecycle import run
 from rdmakit.cli.options import add_general_flags, float_in, int_in, log
+from rdmakit.cli.publishing import open_output
 from rdmakit.transport.capture import CaptureError, PacketSocket, PcapWriter, read_pcap
 from rdmakit.wire import ROCE_UDP_PORT
 from rdmakit.wire.frames import RoceDatagram, describe, parse_frame
@@ -51,7 +52,7 @@ def _capture(args: argparse.Namespace) -> int:
             raise CliError(f"cannot read {args.read}: {e.strerror}") from e
         writer = None
         if args.write:
-            writer_file: BinaryIO = stack.enter_context(open(args.write, "wb"))
+            writer_file: BinaryIO = stack.enter_context(open_output(args.write, "the capture"))
             writer = PcapWriter(writer_file, linktype)
         seen = bad = 0
         try:

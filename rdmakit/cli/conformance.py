@@ -9,6 +9,7 @@ from typing import Any
 
 from rdmakit.cli.errors import EXIT_ERROR, CliError
 from rdmakit.cli.lifecycle import run
+from rdmakit.cli.publishing import open_output
 
 EXIT_FAIL = 1
 
@@ -27,7 +28,7 @@ def _write(path: str, data: str | bytes) -> None:
         sys.stdout.buffer.write(raw)
         sys.stdout.flush()
     else:
-        with open(path, "wb") as f:
+        with open_output(path, "the report") as f:
             f.write(raw)
 
 

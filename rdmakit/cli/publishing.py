@@ -10,12 +10,13 @@ refused, never replaced.
 """
 
 import contextlib
+import errno
 import logging
 import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from rdmakit.cli.errors import CliError
 
@@ -45,6 +46,29 @@ def writable_target(p: Path, what: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         if not stat.S_ISREG(p.lstat().st_mode):
             raise CliError(f"cannot write {what} {p}: something other than a file is there")
+
+
+def open_output(path: str, what: str) -> BinaryIO:
+    """``path`` opened to be written from its start (created 0644 if missing): a regular file only.
+
+    A FIFO, device or directory there is refused with one line rather than
+    opened (a FIFO without a reader would block the open forever).
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno in (errno.ENXIO, errno.EISDIR):
+            raise CliError(f"cannot write {what} {path}: something other than a file is there") from None
+        raise CliError(f"cannot write {what} {path}: {e.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CliError(f"cannot write {what} {path}: something other than a file is there")
+        os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:

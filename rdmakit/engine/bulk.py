@@ -9,11 +9,14 @@ has exactly the effect of ``QueuePair.receive`` on the same packets, which
 with ``QpCaps.fast_paths`` off they decline everything.
 """
 
-from rdmakit.wire import MIDDLE_OPCODES, Opcode, Packet, Payload
+from typing import cast
 
-from .completer import fast_read_middle, read_run, read_run_done
+from rdmakit.wire import MIDDLE_OPCODES, PSN_HALF, PSN_MASK, Opcode, Packet, Payload
+
+from .completer import acked, fast_read_middle, read_run, read_run_done
+from .context import QpContext
 from .memory import ProtectionDomain
-from .requester import Requester
+from .requester import ATOMIC, POSTED, SEND_WRITE, Requester
 from .resp_runs import fast_middle, send_run, send_run_done, write_run, write_run_done, write_target
 from .responder import Responder
 from .stats import QpStats
@@ -25,6 +28,12 @@ _SEND_MIDDLE = Opcode.SEND_MIDDLE
 _WRITE_ONLY = Opcode.RDMA_WRITE_ONLY
 _READ_REQUEST = Opcode.RDMA_READ_REQUEST
 _REMOTE_READ = int(Access.REMOTE_READ)
+_ACK = Opcode.ACKNOWLEDGE
+_ATOMIC_ACK = Opcode.ATOMIC_ACKNOWLEDGE
+_RR_ONLY = Opcode.RDMA_READ_RESPONSE_ONLY
+_MASK, _HALF = PSN_MASK, PSN_HALF
+#: The one-packet responses ``rx_small_resp`` serves (the native data plane's ``small_response``).
+SMALL_RESPONSES = frozenset((_ACK, _ATOMIC_ACK, _RR_ONLY))
 #: The one-packet requests ``rx_small`` serves (the native data plane's ``small_request``).
 SMALL_REQUESTS = frozenset((_WRITE_ONLY, _READ_REQUEST, Opcode.COMPARE_SWAP, Opcode.FETCH_ADD))
 
@@ -126,6 +135,57 @@ class BulkReceive:
             resp.read_executed(psn, rkey, va, length, view)
         else:
             resp.atomic_executed(psn, orig)
+        self.stats.packets_in += 1
+
+    def rx_small_resp(self) -> tuple[int, int, int, memoryview | None, int] | None:
+        """What the one-packet response that completes the head of the send queue must match,
+        for a transport to check it (and place its data) itself: ``small_response``'s ticket.
+
+        ``(opcode, PSN, payload length, where its data goes, MTU)``: an ACKNOWLEDGE (ACK
+        syndrome) at the head SEND/WRITE's last PSN; an RDMA READ RESPONSE ONLY carrying the
+        head READ's bytes (all of them, at most an MTU) into its one buffer; an ATOMIC
+        ACKNOWLEDGE whose original value goes to the head atomic's 8-byte buffer (this
+        host's byte order). Every other check of ``receive`` and ``on_response`` must pass
+        (P_Key, QPN, syndrome, length); then call ``rx_small_resp_done``. None: responses
+        take ``receive`` now.
+        """
+        if not self._fast or not self._tx:
+            return None
+        req = self.req
+        sq = req.sq
+        if not sq or req.comp_opcode is not None:
+            return None
+        wqe = sq[0]
+        if wqe.state == POSTED or not wqe.started or wqe.status:
+            return None
+        last = wqe.last_psn
+        if (last - req.sent_hwm) & _MASK < _HALF:
+            return None  # its last packet is not out yet
+        kind = wqe.kind
+        if kind == SEND_WRITE:
+            if (last - req.comp_psn) & _MASK >= _HALF:
+                return None
+            return _ACK, last, 0, None, req.mtu
+        if req.comp_psn != wqe.first_psn or wqe.read_done:
+            return None
+        seg0 = wqe.seg0
+        if kind == ATOMIC:
+            if seg0 is None or len(seg0) != 8:
+                return None
+            return _ATOMIC_ACK, last, 8, seg0, req.mtu
+        rest = wqe.length
+        if rest > req.mtu or (seg0 is None and rest):
+            return None
+        return _RR_ONLY, last, rest, seg0, req.mtu
+
+    def rx_small_resp_done(self, op: int, psn: int, now: float) -> None:
+        """The response ``rx_small_resp`` described was checked and its data placed: ``receive``'s effect."""
+        req = self.req
+        if op == _RR_ONLY:
+            req.sq[0].read_done = req.sq[0].length
+        acked(cast(QpContext, self), req, psn, True, now)
+        if self._tx:
+            req.restart_timer(now)
         self.stats.packets_in += 1
 
     def rx_run_done(self, opcode: int, count: int, last_ackreq: int, now: float) -> None:

@@ -189,12 +189,7 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
                 # An ACK cannot answer a READ or atomic (rxe would complete it).
                 stats.drop("ack_for_read_or_atomic")
                 return
-            req.reset_retry_counters()
-            req.comp_psn = (psn + 1) & _MASK
-            req.comp_opcode = None
-            if psn == wqe.last_psn:
-                qp.complete_send_head(WcStatus.SUCCESS)
-            req.restart_timer(now)
+            acked(qp, req, psn, psn == wqe.last_psn, now)
         elif ack_kind == AckKind.RNR_NAK:
             stats.rnr_naks_received += 1
             req.rnr_nak(now, syndrome & 0x1F)
@@ -223,17 +218,13 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
             return
         orig = pkt.atomic_ack
         assert orig is not None
-        req.reset_retry_counters()
         data = (orig & 0xFFFFFFFFFFFFFFFF).to_bytes(8, _BYTEORDER)
         seg0 = wqe.seg0
         if seg0 is not None:
             seg0[:] = data
         else:
             scatter(wqe.segs, 0, data)
-        req.comp_psn = (psn + 1) & _MASK
-        req.comp_opcode = None
-        qp.complete_send_head(WcStatus.SUCCESS)
-        req.restart_timer(now)
+        acked(qp, req, psn, True, now)
         return
     # READ responses.
     if aeth is not None and aeth.syndrome >> 5 != AckKind.ACK:
@@ -251,7 +242,6 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
     if (plen != rest or plen > mtu) if last else (plen != mtu or rest <= mtu):
         stats.drop("bad_response_length")
         return
-    req.reset_retry_counters()
     if plen:
         seg0 = wqe.seg0
         if seg0 is not None:
@@ -259,10 +249,21 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
         else:
             scatter(wqe.segs, done, payload)
         wqe.read_done = done + plen
-    req.comp_psn = (psn + 1) & _MASK
     if last:
-        req.comp_opcode = None
-        qp.complete_send_head(WcStatus.SUCCESS)
+        acked(qp, req, psn, True, now)
     else:
+        req.reset_retry_counters()
+        req.comp_psn = (psn + 1) & _MASK
         req.comp_opcode = op
+        req.restart_timer(now)
+
+
+def acked(qp: QpContext, req: Requester, psn: int, complete: bool, now: float) -> None:
+    """A response acknowledged every PSN up to ``psn``, the last of its message (an ACK, the
+    last READ response or an ATOMIC ACK, its data placed): the head completes if ``complete``."""
+    req.reset_retry_counters()
+    req.comp_psn = (psn + 1) & _MASK
+    req.comp_opcode = None
+    if complete:
+        qp.complete_send_head(WcStatus.SUCCESS)
     req.restart_timer(now)

@@ -35,7 +35,7 @@ from rdmakit.engine import (
     WcStatus,
     WrOpcode,
 )
-from rdmakit.transport.codec import SmallRequest
+from rdmakit.transport.codec import SegmentCodec
 from rdmakit.transport.simnet import Faults, SimNet
 from rdmakit.wire import Packet
 
@@ -151,7 +151,7 @@ class PairOptions(ConnectOptions, total=False):
     caps: QpCaps | None
     cq_depth: int
     bulk: bool
-    small: SmallRequest | None
+    small: SegmentCodec | None
 
 
 def make_pair(
@@ -162,7 +162,7 @@ def make_pair(
     caps: QpCaps | None = None,
     cq_depth: int = 4096,
     bulk: bool = False,
-    small: SmallRequest | None = None,
+    small: SegmentCodec | None = None,
     **conn: Unpack[ConnectOptions],
 ) -> Pair:
     """Two sides ``a`` and ``b`` with `mem_size` bytes registered each, their QPs connected

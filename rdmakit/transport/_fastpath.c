@@ -26,7 +26,10 @@
  *                              size and source included), None when empty;
  *   small_request(...)         check and execute an in-order one-packet WRITE,
  *                              READ or atomic request for the responder, or
- *                              hand it back to the generic path.
+ *                              hand it back to the generic path;
+ *   small_response(...)        check the ACK, READ RESPONSE ONLY or ATOMIC ACK
+ *                              that completes the head of the send queue and
+ *                              place its data, or hand it back.
  *
  * The ICRC (IBTA Annex A17.3.3) of a segment is continued from a CRC state the
  * caller computed over the masked pseudo IP/UDP headers of that segment (which
@@ -1404,6 +1407,99 @@ out:
     return result;
 }
 
+/*
+ * small_response(seg, idx, states, flow, qpn, ticket) -> (op, psn) | -1
+ *
+ * The completer's common case: the one-packet response that completes the
+ * head of the send queue. ticket is the engine's QueuePair.rx_small_resp():
+ * (opcode, PSN, payload length, target buffer or None, MTU): an ACKNOWLEDGE
+ * with an ACK syndrome, an RDMA READ RESPONSE ONLY with exactly that many
+ * bytes (copied to the target here) or an ATOMIC ACKNOWLEDGE (its original
+ * value stored in the 8-byte target, this host's byte order). Checked as
+ * decode(), qp.receive() and on_response() check it: the header, P_Key, QPN,
+ * PSN, the ICRC of segment idx, the syndrome and the length. Then
+ * QueuePair.rx_small_resp_done takes the effect. Anything else answers -1
+ * having done nothing: the generic path takes the packet.
+ */
+static int resp_ops[3] = {-1, -1, -1}; /* ACKNOWLEDGE, READ RESPONSE ONLY, ATOMIC ACKNOWLEDGE */
+
+static PyObject *fp_init_small_response(PyObject *Py_UNUSED(self), PyObject *args) {
+    int a, r, t;
+    if (!PyArg_ParseTuple(args, "iii:init_small_response", &a, &r, &t))
+        return NULL;
+    if (a < 0 || a > 255 || r < 0 || r > 255 || t < 0 || t > 255) {
+        PyErr_SetString(PyExc_ValueError, "init_small_response: an opcode is not a u8");
+        return NULL;
+    }
+    resp_ops[0] = a;
+    resp_ops[1] = r;
+    resp_ops[2] = t;
+    Py_RETURN_NONE;
+}
+
+static PyObject *fp_small_response(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *seg, *states, *flow, *ticket, *target;
+    Py_ssize_t idx, length, mtu;
+    unsigned long qpn, want_psn;
+    int want_op;
+    if (!PyArg_ParseTuple(args, "OnO!OkO!:small_response", &seg, &idx, &PyDict_Type, &states, &flow, &qpn,
+                          &PyTuple_Type, &ticket))
+        return NULL;
+    if (!PyArg_ParseTuple(ticket, "iknOn:small_response ticket", &want_op, &want_psn, &length, &target, &mtu))
+        return NULL;
+    if (idx < 0 || idx > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "small_response: segment index is not a u16");
+        return NULL;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(seg, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    const unsigned char *p = b.buf;
+    Py_ssize_t n = b.len, off, end;
+    int which;
+    for (which = 0; which < 3 && resp_ops[which] != want_op; which++)
+        ;
+    if (which == 3 || n > UDP_MAX_PAYLOAD || n < BTH_LEN + ICRC_LEN || !codec_ready || p[0] != want_op ||
+        header_layout(p, n - ICRC_LEN, &off, &end) < 0 || (get_be16(p + 2) & 0x7FFF) != 0x7FFF ||
+        (get_be32(p + 4) & PSN_MASK) != qpn || (get_be32(p + 8) & PSN_MASK) != want_psn ||
+        p[BTH_LEN] >> 5 != 0 || end - off != (which == 1 ? length : 0) || length < 0 || length > mtu) {
+        result = PyLong_FromLong(-1);
+        goto out;
+    }
+    int icrc = icrc_matches(p, n, idx, states, flow);
+    if (icrc <= 0) {
+        result = icrc < 0 ? NULL : PyLong_FromLong(-1);
+        goto out;
+    }
+    Py_ssize_t size = which == 2 ? 8 : which == 1 ? length : 0;
+    if (size) {
+        Py_buffer t;
+        if (target == Py_None) {
+            result = PyLong_FromLong(-1);
+            goto out;
+        }
+        if (PyObject_GetBuffer(target, &t, PyBUF_WRITABLE) < 0)
+            goto out;
+        if (t.len < size || (which == 2 && t.len != 8)) {
+            PyBuffer_Release(&t);
+            result = PyLong_FromLong(-1);
+            goto out;
+        }
+        if (which == 1) {
+            memcpy(t.buf, p + off, (size_t)size);
+        } else {
+            uint64_t orig = get_be64(p + BTH_LEN + 4);
+            memcpy(t.buf, &orig, 8);
+        }
+        PyBuffer_Release(&t);
+    }
+    result = Py_BuildValue("ik", want_op, want_psn);
+out:
+    PyBuffer_Release(&b);
+    return result;
+}
+
 /* -- module ----------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1417,6 +1513,8 @@ static PyMethodDef methods[] = {
     {"check_decode", fp_check_decode, METH_VARARGS, "Check one segment's ICRC and decode it."},
     {"init_small", fp_init_small, METH_VARARGS, "Hand over the opcodes and access bits small_request takes."},
     {"small_request", fp_small_request, METH_VARARGS, "Check and execute a one-packet request (see the source)."},
+    {"init_small_response", fp_init_small_response, METH_VARARGS, "Hand over the opcodes small_response takes."},
+    {"small_response", fp_small_response, METH_VARARGS, "Check a one-packet response, place its data."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -76,6 +76,16 @@ def small_request(
     ticket: tuple[int, int, int, bool, dict[int, tuple[int, int, int, memoryview]]],
     /,
 ) -> tuple[int, int, int, int, int, int, int] | int: ...
+def init_small_response(ack: int, read_response_only: int, atomic_ack: int, /) -> None: ...
+def small_response(
+    seg: Buffer,
+    idx: int,
+    states: dict[int, int],
+    flow: IcrcFlow,
+    qpn: int,
+    ticket: tuple[int, int, int, memoryview | None, int],
+    /,
+) -> tuple[int, int] | int: ...
 def init_codec(
     packet: type, reth: type, aeth: type, atomic_eth: type, layouts: dict[int, tuple[Any, int, int]], /
 ) -> None: ...

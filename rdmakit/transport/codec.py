@@ -13,8 +13,9 @@ What the port asks of a codec, and nothing else:
 :class:`~rdmakit.transport.codec_py.PythonCodec` is the reference;
 ``_fastpath.c`` does the same without a Python object per packet, and adds
 ``recv_runs`` (read the socket while what arrives continues a run) and
-``recv_raw`` (one read, without a readiness check first) and ``small_request``
-(check and execute a one-packet request for the engine). Which one
+``recv_raw`` (one read, without a readiness check first), ``small_request``
+(check and execute a one-packet request for the engine) and ``small_response``
+(check the one-packet response that completes a send). Which one
 a device uses is chosen once, in :mod:`rdmakit.transport.fastpath`. The ICRC
 of an ``n``-byte segment with index ``idx`` (BTH to ICRC) continues from
 ``states[n | idx << 16]``, or ``flow.state(n, idx)`` where that is missing
@@ -72,6 +73,23 @@ class SmallRequest(Protocol):
     ) -> SmallDone | int: ...
 
 
+#: What ``QueuePair.rx_small_resp`` says a one-packet response must match.
+SmallRespTicket = tuple[int, int, int, memoryview | None, int]
+
+
+class SmallResponse(Protocol):
+    def __call__(
+        self,
+        seg: Buffer,
+        idx: int,
+        states: dict[int, int],
+        flow: IcrcFlow,
+        qpn: int,
+        ticket: SmallRespTicket,
+        /,
+    ) -> tuple[int, int] | int: ...
+
+
 class SegmentCodec(Protocol):
     """The codec operations of the RoCE-UDP port (module docstring)."""
 
@@ -87,6 +105,10 @@ class SegmentCodec(Protocol):
     #: request, executes it (native only; None: not offered): ``rx_small_done``'s
     #: arguments, or -1 having done nothing (the generic path takes the packet).
     small_request: SmallRequest | None
+    #: Checks a segment against ``QueuePair.rx_small_resp``'s ticket and, if it is that
+    #: response, places its data (native only; None: not offered): ``(opcode, PSN)`` for
+    #: ``rx_small_resp_done``, or -1 having done nothing.
+    small_response: SmallResponse | None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

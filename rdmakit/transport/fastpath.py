@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from rdmakit.wire import IcrcFlow, Packet
 
-from .codec import RecvRaw, RecvRuns, SegmentCodec, SmallRequest
+from .codec import RecvRaw, RecvRuns, SegmentCodec, SmallRequest, SmallResponse
 from .codec_py import PythonCodec
 
 if TYPE_CHECKING:
@@ -54,6 +54,9 @@ def _load() -> ModuleType | None:
         Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_READ_REQUEST, Opcode.COMPARE_SWAP, Opcode.FETCH_ADD,
         Access.REMOTE_WRITE, Access.REMOTE_READ, Access.REMOTE_ATOMIC, MAX_MSG_SIZE,
     )  # fmt: skip
+    _fastpath.init_small_response(
+        Opcode.ACKNOWLEDGE, Opcode.RDMA_READ_RESPONSE_ONLY, Opcode.ATOMIC_ACKNOWLEDGE
+    )
     return _fastpath
 
 
@@ -74,6 +77,7 @@ class NativeCodec:
         self.recv_runs: RecvRuns | None = mod.recv_runs
         self.recv_raw: RecvRaw | None = mod.recv_raw
         self.small_request: SmallRequest | None = mod.small_request
+        self.small_response: SmallResponse | None = mod.small_response
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Callable
 
 from rdmakit.engine import EngineError, QueuePair
-from rdmakit.engine.bulk import SMALL_REQUESTS
+from rdmakit.engine.bulk import SMALL_REQUESTS, SMALL_RESPONSES
 from rdmakit.wire import (
     BTH_LEN,
     ICRC_LEN,
@@ -227,6 +227,7 @@ class UdpPort:
         verify, qps, codec = self.verify_icrc, self._qps, self.codec
         runs, hot = self._runs, self._runs and codec.recv_runs is not None
         small = codec.small_request if runs else None
+        small_resp = codec.small_response if runs else None
         unpack_bth = _BTH.unpack_from
         rx: RxFlow | None = None
         ours = False  # a segment checked with our IPv4 IDs
@@ -287,6 +288,14 @@ class UdpPort:
                     c.icrc_ok += 1
                     ours = True
                     qp.rx_small_done(*done)
+                    continue
+            if small_resp is not None and op in SMALL_RESPONSES and (rt := qp.rx_small_resp()) is not None:
+                # The one-packet response that completes the send at the head: one call.
+                done_resp = small_resp(seg, idx, rx.states, rx.icrc, qp.qpn, rt)
+                if type(done_resp) is tuple:
+                    c.icrc_ok += 1
+                    ours = True
+                    qp.rx_small_resp_done(done_resp[0], done_resp[1], now)
                     continue
             # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx), then decode.
             got = codec.check_decode(seg, idx, rx.states, rx.icrc)

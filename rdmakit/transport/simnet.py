@@ -34,7 +34,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, cast
 
-from rdmakit.engine.bulk import SMALL_REQUESTS
+from rdmakit.engine.bulk import SMALL_REQUESTS, SMALL_RESPONSES
 from rdmakit.wire import (
     MIDDLE_OPCODES,
     ROCE_UDP_PORT,
@@ -49,7 +49,7 @@ from rdmakit.wire import (
     unpack_icrc,
 )
 
-from .codec import SmallRequest, SmallTicket
+from .codec import SegmentCodec, SmallRespTicket, SmallTicket
 
 Address = Hashable
 _SPORT = 0xC000
@@ -82,6 +82,8 @@ class SmallSimQP(SimQP, Protocol):
     """A QP whose one-packet requests a segment codec may execute (``QueuePair`` fits)."""
 
     def rx_small(self) -> SmallTicket | None: ...
+    def rx_small_resp(self) -> SmallRespTicket | None: ...
+    def rx_small_resp_done(self, op: int, psn: int, now: float) -> None: ...
     def rx_small_done(
         self, op: int, psn: int, ackreq: int, rkey: int, va: int, length: int, orig: int
     ) -> None: ...
@@ -133,14 +135,16 @@ class SimNet:
         *,
         trace: bool = True,
         bulk: bool = False,
-        small: SmallRequest | None = None,
+        small: SegmentCodec | None = None,
     ) -> None:
         """``bulk``: take the QPs' packets as trains and place in-order MIDDLE packets
         through ``rx_run``/``rx_run_done``, as the native UDP data plane does (the
-        packets on the wire stay the same). ``small``: a segment codec's
-        ``small_request``, which then checks and executes each one-packet request a
-        QP's ``rx_small`` allows on the datagram's bytes (``rx_small_done``), as the
-        UDP port does; ``stats["small"]`` counts them."""
+        packets on the wire stay the same). ``small``: a segment codec whose
+        ``small_request`` then checks and executes each one-packet request a QP's
+        ``rx_small`` allows on the datagram's bytes (``rx_small_done``), and whose
+        ``small_response`` checks each response ``rx_small_resp`` allows
+        (``rx_small_resp_done``), as the UDP port does; ``stats["small"]`` and
+        ``stats["small_resp"]`` count them."""
         self.seed = seed
         self.bulk = bulk
         self.small = small
@@ -281,7 +285,7 @@ class SimNet:
             self._record(src, dst, len(data), crc, "no_qp")
             return
         self._record(src, dst, len(data), crc, "delivered")
-        if self.small is not None and pkt.opcode in SMALL_REQUESTS and self._small(qp, src, dst, data):
+        if self.small is not None and self._small(qp, pkt.opcode, src, dst, data):
             return
         if self.bulk and pkt.opcode in MIDDLE_OPCODES and self._place(cast(BulkSimQP, qp), pkt):
             return
@@ -300,22 +304,36 @@ class SimNet:
         qp.rx_run_done(pkt.opcode, 1, 0 if pkt.ackreq else -1, self.now)
         return True
 
-    def _small(self, qp: SimQP, src: Address, dst: Address, data: bytes) -> bool:
-        """A one-packet request, as the UDP port checks and executes it natively."""
-        ticket = cast(SmallSimQP, qp).rx_small()
-        if ticket is None:
-            return False
+    def _small(self, qp: SimQP, op: int, src: Address, dst: Address, data: bytes) -> bool:
+        """A one-packet request or response, as the UDP port checks and takes it natively."""
+        codec = self.small
+        assert codec is not None
+        sq = cast(SmallSimQP, qp)
         flow = self._flows.get((src, dst))
         if flow is None:
             flow = IcrcFlow.ipv4(self._ip(src), self._ip(dst), _SPORT, ROCE_UDP_PORT)
             self._flows[(src, dst)] = flow
-        assert self.small is not None
-        done = self.small(data, 0, flow.states, flow, qp.qpn, ticket)
-        if type(done) is not tuple:
-            return False
-        self.stats["small"] += 1
-        cast(SmallSimQP, qp).rx_small_done(*done)
-        return True
+        if op in SMALL_REQUESTS and codec.small_request is not None:
+            ticket = sq.rx_small()
+            if ticket is None:
+                return False
+            done = codec.small_request(data, 0, flow.states, flow, qp.qpn, ticket)
+            if type(done) is not tuple:
+                return False
+            self.stats["small"] += 1
+            sq.rx_small_done(*done)
+            return True
+        if op in SMALL_RESPONSES and codec.small_response is not None:
+            rt = sq.rx_small_resp()
+            if rt is None:
+                return False
+            got = codec.small_response(data, 0, flow.states, flow, qp.qpn, rt)
+            if type(got) is not tuple:
+                return False
+            self.stats["small_resp"] += 1
+            sq.rx_small_resp_done(got[0], got[1], self.now)
+            return True
+        return False
 
     def _pump(self) -> None:
         """Send everything every QP has ready now."""

@@ -1,6 +1,7 @@
 """``rdmakit capture``: decoding pcap files with rdmakit's codec, ICRC checked."""
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,34 @@ def test_capture_refuses_what_is_not_pcap(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert "not a pcap file" in out.stderr
     assert len(out.stderr.splitlines()) == 1
+
+
+def test_capture_writes_only_a_regular_file(tmp_path: Path) -> None:
+    """``-w`` naming a FIFO nobody reads, or a directory, ends with one line (opening would block)."""
+    src = tmp_path / "in.pcap"
+    buf = io.BytesIO()
+    PcapWriter(buf, LINKTYPE_ETHERNET).write(1_700_000_000, _frame(Packet(Opcode.SEND_ONLY, 0x11, 5)))
+    src.write_bytes(buf.getvalue())
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target in (fifo, tmp_path):
+        out = subprocess.run(
+            [sys.executable, "-m", "rdmakit", "capture", "-q", "-r", str(src), "-w", str(target)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 1, out
+        assert out.stderr.splitlines() == [
+            f"rdmakit capture: cannot write the capture {target}: something other than a file is there"
+        ]
+    out = subprocess.run(
+        [sys.executable, "-m", "rdmakit", "capture", "-q", "-r", str(src), "-w", str(tmp_path / "out.pcap")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out
+    assert (tmp_path / "out.pcap").read_bytes() == src.read_bytes()

@@ -1,24 +1,29 @@
-"""The native responder of one-packet requests equals the Python engine.
+"""The native small-operation path equals the Python engine.
 
 ``_fastpath.small_request`` checks an in-order RDMA WRITE ONLY, READ request,
 COMPARE SWAP or FETCH ADD against the engine's ``QueuePair.rx_small`` ticket
-and executes it, and ``rx_small_done`` takes the effect; anything else goes to
-the generic path. Two proofs that this changes nothing:
+and executes it, and ``rx_small_done`` takes the effect; ``small_response``
+checks the ACK, READ RESPONSE ONLY or ATOMIC ACKNOWLEDGE that completes the
+head of the send queue against ``rx_small_resp``'s ticket and places its data,
+and ``rx_small_resp_done`` completes it. Anything else goes to the generic
+path. Three proofs that this changes nothing:
 
 - seeded hostile networks (every fault profile): the same random workloads
   with and without it leave the same trace (every packet's size, ICRC and
-  fate, in order), memory, completions, counters, responder state and virtual
-  time, and the native path was taken;
+  fate, in order), memory, completions, counters, responder and requester
+  state and virtual time, and both native paths were taken;
 - crafted hostile requests with a valid ICRC (wrong PSN, QPN, P_Key, TVer,
   pad, R_Key, range, alignment, lengths, access; a message under way; no
   responder resources): fed to two identical QPs, one through the engine
   alone and one through ``small_request`` first, they leave the same memory,
-  state, completions, counters and response bytes.
+  state, completions, counters and response bytes;
+- crafted hostile responses likewise (wrong PSN, opcode for the operation,
+  NAK and RNR syndromes, P_Key, QPN, TVer, pad, lengths, ICRC).
 """
 
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -26,11 +31,12 @@ from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, QueuePair, Send
 from rdmakit.testing.engine import ALL_ACCESS, both_ways, connect, fill, finished, make_pair, make_side
 from rdmakit.testing.faults import PROFILES, Faults
 from rdmakit.transport import fastpath
-from rdmakit.transport.codec import SmallRequest
+from rdmakit.transport.codec import SegmentCodec, SmallRequest
 from rdmakit.transport.connect import connect_qp, local_endpoint
 from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 from rdmakit.wire import (
+    AETH,
     RETH,
     AtomicETH,
     IcrcFlow,
@@ -54,6 +60,20 @@ def _small() -> SmallRequest:
     return fastpath.NATIVE.small_request
 
 
+def _codec() -> SegmentCodec:
+    assert fastpath.NATIVE is not None
+    return fastpath.NATIVE
+
+
+def requester_state(qp: QueuePair) -> tuple[Any, ...]:
+    r = qp.req
+    wqes = tuple((w.state, w.started, w.first_psn, w.last_psn, w.read_done, w.status) for w in r.sq)
+    return (
+        r.comp_psn, r.comp_opcode, r.req_psn, r.sent_hwm, r.next_idx, r.rd_out, r.retry_left, r.rnr_left,
+        r.need_retry, r.rexmit_deadline, r.rnr_deadline, wqes, qp.state,
+    )  # fmt: skip
+
+
 def responder_state(qp: QueuePair) -> tuple[Any, ...]:
     r = qp.resp
     ring = tuple(
@@ -67,7 +87,7 @@ def responder_state(qp: QueuePair) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def fingerprint(seed: int, faults: Faults, small: SmallRequest | None, n: int = 14) -> tuple[Any, ...]:
+def fingerprint(seed: int, faults: Faults, small: SegmentCodec | None, n: int = 14) -> tuple[Any, ...]:
     """A bidirectional random workload of mostly one-packet operations (MTU 256, up to 300 bytes)."""
     max_len = 300
     half = 1 << 14
@@ -78,37 +98,47 @@ def fingerprint(seed: int, faults: Faults, small: SmallRequest | None, n: int = 
     p.drain()
     w1.check()
     w2.check()
-    taken = p.net.stats.pop("small", 0)
+    taken = (p.net.stats.pop("small", 0), p.net.stats.pop("small_resp", 0))
+    qa, qb = p.a.qp, p.b.qp
     return (
         (p.net.now, bytes(p.a.mem), bytes(p.b.mem), p.a.sent, p.a.received, p.b.sent, p.b.received),
-        (p.a.qp.stats, p.b.qp.stats, responder_state(p.a.qp), responder_state(p.b.qp)),
+        (
+            qa.stats,
+            qb.stats,
+            responder_state(qa),
+            responder_state(qb),
+            requester_state(qa),
+            requester_state(qb),
+        ),
         (p.net.trace_digest(), dict(p.net.stats)),
         taken,
     )
 
 
-def _compare(seeds: list[int], faults: Faults) -> int:
-    taken = 0
+def _compare(seeds: list[int], faults: Faults) -> tuple[int, int]:
+    requests = responses = 0
     for seed in seeds:
         ref = fingerprint(seed, faults, None)
-        got = fingerprint(seed, faults, _small())
-        assert ref[3] == 0
+        got = fingerprint(seed, faults, _codec())
+        assert ref[3] == (0, 0)
         assert got[:3] == ref[:3], f"seed={seed} faults={faults}"
-        taken += got[3]
-    return taken
+        requests += got[3][0]
+        responses += got[3][1]
+    return requests, responses
 
 
 @pytest.mark.parametrize("name", PROFILES)
-def test_native_small_requests_equal_the_engine(name: str) -> None:
-    taken = _compare(list(range(12)), PROFILES[name])
-    assert taken > 12 * 8  # most requests took the native path
+def test_native_small_operations_equal_the_engine(name: str) -> None:
+    requests, responses = _compare(list(range(12)), PROFILES[name])
+    assert requests > 12 * 8  # most requests took the native path
+    assert responses > 12 * 4  # and many responses
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PROFILES)
-def test_native_small_requests_equal_the_engine_many_seeds(name: str, seed_sample: SeedSample) -> None:
+def test_native_small_operations_equal_the_engine_many_seeds(name: str, seed_sample: SeedSample) -> None:
     seeds = seed_sample.seeds(range(1000, 1400))
-    assert _compare(seeds, PROFILES[name]) > 0
+    assert min(_compare(seeds, PROFILES[name])) > 0
     seed_sample.passed(len(seeds))
 
 
@@ -355,3 +385,165 @@ def test_the_port_takes_the_native_path_on_real_sockets(
     assert int.from_bytes(ma[24:32], "little") == 9
     assert int.from_bytes(mb[40:48], "little") == 1
     assert calls.get("small_request", 0) >= 4
+
+
+# -- crafted hostile responses ---------------------------------------------------------
+
+_RESP_DEFECTS = (
+    "psn", "opcode", "nak", "rnr", "pkey", "qpn", "tver", "pad", "length", "trailing", "cut", "icrc",
+    "atomic_ack_for_write",
+)  # fmt: skip
+_REQ_OPS = (WrOpcode.RDMA_WRITE, WrOpcode.SEND, WrOpcode.RDMA_READ, WrOpcode.ATOMIC_FETCH_AND_ADD)
+
+
+class _Requester:
+    """A connected QP whose responses come from ``craft_response``; the peer is never run."""
+
+    def __init__(self, seed: int) -> None:
+        rng = random.Random(seed)
+        self.a = make_side("a", rng, 4096, QpCaps(), 256)
+        self.b = make_side("b", rng, 4096, QpCaps(), 256)
+        connect(self.a.qp, self.b.qp, rng, mtu=256)
+        fill(self.a.mem, random.Random(seed + 1))
+        self.sent: list[bytes] = []
+        self.now = 0.0
+
+    def post(self, rng: random.Random) -> None:
+        op = rng.choice(_REQ_OPS)
+        length = 8 if op is WrOpcode.ATOMIC_FETCH_AND_ADD else rng.choice((0, 1, 8, 100, 256, 300))
+        off = rng.randrange(0, 2048) & ~7
+        sges = (
+            (self.a.sge(off, length),) if rng.random() < 0.9 else (self.a.sge(off, 4), self.a.sge(off + 8, 4))
+        )
+        if op is WrOpcode.ATOMIC_FETCH_AND_ADD and len(sges) == 2:
+            sges = (self.a.sge(off, 8),)
+        kw: dict[str, Any] = {} if op is WrOpcode.SEND else {"remote_addr": self.b.mr.addr + off, "rkey": 5}
+        if op is WrOpcode.ATOMIC_FETCH_AND_ADD:
+            kw["compare_add"] = 1
+        self.a.qp.post_send(SendWR(wr_id=rng.getrandbits(16), opcode=op, sg_list=sges, **kw))
+        self._drain()
+
+    def _drain(self) -> None:
+        self.now += 0.001
+        self.sent += [encode(p) for p in self.a.qp.poll_transmit(self.now)]
+        self.a.drain()
+
+    def feed(self, datagram: bytes, codec: SegmentCodec | None) -> None:
+        qp = self.a.qp
+        body = memoryview(datagram)[:-4]
+        if codec is not None and codec.small_response is not None:
+            ticket = qp.rx_small_resp()
+            if ticket is not None:
+                flow = IcrcFlow.ipv4(_IP_B, _IP_A, 0xC000, 4791)
+                got = codec.small_response(datagram, 0, flow.states, flow, qp.qpn, ticket)
+                if type(got) is tuple:
+                    qp.rx_small_resp_done(got[0], got[1], self.now)
+                    self._drain()
+                    return
+        if icrc_ipv4(_IP_B, _IP_A, 0xC000, 4791, body) == int.from_bytes(datagram[-4:], "little"):
+            try:
+                pkt = decode(body)
+            except WireError:
+                pass
+            else:
+                qp.receive(pkt, self.now)
+        self._drain()
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        return bytes(self.a.mem), self.sent, self.a.sent, self.a.qp.stats, requester_state(self.a.qp)
+
+
+def craft_response(rng: random.Random, r: _Requester, defect: str | None) -> bytes:
+    """The response that completes the head of ``r``'s send queue, but for ``defect``."""
+    qp = r.a.qp
+    wqe = qp.req.sq[0] if qp.req.sq else None
+    dqpn = qp.qpn  # responses name the requester's QP
+    aeth = AETH(0, rng.getrandbits(24))
+    if defect == "nak":
+        aeth = AETH(0x60 | rng.choice((0, 1, 2, 3, 4)), aeth.msn)
+    elif defect == "rnr":
+        aeth = AETH(0x20 | rng.randrange(32), aeth.msn)
+    kind = "ack" if wqe is None or wqe.kind == 0 else ("read" if wqe.kind == 1 else "atomic")
+    if defect == "opcode":
+        kind = rng.choice([k for k in ("ack", "read", "atomic") if k != kind])
+    elif defect == "atomic_ack_for_write" and kind == "ack":
+        kind = "atomic"
+    psn = (
+        (wqe.last_psn if wqe is not None else qp.req.comp_psn)
+        if kind != "read" or wqe is None
+        else wqe.first_psn
+    )
+    if defect == "psn":
+        psn = (psn + rng.choice((-1, 1, 2, -3, 1 << 23))) & 0xFFFFFF
+    length = wqe.length if wqe is not None else 0
+    if defect == "length":
+        length = rng.choice((length + 1, max(length - 1, 0), 257, 0))
+    pkt: Packet
+    if kind == "ack":
+        pkt = Packet(Opcode.ACKNOWLEDGE, dqpn, psn, aeth=aeth)
+    elif kind == "read":
+        pkt = Packet(Opcode.RDMA_READ_RESPONSE_ONLY, dqpn, psn, aeth=aeth, payload=rng.randbytes(length))
+    else:
+        pkt = Packet(Opcode.ATOMIC_ACKNOWLEDGE, dqpn, psn, aeth=aeth, atomic_ack=rng.getrandbits(64))
+    body = bytearray(encode(pkt))
+    if defect == "tver":
+        body[1] |= rng.choice((1, 2, 8))
+    elif defect == "pad":
+        body[1] = (body[1] & ~0x30) | rng.choice((1, 2, 3)) << 4
+    elif defect == "pkey":
+        body[2:4] = rng.choice((b"\x00\x00", b"\x80\x01", b"\x7f\xfe"))
+    elif defect == "qpn":
+        body[5:8] = ((dqpn + rng.randrange(1, 1 << 24)) & 0xFFFFFF).to_bytes(3, "big")
+    elif defect == "trailing":
+        body += bytes(rng.choice((4, 8)))
+    elif defect == "cut":
+        del body[rng.randrange(12, len(body)) :]
+    crc = icrc_ipv4(_IP_B, _IP_A, 0xC000, 4791, body)
+    if defect == "icrc":
+        crc ^= 1 << rng.randrange(32)
+    return bytes(body) + pack_icrc(crc)
+
+
+def test_crafted_hostile_responses_equal_the_engine() -> None:
+    codec = _codec()
+    assert codec.small_response is not None
+    native = codec.small_response
+    executed: dict[str | None, int] = {}
+    current: list[str | None] = [None]
+
+    def counting(*a: Any) -> Any:
+        got = native(*a)
+        if type(got) is tuple:
+            executed[current[0]] = executed.get(current[0], 0) + 1
+        return got
+
+    class Counting:
+        small_request = None
+        small_response = staticmethod(counting)
+
+    for seed in range(150):
+        ref, nat = _Requester(seed), _Requester(seed)
+        rng = random.Random(seed * 104729)
+        for i in range(50):
+            if not nat.a.qp.req.sq or rng.random() < 0.1:
+                state = rng.getstate()
+                ref.post(rng)
+                rng.setstate(state)
+                nat.post(rng)
+            defect = rng.choice(_RESP_DEFECTS) if rng.random() < 0.3 else None
+            state = rng.getstate()
+            d1 = craft_response(rng, ref, defect)
+            rng.setstate(state)
+            d2 = craft_response(rng, nat, defect)
+            assert d1 == d2
+            current[0] = defect
+            ref.feed(d1, None)
+            nat.feed(d2, cast(SegmentCodec, Counting()))
+            assert nat.fingerprint() == ref.fingerprint(), (
+                f"seed={seed} response {i} {defect}: {decode_or_bytes(d1)}"
+            )
+            if nat.a.qp.state is not ref.a.qp.state or ref.a.qp.state.name == "ERR":
+                break
+    assert executed.get(None, 0) > 500
+    always = {"psn", "opcode", "nak", "rnr", "pkey", "qpn", "tver", "trailing", "cut", "icrc"}
+    assert not always & set(executed), executed
