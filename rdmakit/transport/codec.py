@@ -12,11 +12,11 @@ What the port asks of a codec, and nothing else:
 
 :class:`~rdmakit.transport.codec_py.PythonCodec` is the reference;
 ``_fastpath.c`` does the same without a Python object per packet, and adds
-``recv_runs`` (read the socket while what arrives continues a run) and
+``recv_runs`` (read the socket while what arrives continues a run),
 ``recv_raw`` (one read, without a readiness check first), ``small_request``
 (check and execute a one-packet request for the engine) and ``small_response``
-(check the one-packet response that completes a send). Which one
-a device uses is chosen once, in :mod:`rdmakit.transport.fastpath`. The ICRC
+(check the one-packet response that completes a send). Which one a device
+uses is chosen once, in :mod:`rdmakit.transport.fastpath`. The ICRC
 of an ``n``-byte segment with index ``idx`` (BTH to ICRC) continues from
 ``states[n | idx << 16]``, or ``flow.state(n, idx)`` where that is missing
 (RoCEv2 Annex A17.3.3).

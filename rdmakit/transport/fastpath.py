@@ -6,7 +6,12 @@ MIDDLE packets and hand them to the kernel in GSO batches (``send_train``),
 and check and place a run of received MIDDLE segments of a GRO batch
 (``place_run``); and for the single packets of small operations, encode, add
 the ICRC and send in one call (``send_packet``), and check the ICRC and decode
-(``check_decode``), with ``rdmakit.wire.packet``'s tables. It is built with
+(``check_decode``), with ``rdmakit.wire.packet``'s tables; read the socket
+without a readiness check first (``recv_raw``); and for the engine, check and
+execute a one-packet request (``small_request``) or check the one-packet
+response that completes a send (``small_response``) against the ticket the
+engine gives (``QueuePair.rx_small``, ``rx_small_resp``), whose rules stay the
+engine's (``tests/engine/test_engine_small_native.py``). It is built with
 the package when a C compiler is there (``setup.py``; the build goes on
 without it otherwise). Set ``RDMAKIT_PURE_PYTHON=1`` to run without it;
 ``native`` is None then.
