@@ -16,7 +16,6 @@ import struct
 from collections.abc import Callable
 
 from rdmakit.engine import EngineError, QueuePair
-from rdmakit.engine.bulk import SMALL_REQUESTS, SMALL_RESPONSES
 from rdmakit.wire import (
     BTH_LEN,
     ICRC_LEN,
@@ -38,6 +37,7 @@ from .fastpath import PYTHON
 from .gsi import Gsi
 from .port import DeviceCounters, PeerAddress, addr_bytes
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
+from .small_ops import OFFERED, take_small
 from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
 
 #: GRO batches read per ``progress`` before the timers and transmit get a turn.
@@ -226,8 +226,7 @@ class UdpPort:
         view = link.view
         verify, qps, codec = self.verify_icrc, self._qps, self.codec
         runs, hot = self._runs, self._runs and codec.recv_runs is not None
-        small = codec.small_request if runs else None
-        small_resp = codec.small_response if runs else None
+        small = runs and (codec.small_request is not None or codec.small_response is not None)
         unpack_bth = _BTH.unpack_from
         rx: RxFlow | None = None
         ours = False  # a segment checked with our IPv4 IDs
@@ -281,22 +280,12 @@ class UdpPort:
                         if hot and k >= nsegs and got_n < run[3]:
                             self._hot = (qp, op, src_ip, sport, rx.icrc)
                         continue
-            if small is not None and op in SMALL_REQUESTS and (ticket := qp.rx_small()) is not None:
-                # A one-packet request: checked (header, then ICRC) and executed in one call.
-                done = small(seg, idx, rx.states, rx.icrc, qp.qpn, ticket)
-                if type(done) is tuple:
-                    c.icrc_ok += 1
-                    ours = True
-                    qp.rx_small_done(*done)
-                    continue
-            if small_resp is not None and op in SMALL_RESPONSES and (rt := qp.rx_small_resp()) is not None:
-                # The one-packet response that completes the send at the head: one call.
-                done_resp = small_resp(seg, idx, rx.states, rx.icrc, qp.qpn, rt)
-                if type(done_resp) is tuple:
-                    c.icrc_ok += 1
-                    ours = True
-                    qp.rx_small_resp_done(done_resp[0], done_resp[1], now)
-                    continue
+            if small and op in OFFERED and take_small(codec, qp, op, seg, idx, rx.states, rx.icrc, now):
+                # A one-packet request executed, or the response that completes a send taken,
+                # in one call each (header, then ICRC, then the engine's checks).
+                c.icrc_ok += 1
+                ours = True
+                continue
             # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx), then decode.
             got = codec.check_decode(seg, idx, rx.states, rx.icrc)
             if type(got) is Packet:

@@ -34,7 +34,6 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, cast
 
-from rdmakit.engine.bulk import SMALL_REQUESTS, SMALL_RESPONSES
 from rdmakit.wire import (
     MIDDLE_OPCODES,
     ROCE_UDP_PORT,
@@ -49,7 +48,8 @@ from rdmakit.wire import (
     unpack_icrc,
 )
 
-from .codec import SegmentCodec, SmallRespTicket, SmallTicket
+from .codec import SegmentCodec
+from .small_ops import OFFERED, SmallQP, take_small
 
 Address = Hashable
 _SPORT = 0xC000
@@ -76,17 +76,6 @@ class BulkSimQP(SimQP, Protocol):
     def poll_transmit_trains(self, now: float, max_packets: int | None = None) -> list[Packet | Train]: ...
     def rx_run(self, opcode: int) -> tuple[int, memoryview, int, int, int] | None: ...
     def rx_run_done(self, opcode: int, count: int, last_ackreq: int, now: float) -> None: ...
-
-
-class SmallSimQP(SimQP, Protocol):
-    """A QP whose one-packet requests a segment codec may execute (``QueuePair`` fits)."""
-
-    def rx_small(self) -> SmallTicket | None: ...
-    def rx_small_resp(self) -> SmallRespTicket | None: ...
-    def rx_small_resp_done(self, op: int, psn: int, now: float) -> None: ...
-    def rx_small_done(
-        self, op: int, psn: int, ackreq: int, rkey: int, va: int, length: int, orig: int
-    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,7 +274,7 @@ class SimNet:
             self._record(src, dst, len(data), crc, "no_qp")
             return
         self._record(src, dst, len(data), crc, "delivered")
-        if self.small is not None and self._small(qp, pkt.opcode, src, dst, data):
+        if self.small is not None and pkt.opcode in OFFERED and self._small(qp, pkt.opcode, src, dst, data):
             return
         if self.bulk and pkt.opcode in MIDDLE_OPCODES and self._place(cast(BulkSimQP, qp), pkt):
             return
@@ -306,34 +295,15 @@ class SimNet:
 
     def _small(self, qp: SimQP, op: int, src: Address, dst: Address, data: bytes) -> bool:
         """A one-packet request or response, as the UDP port checks and takes it natively."""
-        codec = self.small
-        assert codec is not None
-        sq = cast(SmallSimQP, qp)
+        assert self.small is not None
         flow = self._flows.get((src, dst))
         if flow is None:
             flow = IcrcFlow.ipv4(self._ip(src), self._ip(dst), _SPORT, ROCE_UDP_PORT)
             self._flows[(src, dst)] = flow
-        if op in SMALL_REQUESTS and codec.small_request is not None:
-            ticket = sq.rx_small()
-            if ticket is None:
-                return False
-            done = codec.small_request(data, 0, flow.states, flow, qp.qpn, ticket)
-            if type(done) is not tuple:
-                return False
-            self.stats["small"] += 1
-            sq.rx_small_done(*done)
-            return True
-        if op in SMALL_RESPONSES and codec.small_response is not None:
-            rt = sq.rx_small_resp()
-            if rt is None:
-                return False
-            got = codec.small_response(data, 0, flow.states, flow, qp.qpn, rt)
-            if type(got) is not tuple:
-                return False
-            self.stats["small_resp"] += 1
-            sq.rx_small_resp_done(got[0], got[1], self.now)
-            return True
-        return False
+        took = take_small(self.small, cast(SmallQP, qp), op, data, 0, flow.states, flow, self.now)
+        if took:
+            self.stats["small" if took == 1 else "small_resp"] += 1
+        return bool(took)
 
     def _pump(self) -> None:
         """Send everything every QP has ready now."""

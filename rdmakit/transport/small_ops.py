@@ -1,0 +1,68 @@
+"""The native one-packet paths, one segment at a time: the UDP port's and the simulated network's.
+
+A segment whose opcode the engine's one-packet interfaces serve is offered
+to the segment codec with the engine's ticket (``QueuePair.rx_small`` for a
+request, ``rx_small_resp`` for the response that completes a send); when the
+codec took it, the engine takes the effect (``rx_small_done``,
+``rx_small_resp_done``). Anything else is left to the generic path.
+"""
+
+from typing import Protocol
+
+from rdmakit.engine.bulk import SMALL_REQUESTS, SMALL_RESPONSES
+from rdmakit.wire import IcrcFlow, Payload
+
+from .codec import SegmentCodec, SmallRespTicket, SmallTicket
+
+
+class SmallQP(Protocol):
+    """What the one-packet paths need of an engine QP (``rdmakit.engine.QueuePair`` fits)."""
+
+    @property
+    def qpn(self) -> int: ...
+    def rx_small(self) -> SmallTicket | None: ...
+    def rx_small_done(
+        self, op: int, psn: int, ackreq: int, rkey: int, va: int, length: int, orig: int
+    ) -> None: ...
+    def rx_small_resp(self) -> SmallRespTicket | None: ...
+    def rx_small_resp_done(self, op: int, psn: int, now: float) -> None: ...
+
+
+#: The opcodes worth offering (a set test before any ticket is built).
+OFFERED = SMALL_REQUESTS | SMALL_RESPONSES
+
+
+def take_small(
+    codec: SegmentCodec,
+    qp: SmallQP,
+    op: int,
+    seg: Payload,
+    idx: int,
+    states: dict[int, int],
+    flow: IcrcFlow,
+    now: float,
+) -> int:
+    """Offer segment ``idx`` (opcode ``op``, already addressed to ``qp``) to the one-packet paths.
+
+    1: a request was executed; 2: a response completed a send; 0: not taken
+    (nothing done: the generic path takes the segment).
+    """
+    if op in SMALL_REQUESTS:
+        small = codec.small_request
+        if small is None or (ticket := qp.rx_small()) is None:
+            return 0
+        done = small(seg, idx, states, flow, qp.qpn, ticket)
+        if type(done) is not tuple:
+            return 0
+        qp.rx_small_done(*done)
+        return 1
+    if op in SMALL_RESPONSES:
+        small_resp = codec.small_response
+        if small_resp is None or (rt := qp.rx_small_resp()) is None:
+            return 0
+        got = small_resp(seg, idx, states, flow, qp.qpn, rt)
+        if type(got) is not tuple:
+            return 0
+        qp.rx_small_resp_done(got[0], got[1], now)
+        return 2
+    return 0
