@@ -27,6 +27,7 @@ from enum import StrEnum
 from ipaddress import IPv4Address, IPv6Address
 from typing import Protocol, runtime_checkable
 
+from rdmakit.engine.cm_events import CmEvent, CmEventKind
 from rdmakit.engine.states import QpState
 from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, SendWR
 
@@ -208,29 +209,6 @@ class BackendQP(Protocol):
 
     def close(self) -> None:
         """Destroy the QP; idempotent. Outstanding work requests are dropped."""
-
-
-class CmEventKind(StrEnum):
-    """What a connection manager reports (``rdma_cm_event_type``, the ones RC uses)."""
-
-    CONNECT_REQUEST = "connect_request"  # passive: a REQ for a listened port
-    ESTABLISHED = "established"  # either side: the QP is in RTS
-    REJECTED = "rejected"  # active: a REJ came back (`CmEvent.reason`)
-    UNREACHABLE = "unreachable"  # either side: no answer within the timeout
-    DISCONNECTED = "disconnected"  # either side: DREQ sent or received, QP flushed
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CmEvent:
-    """One connection-manager event; `conn` is the backend's handle of that connection."""
-
-    kind: CmEventKind
-    conn: int
-    private_data: bytes = b""
-    reason: int | None = None  # REJ reason (IBTA Vol. 1 Table 112), REJECTED only
-    peer: tuple[IPv4Address | IPv6Address, int] | None = None  # address, port
-    local_port: int = 0  # CONNECT_REQUEST: the listened port the REQ named
-    detail: str = ""  # one line for a person
 
 
 @runtime_checkable

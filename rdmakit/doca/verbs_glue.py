@@ -21,7 +21,7 @@ from dataclasses import replace
 from ipaddress import IPv4Address, IPv6Address
 from typing import TYPE_CHECKING
 
-from rdmakit.doca.backend import BackendQP, CmEvent, CmEventKind, ConnectAttrs, DeviceCaps
+from rdmakit.doca.backend import BackendQP, CmEvent, ConnectAttrs, DeviceCaps
 from rdmakit.doca.device import DevInfo, register_provider
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.engine.states import QpState
@@ -321,12 +321,7 @@ class VerbsBackendCm:
     def poll_events(self) -> Sequence[CmEvent]:
         if self._closed:
             return ()
-        out = []
-        for n in self.verbs.poll():
-            kind = CmEventKind(n.kind.value)
-            out.append(CmEvent(kind=kind, conn=n.conn, private_data=n.private_data, reason=n.reason,
-                               peer=n.peer, local_port=n.local_port, detail=n.detail))  # fmt: skip
-        return out
+        return self.verbs.poll()
 
     def close(self) -> None:
         if self._closed:

@@ -30,13 +30,13 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from pyverbs.addr import GID, AHAttr, GlobalRoute
 from pyverbs.qp import QPAttr
 
+from rdmakit.engine.cm_events import CmEvent, CmEventKind
 from rdmakit.engine.states import QpState
 from rdmakit.verbs import rdmacm as C
 from rdmakit.verbs.attrs import QpAttrMask, gid_text
@@ -45,7 +45,7 @@ from rdmakit.verbs.errors import ErrorCode, VerbsError, code_for_errno
 from rdmakit.verbs.rdmacm import CmEventType as T
 from rdmakit.wire.cm import MAX_ACCEPT_PRIVATE, MAX_CONNECT_PRIVATE, MAX_REJECT_PRIVATE
 
-__all__ = ["MAX_ACCEPT_PRIVATE", "MAX_CONNECT_PRIVATE", "CmNotice", "CmNoticeKind", "VerbsCm"]
+__all__ = ["MAX_ACCEPT_PRIVATE", "MAX_CONNECT_PRIVATE", "VerbsCm"]
 
 log = logging.getLogger("rdmakit.verbs")
 
@@ -64,29 +64,6 @@ _ATTRS = (
 _KNOWN = QpAttrMask.STATE | QpAttrMask.AV
 for _bit, _ in _ATTRS:
     _KNOWN |= _bit
-
-
-class CmNoticeKind(StrEnum):
-    """What `VerbsCm.poll` reports (the values of ``rdmakit.doca.CmEventKind``)."""
-
-    CONNECT_REQUEST = "connect_request"
-    ESTABLISHED = "established"
-    REJECTED = "rejected"
-    UNREACHABLE = "unreachable"
-    DISCONNECTED = "disconnected"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CmNotice:
-    """One connection event; `conn` is the connection's handle."""
-
-    kind: CmNoticeKind
-    conn: int
-    private_data: bytes = b""
-    reason: int | None = None  # REJ reason (IBTA Vol. 1 Table 112), REJECTED only
-    peer: tuple[IPv4Address | IPv6Address, int] | None = None
-    local_port: int = 0  # CONNECT_REQUEST: the listened port
-    detail: str = ""
 
 
 @dataclass(slots=True, eq=False)
@@ -195,7 +172,7 @@ class VerbsCm:
         self._conns: dict[int, _Conn] = {}  # handle -> connection
         self._by_id: dict[int, _Conn] = {}  # cm_id -> connection
         self._next = 1
-        self._queued: list[CmNotice] = []
+        self._queued: list[CmEvent] = []
         self._closed = False
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -336,7 +313,7 @@ class VerbsCm:
         del keep
         conn.state = "connecting"
 
-    def _connect_response(self, conn: _Conn, ev: _Event) -> CmNotice:
+    def _connect_response(self, conn: _Conn, ev: _Event) -> CmEvent:
         if len(ev.private) > MAX_ACCEPT_PRIVATE:
             raise VerbsError("INVALID_VALUE", f"the REP carries {len(ev.private)} bytes of private data, "
                              f"more than {MAX_ACCEPT_PRIVATE}", "peer")  # fmt: skip
@@ -346,7 +323,7 @@ class VerbsCm:
         self._transition(conn, qp, QpState.RTS)
         self._check(self._lib.rdma_establish(conn.cm_id), "rdma_establish")
         conn.state, conn.deadline = "established", None
-        return self._notice(CmNoticeKind.ESTABLISHED, conn, private_data=ev.private)
+        return self._notice(CmEventKind.ESTABLISHED, conn, private_data=ev.private)
 
     # -- the passive side -----------------------------------------------------------------------
     def accept(self, conn_handle: int, qp: VerbsQP, private_data: bytes) -> None:
@@ -406,11 +383,11 @@ class VerbsCm:
             conn.state, conn.deadline = "disconnecting", self._clock() + DISCONNECT_WAIT
             return
         self._drop(conn)
-        self._queued.append(self._notice(CmNoticeKind.DISCONNECTED, conn, detail="disconnected locally"))
+        self._queued.append(self._notice(CmEventKind.DISCONNECTED, conn, detail="disconnected locally"))
 
     # -- events ---------------------------------------------------------------------------------
-    def _notice(self, kind: CmNoticeKind, conn: _Conn, **kw: Any) -> CmNotice:
-        return CmNotice(kind=kind, conn=conn.handle, peer=conn.peer, local_port=conn.local_port, **kw)
+    def _notice(self, kind: CmEventKind, conn: _Conn, **kw: Any) -> CmEvent:
+        return CmEvent(kind=kind, conn=conn.handle, peer=conn.peer, local_port=conn.local_port, **kw)
 
     def _read(self) -> _Event | None:
         evp = ctypes.POINTER(C.RdmaCmEvent)()
@@ -429,7 +406,7 @@ class VerbsCm:
         self._lib.rdma_ack_cm_event(evp)
         return ev
 
-    def _request(self, ev: _Event) -> CmNotice | None:
+    def _request(self, ev: _Event) -> CmEvent | None:
         port = self._ports.get(ev.listen_id)
         if port is None or len(ev.private) > MAX_CONNECT_PRIVATE:
             log.debug("%s: refused a REQ (listener %s, %d bytes of private data)",
@@ -440,15 +417,15 @@ class VerbsCm:
         peer = C.sockaddr_ip(bytes(C.RdmaCmId.from_address(ev.cm_id).route.addr.dst))
         conn = self._add(ev.cm_id, active=False, state="requested", peer=peer, local_port=port,
                          resp_res=ev.resp_res, init_depth=ev.init_depth)  # fmt: skip
-        return self._notice(CmNoticeKind.CONNECT_REQUEST, conn, private_data=ev.private)
+        return self._notice(CmEventKind.CONNECT_REQUEST, conn, private_data=ev.private)
 
-    def _fail(self, conn: _Conn, kind: CmNoticeKind, detail: str, **kw: Any) -> CmNotice:
+    def _fail(self, conn: _Conn, kind: CmEventKind, detail: str, **kw: Any) -> CmEvent:
         if conn.state in ("accepting", "established", "disconnecting"):
             self._flush(conn)
         self._drop(conn)
         return self._notice(kind, conn, detail=detail, **kw)
 
-    def _event(self, ev: _Event) -> CmNotice | None:
+    def _event(self, ev: _Event) -> CmEvent | None:
         if ev.kind == T.CONNECT_REQUEST:
             return self._request(ev)
         conn = self._by_id.get(ev.cm_id)
@@ -468,37 +445,37 @@ class VerbsCm:
             elif kind is T.ESTABLISHED and conn.state in ("accepting", "connecting"):
                 conn.state, conn.deadline = "established", None
                 data = ev.private if conn.active else b""
-                return self._notice(CmNoticeKind.ESTABLISHED, conn, private_data=data)
+                return self._notice(CmEventKind.ESTABLISHED, conn, private_data=data)
             elif kind is T.REJECTED:
                 reason = ev.status if 0 < ev.status <= 0xFFFF else None
                 detail = _REASONS.get(reason or 0, f"REJ reason {reason}")
                 data = ev.private if len(ev.private) <= MAX_REJECT_PRIVATE else b""
-                return self._fail(conn, CmNoticeKind.REJECTED, detail, reason=reason, private_data=data)
+                return self._fail(conn, CmEventKind.REJECTED, detail, reason=reason, private_data=data)
             elif kind in (T.ADDR_ERROR, T.ROUTE_ERROR, T.CONNECT_ERROR, T.UNREACHABLE):
                 why = os.strerror(-ev.status) if ev.status < 0 else f"status {ev.status}"
-                return self._fail(conn, CmNoticeKind.UNREACHABLE, f"{kind.name}: {why}")
+                return self._fail(conn, CmEventKind.UNREACHABLE, f"{kind.name}: {why}")
             elif kind in (T.DISCONNECTED, T.DEVICE_REMOVAL):
                 if conn.state in ("accepting", "established"):
                     self._lib.rdma_disconnect(conn.cm_id)  # the DREP to the peer's DREQ
                 gone = conn.state in ("accepting", "established", "disconnecting")
-                out = CmNoticeKind.DISCONNECTED if gone else CmNoticeKind.UNREACHABLE
+                out = CmEventKind.DISCONNECTED if gone else CmEventKind.UNREACHABLE
                 return self._fail(conn, out, kind.name.lower().replace("_", " "))
         except VerbsError as e:
-            return self._fail(conn, CmNoticeKind.UNREACHABLE, str(e))
+            return self._fail(conn, CmEventKind.UNREACHABLE, str(e))
         return None
 
-    def _expired(self, now: float) -> list[CmNotice]:
-        out: list[CmNotice] = []
+    def _expired(self, now: float) -> list[CmEvent]:
+        out: list[CmEvent] = []
         for conn in list(self._conns.values()):
             if conn.deadline is None or now <= conn.deadline:
                 continue
             if conn.state == "disconnecting":
-                out.append(self._fail(conn, CmNoticeKind.DISCONNECTED, "no DREP from the peer"))
+                out.append(self._fail(conn, CmEventKind.DISCONNECTED, "no DREP from the peer"))
             else:
-                out.append(self._fail(conn, CmNoticeKind.UNREACHABLE, "connection timed out"))
+                out.append(self._fail(conn, CmEventKind.UNREACHABLE, "connection timed out"))
         return out
 
-    def poll(self) -> list[CmNotice]:
+    def poll(self) -> list[CmEvent]:
         """Events since the last call, oldest first; never blocks."""
         if self._closed:
             return []

@@ -1,0 +1,35 @@
+"""What a connection manager reports to a backend's user, the same for every backend.
+
+These are ``rdma_cm``'s events (``rdma_cm_event_type``, the ones RC uses), one
+level above :mod:`rdmakit.engine.cm`'s IB CM events (REQ, REP and REJ
+received): the verbs backend's librdmacm reports them as they are, the soft
+backend translates its ``rdmakit.transport.cma`` events into them, and
+``rdmakit.doca`` hands them to the DOCA connection callbacks.
+"""
+
+from dataclasses import dataclass
+from enum import StrEnum
+from ipaddress import IPv4Address, IPv6Address
+
+
+class CmEventKind(StrEnum):
+    """What a connection manager reports (``rdma_cm_event_type``, the ones RC uses)."""
+
+    CONNECT_REQUEST = "connect_request"  # passive: a REQ for a listened port
+    ESTABLISHED = "established"  # either side: the QP is in RTS
+    REJECTED = "rejected"  # active: a REJ came back (`CmEvent.reason`)
+    UNREACHABLE = "unreachable"  # either side: no answer within the timeout
+    DISCONNECTED = "disconnected"  # either side: DREQ sent or received, QP flushed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CmEvent:
+    """One connection-manager event; `conn` is the backend's handle of that connection."""
+
+    kind: CmEventKind
+    conn: int
+    private_data: bytes = b""
+    reason: int | None = None  # REJ reason (IBTA Vol. 1 Table 112), REJECTED only
+    peer: tuple[IPv4Address | IPv6Address, int] | None = None  # address, port
+    local_port: int = 0  # CONNECT_REQUEST: the listened port the REQ named
+    detail: str = ""  # one line for a person
