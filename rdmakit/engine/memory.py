@@ -49,7 +49,7 @@ class MemoryRegion:
 class ProtectionDomain:
     """The memory registration table shared by the QPs of one PD (``ibv_pd``)."""
 
-    __slots__ = ("_by_lkey", "_by_rkey", "_rng", "generation", "remote_table")
+    __slots__ = ("_by_lkey", "_rng", "generation", "remote_table")
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
@@ -57,15 +57,14 @@ class ProtectionDomain:
         #: earlier re-checks its R_Key before writing through it again.
         self.generation = 0
         self._by_lkey: dict[int, MemoryRegion] = {}
-        self._by_rkey: dict[int, MemoryRegion] = {}
-        #: R_Key -> (addr, length, access bits, view): ``remote_slice``'s table, for the
-        #: native data plane's checks (read-only outside this class).
+        #: R_Key -> (addr, length, access bits, view): what ``remote_slice`` checks, and the
+        #: native data plane with it (read-only outside this class).
         self.remote_table: dict[int, tuple[int, int, int, memoryview]] = {}
 
     def _new_key(self) -> int:
         while True:
             key = self._rng.getrandbits(_KEY_BITS)
-            if key and key not in self._by_lkey and key not in self._by_rkey:
+            if key and key not in self._by_lkey and key not in self.remote_table:
                 return key
 
     def register(self, buffer: Buffer, addr: int, access: Access) -> MemoryRegion:
@@ -97,8 +96,7 @@ class ProtectionDomain:
             rkey = self._new_key()
         mr = MemoryRegion(addr=addr, length=len(view), lkey=lkey, rkey=rkey, access=access, view=view)
         self._by_lkey[lkey] = mr
-        self._by_rkey[rkey] = mr
-        self.remote_table[rkey] = (addr, mr.length, mr.bits, view)
+        self.remote_table[rkey] = (addr, mr.length, mr.bits, mr.view)
         return mr
 
     def deregister(self, mr: MemoryRegion) -> None:
@@ -109,8 +107,8 @@ class ProtectionDomain:
         """
         if self._by_lkey.get(mr.lkey) is mr:
             del self._by_lkey[mr.lkey]
-        if self._by_rkey.get(mr.rkey) is mr:
-            del self._by_rkey[mr.rkey]
+        entry = self.remote_table.get(mr.rkey)
+        if entry is not None and entry[3] is mr.view:
             del self.remote_table[mr.rkey]
         self.generation += 1
 
@@ -143,11 +141,14 @@ class ProtectionDomain:
         grant ``access``, :class:`Access` bits (rxe ``check_rkey()``: all
         three give NAK remote access error).
         """
-        mr = self._by_rkey.get(rkey)
-        if mr is None or not mr.bits & access or not mr.contains(va, length):
+        entry = self.remote_table.get(rkey)
+        if entry is None:
             return None
-        off = va - mr.addr
-        return mr.view[off : off + length]
+        addr, size, bits, view = entry
+        if not bits & access or not (addr <= va and va + length <= addr + size):
+            return None
+        off = va - addr
+        return view[off : off + length]
 
 
 _EMPTY = memoryview(b"")
