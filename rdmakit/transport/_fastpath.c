@@ -1094,6 +1094,15 @@ static PyObject *int_tuple(PyObject *type, Py_ssize_t n, const uint64_t *v) {
     return t;
 }
 
+/* The bytes of segment `seg` (index idx of a GSO batch: a u16), for fn; -1 with an exception set. */
+static int segment_view(PyObject *seg, Py_ssize_t idx, const char *fn, Py_buffer *b) {
+    if (idx < 0 || idx > 0xFFFF) {
+        PyErr_Format(PyExc_ValueError, "%s: segment index is not a u16", fn);
+        return -1;
+    }
+    return PyObject_GetBuffer(seg, b, PyBUF_SIMPLE);
+}
+
 /* decode()'s header checks of the BTH .. pad of a segment (m bytes before the ICRC): its
  * layout, with the end of its headers in *off and of its payload in *end; -1: refused. */
 static int header_layout(const unsigned char *p, Py_ssize_t m, Py_ssize_t *off, Py_ssize_t *end) {
@@ -1125,12 +1134,8 @@ static PyObject *fp_check_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t idx;
     if (!PyArg_ParseTuple(args, "OnO!O:check_decode", &seg, &idx, &PyDict_Type, &states, &flow))
         return NULL;
-    if (idx < 0 || idx > 0xFFFF) {
-        PyErr_SetString(PyExc_ValueError, "check_decode: segment index is not a u16");
-        return NULL;
-    }
     Py_buffer b;
-    if (PyObject_GetBuffer(seg, &b, PyBUF_SIMPLE) < 0)
+    if (segment_view(seg, idx, "check_decode", &b) < 0)
         return NULL;
     PyObject *result = NULL;
     const unsigned char *p = b.buf;
@@ -1323,12 +1328,8 @@ static PyObject *fp_small_request(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!PyArg_ParseTuple(ticket, "knkpO!:small_request ticket", &epsn, &mtu, &access, &rd_ok, &PyDict_Type,
                           &rtable))
         return NULL;
-    if (idx < 0 || idx > 0xFFFF) {
-        PyErr_SetString(PyExc_ValueError, "small_request: segment index is not a u16");
-        return NULL;
-    }
     Py_buffer b;
-    if (PyObject_GetBuffer(seg, &b, PyBUF_SIMPLE) < 0)
+    if (segment_view(seg, idx, "small_request", &b) < 0)
         return NULL;
     PyObject *result = NULL, *entry = NULL;
     const unsigned char *p = b.buf;
@@ -1394,8 +1395,10 @@ static PyObject *fp_small_request(PyObject *Py_UNUSED(self), PyObject *args) {
         } else {
             uint64_t swap_add = get_be64(x + 12), compare = get_be64(x + 20);
             memcpy(&orig, dst, 8);
-            uint64_t v = which == 2 ? (orig == compare ? swap_add : orig) : orig + swap_add;
-            memcpy(dst, &v, 8);
+            if (which == 3 || orig == compare) { /* a COMPARE SWAP that misses stores nothing */
+                uint64_t v = which == 3 ? orig + swap_add : swap_add;
+                memcpy(dst, &v, 8);
+            }
         }
         PyBuffer_Release(&t);
     }
@@ -1447,12 +1450,8 @@ static PyObject *fp_small_response(PyObject *Py_UNUSED(self), PyObject *args) {
         return NULL;
     if (!PyArg_ParseTuple(ticket, "iknOn:small_response ticket", &want_op, &want_psn, &length, &target, &mtu))
         return NULL;
-    if (idx < 0 || idx > 0xFFFF) {
-        PyErr_SetString(PyExc_ValueError, "small_response: segment index is not a u16");
-        return NULL;
-    }
     Py_buffer b;
-    if (PyObject_GetBuffer(seg, &b, PyBUF_SIMPLE) < 0)
+    if (segment_view(seg, idx, "small_response", &b) < 0)
         return NULL;
     PyObject *result = NULL;
     const unsigned char *p = b.buf;
