@@ -221,6 +221,27 @@ DEFECTS = (
 )  # fmt: skip
 
 
+def _datagram(rng: random.Random, pkt: Packet, defect: str | None, src: bytes, dst: bytes) -> bytes:
+    """``pkt`` encoded with its ICRC from ``src`` to ``dst``, but for a header ``defect``."""
+    body = bytearray(encode(pkt))
+    if defect == "tver":
+        body[1] |= rng.choice((1, 2, 8))
+    elif defect == "pad":
+        body[1] = (body[1] & ~0x30) | rng.choice((1, 2, 3)) << 4
+    elif defect == "pkey":
+        body[2:4] = rng.choice((b"\x00\x00", b"\x80\x01", b"\x7f\xfe"))
+    elif defect == "qpn":
+        body[5:8] = ((pkt.dest_qp + rng.randrange(1, 1 << 24)) & 0xFFFFFF).to_bytes(3, "big")
+    elif defect == "trailing":
+        body += bytes(rng.choice((4, 8)))
+    elif defect == "cut":
+        del body[rng.randrange(12, len(body)) :]
+    crc = icrc_ipv4(src, dst, 0xC000, 4791, body)
+    if defect == "icrc":
+        crc ^= 1 << rng.randrange(32)
+    return bytes(body) + pack_icrc(crc)
+
+
 def craft(rng: random.Random, r: _Responder, defect: str | None) -> bytes:
     """A valid one-packet request for ``r``, but for ``defect``."""
     qp = r.b.qp
@@ -272,30 +293,12 @@ def craft(rng: random.Random, r: _Responder, defect: str | None) -> bytes:
     else:
         pkt = Packet(op, qp.qpn, psn, reth=RETH(va, rkey, dma_len), payload=payload)
     pkt = pkt._replace(ackreq=rng.random() < 0.7, se=rng.random() < 0.2, fecn=rng.random() < 0.1)
-    body = bytearray(encode(pkt))
-    if defect == "tver":
-        body[1] |= rng.choice((1, 2, 8))
-    elif defect == "pad":
-        body[1] = (body[1] & ~0x30) | rng.choice((1, 2, 3)) << 4
-    elif defect == "pkey":
-        body[2:4] = rng.choice((b"\x00\x00", b"\x80\x01", b"\x7f\xfe"))
-    elif defect == "qpn":
-        body[5:8] = ((qp.qpn + rng.randrange(1, 1 << 24)) & 0xFFFFFF).to_bytes(3, "big")
-    elif defect == "trailing":
-        body += bytes(rng.choice((4, 8)))
-    elif defect == "cut":
-        del body[rng.randrange(12, len(body)) :]
-    crc = icrc_ipv4(_IP_A, _IP_B, 0xC000, 4791, body)
-    if defect == "icrc":
-        crc ^= 1 << rng.randrange(32)
-    return bytes(body) + pack_icrc(crc)
+    return _datagram(rng, pkt, defect, _IP_A, _IP_B)
 
 
 @pytest.mark.parametrize("max_rd_atomic", [0, 4])
 @pytest.mark.parametrize("access", ["all", "write"])
-def test_crafted_hostile_requests_equal_the_engine(
-    max_rd_atomic: int, access: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_crafted_hostile_requests_equal_the_engine(max_rd_atomic: int, access: str) -> None:
     acc = ALL_ACCESS if access == "all" else Access.LOCAL_WRITE | Access.REMOTE_WRITE
     native = _small()
     executed: dict[str | None, int] = {}
@@ -485,23 +488,7 @@ def craft_response(rng: random.Random, r: _Requester, defect: str | None) -> byt
         pkt = Packet(Opcode.RDMA_READ_RESPONSE_ONLY, dqpn, psn, aeth=aeth, payload=rng.randbytes(length))
     else:
         pkt = Packet(Opcode.ATOMIC_ACKNOWLEDGE, dqpn, psn, aeth=aeth, atomic_ack=rng.getrandbits(64))
-    body = bytearray(encode(pkt))
-    if defect == "tver":
-        body[1] |= rng.choice((1, 2, 8))
-    elif defect == "pad":
-        body[1] = (body[1] & ~0x30) | rng.choice((1, 2, 3)) << 4
-    elif defect == "pkey":
-        body[2:4] = rng.choice((b"\x00\x00", b"\x80\x01", b"\x7f\xfe"))
-    elif defect == "qpn":
-        body[5:8] = ((dqpn + rng.randrange(1, 1 << 24)) & 0xFFFFFF).to_bytes(3, "big")
-    elif defect == "trailing":
-        body += bytes(rng.choice((4, 8)))
-    elif defect == "cut":
-        del body[rng.randrange(12, len(body)) :]
-    crc = icrc_ipv4(_IP_B, _IP_A, 0xC000, 4791, body)
-    if defect == "icrc":
-        crc ^= 1 << rng.randrange(32)
-    return bytes(body) + pack_icrc(crc)
+    return _datagram(rng, pkt, defect, _IP_B, _IP_A)
 
 
 def test_crafted_hostile_responses_equal_the_engine() -> None:
