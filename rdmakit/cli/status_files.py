@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Literal
 
 from rdmakit.cli.errors import EXIT_TIMEOUT, CliError
-from rdmakit.cli.peer_files import MAX_PEER_FILE, PeerFile, open_checked, read_limited, read_peer
+from rdmakit.cli.peer_files import FOREIGN_FLAG, MAX_PEER_FILE, read_peer, trust
 from rdmakit.cli.publishing import hold, publish, writable_target
+from rdmakit.transport.user_files import UserFile, UserFileError, opened, read_bounded
 
 #: Largest status file.
 MAX_STATUS = 4096
@@ -173,7 +174,7 @@ class PeerStatus:
     broke: bool = False
     files: tuple[tuple[int, int], ...] = ()
 
-    def names(self, pf: PeerFile) -> bool:
+    def names(self, pf: UserFile) -> bool:
         return (pf.dev, pf.ino) in self.files
 
     def who(self) -> str:
@@ -204,24 +205,23 @@ def read_status(descriptor: str | os.PathLike[str], allow_foreign: bool = False)
     path = status_path(descriptor)
     for _ in range(5):
         try:
-            fd, st = open_checked(path, "status file", allow_foreign)
+            with opened(path, "status file", trust(allow_foreign), override=FOREIGN_FLAG) as (fd, st):
+                data = read_bounded(fd, MAX_STATUS)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return _status_of(data, "running")
+        except UserFileError as e:
+            if e.kind == "missing":
+                return PeerStatus("absent")
+            raise CliError(e.message) from None
+        # Unlocked: its run is gone, unless it was replaced meanwhile (the run rewrote it).
+        try:
+            now = os.stat(path, follow_symlinks=False)
         except FileNotFoundError:
             return PeerStatus("absent")
-        try:
-            data = read_limited(fd, MAX_STATUS)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return _status_of(data, "running")
-            # Unlocked: its run is gone, unless it was replaced meanwhile (the run rewrote it).
-            try:
-                now = os.stat(path)
-            except FileNotFoundError:
-                return PeerStatus("absent")
-            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
-                return _status_of(data, "gone")
-        finally:
-            os.close(fd)
+        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            return _status_of(data, "gone")
     return PeerStatus("absent")
 
 
@@ -244,7 +244,7 @@ def wait_for_descriptor(
     allow_foreign: bool = False,
     me: Run | None = None,
     status_of: str | os.PathLike[str] | None = None,
-) -> tuple[PeerFile, PeerStatus]:
+) -> tuple[UserFile, PeerStatus]:
     """A peer's file once it exists and is fresh; CliError (status 3) after ``timeout`` seconds.
 
     A file whose status file says its run is gone (or from another boot) is
@@ -258,10 +258,7 @@ def wait_for_descriptor(
     delay = 0.005
     stale = ""
     while True:
-        try:
-            pf = read_peer(path, what, limit, allow_foreign)
-        except FileNotFoundError:
-            pf = None
+        pf = read_peer(path, what, limit, allow_foreign)
         if pf is not None:
             status = read_status(path if status_of is None else status_of, allow_foreign)
             if status.state == "absent":
@@ -355,7 +352,7 @@ def wait_for_file(
     limit: int = MAX_PEER_FILE,
     allow_foreign: bool = False,
 ) -> bytes:
-    """The contents of ``path`` once it exists (checked as ``rdmakit.cli.peer_files.read_peer_file`` does).
+    """The contents of ``path`` once it exists (checked as ``rdmakit.cli.peer_files.read_peer`` does).
 
     CliError with status 3 after ``timeout`` seconds; at once when the file is
     not a regular file, belongs to another user, or is larger than ``limit``.

@@ -12,7 +12,6 @@ import json
 import os
 import random
 import secrets
-import stat
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 from rdmakit.transport.comm import connect, parse_service
 from rdmakit.transport.probe import ProbeLink
+from rdmakit.transport.user_files import UserFileError, read_user_file
 
 from . import control
 from .control import ControlError, TargetClient, TargetError
@@ -55,16 +55,16 @@ def select(cases: list[Case], patterns: list[str]) -> list[Case]:
 
 
 def load_deviations(path: str | None) -> dict[str, dict[str, str]]:
-    """case id -> {reason, source}, from ``{"dut": ..., "deviations": [{case, reason, source}]}``."""
+    """case id -> {reason, source}, from ``{"dut": ..., "deviations": [{case, reason, source}]}``.
+
+    The file is read by the rule of ``rdmakit.transport.user_files`` (it decides which failures count).
+    """
     if path is None:
         return {}
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path}: not a regular file")
-        data = f.read(MAX_DEVIATIONS_FILE + 1)
-    if len(data) > MAX_DEVIATIONS_FILE:
-        raise ValueError(f"{path}: larger than {MAX_DEVIATIONS_FILE} bytes")
+    try:
+        data = read_user_file(path, "the file", MAX_DEVIATIONS_FILE).data
+    except UserFileError as e:
+        raise ValueError(e.message) from None
     try:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:

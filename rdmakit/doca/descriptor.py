@@ -51,7 +51,8 @@ DOCA's samples swap descriptors through files (``rdma_common.c``
 ``write_file``/``read_file``). `write_descriptor` writes one atomically and,
 like the samples, refuses to replace an existing file unless told to;
 `read_descriptor`, `read_connection_descriptor` and `read_mmap_descriptor`
-read one back and name the file in every error.
+read one back (by the rule of ``rdmakit.transport.user_files``: no link, no
+procfs, the caller's or root's file) and name the file in every error.
 """
 
 import json
@@ -67,6 +68,7 @@ from rdmakit.doca._fields import DescriptorReader
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_os
 from rdmakit.doca.mmap import DESCRIPTOR_FORMAT as MMAP_FORMAT
 from rdmakit.doca.mmap import MmapDescriptor
+from rdmakit.transport.user_files import UserFileError, read_user_file
 
 __all__ = [
     "CONNECTION_FORMAT",
@@ -257,18 +259,28 @@ def _in_file(path: Path, kind: str, exc: DocaError) -> DocaError:
     return DocaError(exc.code, f"{kind} file {str(path)!r}: {exc.message}", exc.fault)
 
 
+_FILE_ERRORS = {
+    "missing": (DocaErrorCode.NOT_FOUND, Fault.CALLER),
+    "unsafe": (DocaErrorCode.NOT_PERMITTED, Fault.CALLER),
+    "too-large": (DocaErrorCode.INVALID_VALUE, Fault.PEER),
+}
+
+
 def _read_raw(path: str | os.PathLike[str], kind: str) -> tuple[Path, bytes]:
+    """The bytes of a descriptor file, read by the rule of ``rdmakit.transport.user_files``.
+
+    Only the caller's files, or root's where only root could have placed
+    them, are taken; never through a link, never from procfs or sysfs.
+    """
     p = Path(path)
     try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_DESCRIPTOR_SIZE + 1)
-    except FileNotFoundError as exc:
-        raise DocaError(
-            DocaErrorCode.NOT_FOUND, f"{kind} file {str(p)!r} does not exist", Fault.CALLER
-        ) from exc
-    except OSError as exc:
-        raise error_from_os(exc, f"cannot read {kind} file {str(p)!r}") from exc
-    return p, raw
+        return p, read_user_file(p, f"{kind} file", MAX_DESCRIPTOR_SIZE).data
+    except UserFileError as exc:
+        if exc.kind == "unreadable":
+            cause = OSError(exc.errno, os.strerror(exc.errno or 0))
+            raise error_from_os(cause, f"cannot read {kind} file {str(p)!r}") from None
+        code, fault = _FILE_ERRORS[exc.kind]
+        raise DocaError(code, exc.message, fault) from None
 
 
 def read_connection_descriptor(path: str | os.PathLike[str]) -> ConnectionDescriptor:

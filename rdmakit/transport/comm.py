@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from rdmakit.transport.comm_auth import TAG_SIZE, MessageMac, user_name
+from rdmakit.transport.comm_auth import TAG_SIZE, MessageMac
+from rdmakit.transport.user_files import user_name
 
 __all__ = [
     "MAX_FDS",

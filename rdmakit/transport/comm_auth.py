@@ -31,20 +31,21 @@ messages are not encrypted (the RDMA data plane they control is not either).
 The secret, in this order (`load_secret`): the bytes given, a secret file,
 ``RDMAKIT_COMCH_SECRET`` (hex), or the user's default key file
 ``$XDG_CONFIG_HOME/rdmakit/comch.key`` (``~/.config/...``), created on first
-use with 32 random bytes. Files hold the secret in hex. As OpenSSH does for
-private keys, a file that its group or others may read, or that another
-user owns, is refused (`SecretError`).
+use with 32 random bytes. Files hold the secret in hex and are read as
+``rdmakit.transport.user_files`` reads a secret: as OpenSSH does for private
+keys, a file that its group or others may read, or that another user owns,
+is refused (`SecretError`), and so is a link or a file of procfs.
 """
 
 import contextlib
 import hashlib
 import hmac
 import os
-import pwd
 import secrets
-import stat
 from pathlib import Path
 from typing import Literal
+
+from rdmakit.transport.user_files import Trust, UserFileError, read_user_file
 
 __all__ = [
     "MIN_SECRET",
@@ -58,7 +59,6 @@ __all__ = [
     "load_secret",
     "proof",
     "session_keys",
-    "user_name",
 ]
 
 #: Environment variable holding the secret in hex.
@@ -137,14 +137,6 @@ def default_key_path() -> Path:
     return Path(base) / "rdmakit" / "comch.key"
 
 
-def user_name(uid: int) -> str:
-    """``uid N (name)``, for messages about who owns or holds something."""
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def _parse_hex(text: bytes, where: str) -> bytes:
     try:
         value = bytes.fromhex(text.decode("ascii").strip())
@@ -157,37 +149,20 @@ def _parse_hex(text: bytes, where: str) -> bytes:
     return value
 
 
+_SECRET_KINDS: dict[str, Literal["missing", "unsafe", "malformed"]] = {
+    "missing": "missing",
+    "unreadable": "missing",
+    "unsafe": "unsafe",
+    "too-large": "malformed",
+}
+
+
 def _read_secret_file(path: Path) -> bytes:
-    """The secret in `path`, which must be a regular file only its owner (this user) can read."""
+    """The secret in `path`: read as ``rdmakit.transport.user_files`` reads a secret (``Trust.SECRET``)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise SecretError(f"secret file {path} does not exist", "missing") from None
-    except OSError as exc:
-        raise SecretError(f"cannot read secret file {path}: {exc.strerror}", "missing") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SecretError(f"secret file {path} is not a regular file", "unsafe")
-        if st.st_uid != os.geteuid():
-            raise SecretError(
-                f"secret file {path} is owned by {user_name(st.st_uid)}, not by this user "
-                f"({user_name(os.geteuid())})",
-                "unsafe",
-            )
-        if st.st_mode & 0o077:
-            raise SecretError(
-                f"permissions {stat.S_IMODE(st.st_mode):04o} for secret file {path} (owner "
-                f"{user_name(st.st_uid)}) are too open: it must not be accessible by others (chmod 600)",
-                "unsafe",
-            )
-        data = os.read(fd, _MAX_KEY_FILE + 1)
-    except OSError as exc:
-        raise SecretError(f"cannot read secret file {path}: {exc.strerror}", "missing") from None
-    finally:
-        os.close(fd)
-    if len(data) > _MAX_KEY_FILE:
-        raise SecretError(f"secret file {path} is larger than {_MAX_KEY_FILE} bytes", "malformed")
+        data = read_user_file(path, "secret file", _MAX_KEY_FILE, Trust.SECRET).data
+    except UserFileError as exc:
+        raise SecretError(exc.message, _SECRET_KINDS[exc.kind]) from None
     return _parse_hex(data, f"secret file {path}")
 
 

@@ -34,17 +34,24 @@ def read_as_peer(path: Path, tmp: Path, new_ip: IPS, *extra: str) -> tuple[int, 
     )
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "huge"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "link-to-dev-zero", "proc", "directory", "huge"])
 def test_a_descriptor_that_is_not_one_is_refused_at_once(kind: str, tmp_path: Path, new_ip: IPS) -> None:
-    """A FIFO no one writes, /dev/zero, a directory, a 1 GiB file: one line, well within --timeout."""
+    """A FIFO no one writes, /dev/zero (or a link to it), a file of procfs, a directory, a 1 GiB file:
+    one line, well within --timeout."""
     if kind == "fifo":
         path = tmp_path / "peer.json"
         os.mkfifo(path)
         want = "is a FIFO, not a regular file"
     elif kind == "dev-zero":
+        path = Path("/dev/zero")
+        want = "is a device, not a regular file"
+    elif kind == "link-to-dev-zero":
         path = tmp_path / "peer.json"
         path.symlink_to("/dev/zero")
-        want = "is a device, not a regular file"
+        want = "is a symbolic link: refused (links are not followed; name the file itself)"
+    elif kind == "proc":
+        path = Path("/proc/self/environ")
+        want = "is on procfs, whose files the kernel makes up: refused"
     elif kind == "directory":
         path = tmp_path / "peer.json"
         path.mkdir()
@@ -56,9 +63,7 @@ def test_a_descriptor_that_is_not_one_is_refused_at_once(kind: str, tmp_path: Pa
         want = "is larger than 4096 bytes"
     rc, _out, err = read_as_peer(path, tmp_path, new_ip)
     assert rc == 1  # an error, not the timeout (3)
-    assert err == f"rdmakit rdma-send: the peer's connection descriptor {path} {want}" + (
-        ": not one" if kind == "huge" else ""
-    )
+    assert err == f"rdmakit rdma-send: the peer's connection descriptor {path} {want}"
     assert not (tmp_path / "l.json").exists()
 
 
@@ -103,7 +108,7 @@ def test_a_descriptor_planted_by_another_user_is_refused(shared_dir: Path, new_i
     assert rc == 1
     assert err == (
         f"rdmakit rdma-write-requester: the peer's connection descriptor {planted} belongs to "
-        f"nobody (uid {NOBODY_UID}), not to you or root: refused (another user may have planted it; "
+        f"uid {NOBODY_UID} (nobody), not to you or root: refused (another user may have planted it; "
         "--allow-foreign-descriptors to trust it)"
     )
     assert "SECRET" not in out
@@ -118,7 +123,7 @@ def test_allow_foreign_descriptors_trusts_another_owner(tmp_path: Path, new_ip: 
     os.chown(planted, NOBODY_UID, NOBODY_UID)
     rc, _out, err = read_as_peer(planted, tmp_path, new_ip)
     assert rc == 1
-    assert "belongs to nobody" in err
+    assert "belongs to uid 65534 (nobody)" in err
     rc, _out, err = read_as_peer(planted, tmp_path, new_ip, "--allow-foreign-descriptors")
     assert rc == 1
     assert "belongs to" not in err

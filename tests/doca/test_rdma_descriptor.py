@@ -323,7 +323,7 @@ def test_file_errors_name_the_file_and_the_field(tmp_path: Path) -> None:
             assert f"field {field!r}" in exc.value.message
     big = tmp_path / "big.json"
     big.write_bytes(b" " * (MAX_DESCRIPTOR_SIZE + 10))
-    with pytest.raises(DocaError, match="longer than"):
+    with pytest.raises(DocaError, match="larger than"):
         read_descriptor(big)
     with pytest.raises(DocaError) as exc:
         write_descriptor(tmp_path / "no_such_dir" / "x.json", CASES[0][1])
