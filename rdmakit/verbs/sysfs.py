@@ -230,7 +230,7 @@ def find_device(name: str | None, root: Path = SYSFS_ROOT) -> SysfsDevice:
     """
     if name is not None:
         path = root / name
-        if not path.is_dir():
+        if "/" in name or name in ("", ".", "..") or not path.is_dir():  # a name, never a path elsewhere
             raise VerbsError("NOT_FOUND", f"no verbs device {name!r} in {root}")
         return read_device(path)
     for dev in scan(root):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from rdmakit.verbs import VerbsError, scan, select_gid
-from rdmakit.verbs.sysfs import read_device
+from rdmakit.verbs.sysfs import find_device, read_device
 from tests.verbs.fake_sysfs import RXE, ZERO, GidEntry, make_device
 
 
@@ -84,3 +84,14 @@ def test_no_roce_v2_gid_is_not_found(tmp_path: Path) -> None:
 
 def test_missing_root_is_empty(tmp_path: Path) -> None:
     assert scan(tmp_path / "nothing") == []
+
+
+@pytest.mark.parametrize("name", ["../elsewhere/class/rxe0", "..", "rxe0/../rxe0", "/tmp"])
+def test_a_device_is_found_by_name_never_by_a_path(tmp_path: Path, name: str) -> None:
+    """A device name stays a name: what is read lies under the class folder, never elsewhere."""
+    make_device(tmp_path, "rxe0", RXE, parent="ens2")
+    make_device(tmp_path / "elsewhere", "rxe0", RXE, parent="ens2")
+    with pytest.raises(VerbsError) as exc:
+        find_device(name, tmp_path / "class")
+    assert exc.value.code == "NOT_FOUND"
+    assert find_device("rxe0", tmp_path / "class").name == "rxe0"
