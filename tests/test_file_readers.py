@@ -24,7 +24,6 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("cli/bench.py", "_bench", ".write_text"): (1, "writes the --json-out report (an output)"),
     ("cli/bench_peer.py", "rss_bytes", "open"): (1, "/proc/self/statm, a fixed path"),
     ("cli/dma_files.py", "Destination.__init__", "os.open"): (2, "the destination's directory and new file"),
-    ("cli/dma_files.py", "local_file", "os.open"): (1, "the data dma-copy moves (-f), read as named"),
     ("cli/lifecycle.py", "_quiet_stdout", "os.open"): (1, "os.devnull"),
     ("cli/publishing.py", "open_output", "os.open"): (1, "an output (-w, --json-out): a regular file"),
     ("cli/publishing.py", "open_output", "os.fdopen"): (1, "the descriptor opened just before"),
@@ -34,7 +33,7 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("doca/_addresses.py", "local_broadcasts", "open"): (1, "/proc/net/fib_trie, a fixed path"),
     ("doca/descriptor.py", "write_descriptor", "os.fdopen"): (1, "the temporary file it created"),
     ("doca/shm.py", "_boot_id", ".read_text"): (1, "/proc/sys/kernel/random/boot_id"),
-    ("doca/shm.py", "SharedMemory.from_file", "os.open"): (1, "the data dma-copy moves (-f), mapped"),
+    ("doca/shm.py", "SharedMemory.from_file", "os.open"): (1, "an API: dma-copy maps the file it opened"),
     ("doca/soft.py", "_local_addresses", "open"): (2, "/proc/net/fib_trie and /proc/net/if_inet6"),
     ("transport/capture.py", "read_pcap", "open"): (1, "capture -r: frames to decode and print"),
     ("transport/comm_auth.py", "_create_default_key", "os.open"): (

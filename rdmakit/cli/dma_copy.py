@@ -37,11 +37,12 @@ descriptor over a Unix socket, with the access that descriptor carries;
 
 import argparse
 import logging
+import os
 import time
 from contextlib import ExitStack, suppress
 from typing import Any
 
-from rdmakit.cli.dma_files import Destination, close_fds, file_id, local_file
+from rdmakit.cli.dma_files import Destination, LocalFile, close_fds, local_file
 from rdmakit.cli.dma_link import HEARTBEAT, Link, ProgressBar
 from rdmakit.cli.dma_protocol import Copied, Direction, Export, PeerFailed, RemoteProtocolError, Role, Status
 from rdmakit.cli.dma_setup import add_service, open_dev, pci_address, started_mmap
@@ -89,17 +90,19 @@ def _dma_copy(args: argparse.Namespace) -> int:
                 "--transport shm shares memory on one machine, as a file descriptor over a Unix socket; "
                 "a tcp: service cannot carry one (use --transport rdma, or a NAME or unix:PATH service)"
             )
-        size = local_file(args.file)
+        src = local_file(args.file)
     except CliError as exc:
         _farewell(args, str(exc))
         raise
     with doca_timeouts(), Unwind() as stack:
+        if src is not None:
+            stack.callback(os.close, src.fd)
         dev = stack.enter_context(open_dev(pci))
         if args.role == "host":
-            return _host(args, dev, stack, size)
+            return _host(args, dev, stack, src)
         if rep is not None:
             log.info("DPU side: device %s, representor %s (emulated)", dev.name, rep)
-        return _dpu(args, dev, stack, size)
+        return _dpu(args, dev, stack, src)
 
 
 _FAREWELL = 3.0  # seconds a side that cannot take part waits to tell a peer that is already there
@@ -165,16 +168,19 @@ class _RdmaSide:
         self.rdma.connect(descriptor.encode())
 
 
-def _host(args: argparse.Namespace, dev: Dev, stack: ExitStack, size: int | None) -> int:
-    path: str = args.file
-    source = stack.enter_context(SharedMemory.from_file(path)) if size else None
+def _host(args: argparse.Namespace, dev: Dev, stack: ExitStack, src: LocalFile | None) -> int:
+    source = (
+        stack.enter_context(SharedMemory.from_fd(src.fd, writable=False))
+        if src is not None and src.size
+        else None
+    )
     log.info("connecting to the DPU on %r", args.service)
     chan = stack.enter_context(
         CommChannel.connect(args.service, timeout=args.timeout, secret_file=args.secret_file)
     )
     link = Link(chan, Role.HOST, _transport(args), args.timeout)
     try:
-        return _host_flow(args, dev, stack, link, size, source)
+        return _host_flow(args, dev, stack, link, src, source)
     except PeerFailed:
         raise
     except (CliError, DocaError) as exc:
@@ -187,10 +193,11 @@ def _host_flow(
     dev: Dev,
     stack: ExitStack,
     link: Link,
-    size: int | None,
+    src: LocalFile | None,
     source: SharedMemory | None,
 ) -> int:
     path: str = args.file
+    size = None if src is None else src.size
     if size is not None:
         log.info("%s is on the host: it will be copied to the DPU", path)
     else:
@@ -199,7 +206,7 @@ def _host_flow(
     link.send(
         Direction(
             file_in_host=size is not None, file_size=size or 0, transport=transport, connection=None,
-            file_id=file_id(path) if size is not None else "",
+            file_id=src.ident if src is not None else "",
         )
     )  # fmt: skip
     reply, _ = link.recv(Direction)  # the same transport, and file_in_host
@@ -258,7 +265,7 @@ def _host_flow(
     return _verify_and_commit(link, dest, view, copied.sha256, path, f"{size} bytes DPU -> host", copy=path)
 
 
-def _dpu(args: argparse.Namespace, dev: Dev, stack: ExitStack, size: int | None) -> int:
+def _dpu(args: argparse.Namespace, dev: Dev, stack: ExitStack, src: LocalFile | None) -> int:
     server = CommChannelServer(args.service, secret_file=args.secret_file)
     try:
         log.info("waiting for the host on %r", args.service)
@@ -267,7 +274,7 @@ def _dpu(args: argparse.Namespace, dev: Dev, stack: ExitStack, size: int | None)
         server.close()
     link = Link(chan, Role.DPU, _transport(args), args.timeout)
     try:
-        return _dpu_flow(args, dev, stack, link, size)
+        return _dpu_flow(args, dev, stack, link, src)
     except PeerFailed:
         raise
     except (CliError, DocaError) as exc:
@@ -275,12 +282,13 @@ def _dpu(args: argparse.Namespace, dev: Dev, stack: ExitStack, size: int | None)
         raise
 
 
-def _dpu_flow(args: argparse.Namespace, dev: Dev, stack: ExitStack, link: Link, size: int | None) -> int:
+def _dpu_flow(args: argparse.Namespace, dev: Dev, stack: ExitStack, link: Link, own: LocalFile | None) -> int:
     path: str = args.file
+    size = None if own is None else own.size
     request, _ = link.recv(Direction)  # the same transport
     transport = _transport(args)
     host_has = request.file_in_host
-    if host_has and size is not None and request.file_id and request.file_id == file_id(path):
+    if host_has and own is not None and request.file_id and request.file_id == own.ident:
         raise CliError(
             f"the host's file and the DPU's {path} are the same file (both sides in one directory?): "
             "give the side that receives a name of its own with -f"
@@ -301,7 +309,8 @@ def _dpu_flow(args: argparse.Namespace, dev: Dev, stack: ExitStack, link: Link, 
         access = AccessFlag.LOCAL_READ_WRITE
     else:
         log.info("%s will be copied to the host (%d bytes)", path, size)
-        local = stack.enter_context(SharedMemory.from_file(path)) if size else None
+        assert own is not None
+        local = stack.enter_context(SharedMemory.from_fd(own.fd, writable=False)) if size else None
         access = AccessFlag.LOCAL_READ_ONLY
     side: _RdmaSide | None = None
     if transport == "rdma":

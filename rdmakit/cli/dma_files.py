@@ -8,13 +8,14 @@ no partial file behind.
 
 import errno
 import os
-import stat
 import tempfile
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 from rdmakit.cli.errors import CliError
 from rdmakit.cli.status_files import boot_id
+from rdmakit.transport.user_files import Trust, UserFileError, opened
 
 
 class Destination:
@@ -87,41 +88,40 @@ def close_fds(fds: list[int]) -> None:
         os.close(fd)
 
 
-def local_file(path: str) -> int | None:
-    """The size of `path` if it exists (a readable regular file), else None (then it can be created).
+@dataclass(frozen=True, slots=True)
+class LocalFile:
+    """The file this side copies from: open (read-only) from the check on, so the name cannot be
+    swapped for another file between the check and the copy."""
+
+    fd: int
+    size: int
+    #: Which file it is on this machine (boot id, device, inode): both sides naming one file show.
+    ident: str
+
+
+def local_file(path: str) -> LocalFile | None:
+    """`path` opened if it exists, else None (then it can be created).
 
     Checked before anything is published or connected: a source that cannot
-    be read, or a destination that cannot be created, fails here.
+    be read, or a destination that cannot be created, fails here. A source is
+    opened by the rule of ``rdmakit.transport.user_files`` with any owner (the
+    user may copy any file they can read), but never through a link and never
+    a file of procfs or sysfs: in a folder another user may write, a link
+    there would pick what this side sends.
     """
+    if os.path.isdir(path):
+        raise CliError(f"{path} is a directory")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
+        with opened(path, "the file to copy", Trust.ANY_OWNER) as (fd, st):
+            own = os.dup(fd)
+    except UserFileError as exc:
+        if exc.kind != "missing":
+            raise CliError(exc.message) from None
         parent = os.path.dirname(path) or "."
         if not os.path.isdir(parent):
             raise CliError(f"cannot write {path}: {os.strerror(errno.ENOENT)}") from None
         if not os.access(parent, os.W_OK | os.X_OK):
             raise CliError(f"cannot write {path}: {os.strerror(errno.EACCES)}") from None
         return None
-    except IsADirectoryError:
-        raise CliError(f"{path} is a directory") from None
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if stat.S_ISDIR(st.st_mode):
-        raise CliError(f"{path} is a directory")
-    if not stat.S_ISREG(st.st_mode):
-        raise CliError(f"{path} is not a regular file")
-    return st.st_size
-
-
-def file_id(path: str) -> str:
-    """Which file `path` is on this machine (boot id, device, inode): both sides naming one file show."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ""
     boot = boot_id()
-    return f"{boot}:{st.st_dev}:{st.st_ino}" if boot else ""
+    return LocalFile(own, st.st_size, f"{boot}:{st.st_dev}:{st.st_ino}" if boot else "")

@@ -161,6 +161,20 @@ def test_a_side_with_a_bad_file_tells_the_waiting_peer(
     assert os.listdir(peer_dir) == []
 
 
+@pytest.mark.parametrize(
+    ("name", "want"), [("link.bin", "is a symbolic link"), ("/proc/self/status", "is on procfs")]
+)
+def test_a_source_through_a_link_or_on_procfs_is_refused(
+    sides: tuple[Path, Path], service: str, name: str, want: str
+) -> None:
+    """In a folder another user may write, a link there would choose what this side sends."""
+    (sides[1] / "real.bin").write_bytes(b"x" * 100)
+    (sides[1] / "link.bin").symlink_to(sides[1] / "real.bin")
+    done = finish(start(sides[1], *copy_args("dpu", name, service)[:-2], "--timeout", "1"))
+    assert one_line_error(done).startswith(f"rdmakit dma-copy: the file to copy {name} {want}")
+    assert finish(start(sides[1], *copy_args("dpu", "real.bin", service)[:-2], "--timeout", "1")).rc == 3
+
+
 def test_an_unwritable_destination_fails_before_connecting(sides: tuple[Path, Path], service: str) -> None:
     done = finish(start(sides[0], *copy_args("host", "no-such-dir/f.bin", service)[:-2], "--timeout", "1"))
     assert (
