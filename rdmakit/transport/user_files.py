@@ -2,8 +2,9 @@
 
 Descriptors (``-re``, ``-m``, ``--descriptor-path``), their status files,
 ``--json`` option files, ``--secret-file`` and the default comm channel key,
-a conformance ``--deviations`` file: whatever a program reads by a path it was
-given is opened and checked here, and nowhere else (``tests/test_user_files.py``
+a conformance ``--deviations`` file, the file ``dma-copy`` sends: whatever a
+program reads by a path it was given is opened and checked here, and nowhere
+else (``tests/test_file_readers.py``
 lists every other place rdmakit opens a file, and why that one is not such a
 path). It lives in ``transport``, the lowest layer allowed I/O, so that every
 reader can import it downward: ``transport.comm_auth`` (secret files), the
