@@ -347,3 +347,18 @@ def test_mmap_descriptor_files(tmp_path: Path) -> None:
     with pytest.raises(DocaError) as exc:
         read_connection_descriptor(mpath)
     assert "memory-map descriptor" in exc.value.message
+
+
+def test_descriptor_files_are_read_by_the_file_reading_rule(tmp_path: Path) -> None:
+    """A link, or a file of procfs, is NOT_PERMITTED: only the caller's (or root's) own regular file."""
+    path = tmp_path / "desc.json"
+    path.write_bytes(CASES[0][1])
+    link = tmp_path / "link.json"
+    link.symlink_to(path)
+    for bad, why in ((link, "is a symbolic link"), (Path("/proc/self/environ"), "is on procfs")):
+        for reader in (read_descriptor, read_connection_descriptor, read_mmap_descriptor):
+            with pytest.raises(DocaError) as exc:
+                reader(bad)
+            assert exc.value.code is DocaErrorCode.NOT_PERMITTED
+            assert f"{bad} {why}" in exc.value.message
+    assert read_connection_descriptor(path) == CASES[0][0]

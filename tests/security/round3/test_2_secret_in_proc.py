@@ -46,11 +46,13 @@ def root_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def copy_args(role: str, file: str, service: str, device: str, secret_file: Path | None) -> list[str]:
+def copy_args(
+    role: str, file: str, service: str, device: str, secret_file: Path | None, timeout: str = "20"
+) -> list[str]:
     extra = ["--secret-file", str(secret_file)] if secret_file is not None else []
     return [
         "dma-copy", "--role", role, "-f", file, "--service", service, "--device", device,
-        "--timeout", "20", *extra,
+        "--timeout", timeout, *extra,
     ]  # fmt: skip
 
 
@@ -73,7 +75,7 @@ def test_dma_copy_refuses_a_secret_file_in_procfs(
         dpu = start(dpu_dir, copy_args("dpu", "secret.bin", service, new_ip(), key), root_env)
         with shared_dir() as loot:
             thief = program_as_nobody(
-                loot, copy_args("host", "stolen.bin", service, new_ip(), None), {SECRET_ENV: chosen}
+                loot, copy_args("host", "stolen.bin", service, new_ip(), None, "10"), {SECRET_ENV: chosen}
             )
             done = finish(dpu)
             thief.read(30)
