@@ -17,8 +17,8 @@ The rule, for every such file:
   may write the folder could otherwise point the name at any file the caller
   can read, e.g. at ``/proc/<pid>/environ`` of a process of theirs, which the
   kernel hands to root once that process is non-dumpable
-  (``prctl(PR_SET_DUMPABLE, 0)``; ``proc_pid_make_inode``) although its bytes
-  are theirs.
+  (``prctl(PR_SET_DUMPABLE, 0)``; ``task_dump_owner`` in ``fs/proc/base.c``)
+  although its bytes are theirs.
 - The file must be a regular file (a FIFO would block, a device never end),
   and not on a filesystem whose files the kernel makes up: procfs, sysfs,
   devpts, cgroup, debugfs and the like (``fstatfs(2)`` of the opened file,

@@ -1,8 +1,9 @@
 """A file owned by root whose bytes user nobody chose: its own ``/proc/<pid>/environ``.
 
 A process that makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``) gets
-its ``/proc/<pid>/environ`` owned by root (``proc_pid_make_inode`` hands the
-files of a non-dumpable task to root), yet the bytes are the process's own:
+its ``/proc/<pid>/environ`` owned by root (``task_dump_owner`` in
+``fs/proc/base.c`` hands the files of a non-dumpable task to root), yet the
+bytes are the process's own:
 whatever it writes over its environment block (``env_start`` to ``env_end``
 of ``/proc/<pid>/stat``). `hold_in_environ` forks such a process as nobody,
 writes chosen bytes there and links a name to the file from a shared folder.
