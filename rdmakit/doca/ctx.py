@@ -381,28 +381,106 @@ class Ctx(Generic[J]):
         """``cb(user_data, ctx, prev, next)`` after each transition (``doca_ctx_set_state_changed_cb``)."""
         self._state_cb = cb
 
-    def start(self) -> None:
-        """Finalise the configuration and start (``doca_ctx_start``)."""
+    def start(self) -> DocaErrorCode:
+        """Finalise the configuration and start (``doca_ctx_start``).
+
+        SUCCESS when the context is RUNNING on return; IN_PROGRESS when it is
+        STARTING (``doca_ctx.h``: "Asynchronous: Change state to started and
+        return DOCA_ERROR_IN_PROGRESS"), e.g. an RDMA context until it connects.
+        """
         self._check_not_closed()
         if (self._state, _Input.START) not in _TRANSITIONS:
             raise DocaError(DocaErrorCode.BAD_STATE, f"start is not allowed in state {self._state.name}")
+        if self._workq is None and self._pe is None and self._task_confs:
+            raise DocaError(
+                DocaErrorCode.NOT_CONNECTED,
+                "the context has task configurations but no progress engine (connect_ctx before start)",
+                Fault.CALLER,
+            )
         running = self._start()
         self._transition(_Input.START if running else _Input.START_ASYNC)
+        return DocaErrorCode.SUCCESS if running else DocaErrorCode.IN_PROGRESS
 
     def _connected(self) -> None:
-        """For subclasses: the asynchronous start finished (STARTING -> RUNNING)."""
+        """For subclasses: the asynchronous start finished (STARTING -> RUNNING).
+
+        On a progress engine (DOCA 2.5+) the transition, and its state-changed
+        callback, happen inside ``progress`` only (``doca_rdma.h``, connect:
+        "Once called, doca_pe_progress() should be called, in order to
+        transition the ctx to DOCA_CTX_STATE_RUNNING state"); on a WorkQ (the
+        DOCA 2.0 job API, which has no STARTING state) at once.
+        """
+        pe = self._pe
+        if pe is not None and not pe.in_progress:
+            pe.defer(self._connected_in_progress)
+            return
         self._transition(_Input.CONNECTED)
 
-    def stop(self) -> None:
-        """Stop accepting jobs; IDLE once the in-flight ones complete (``doca_ctx_stop``)."""
+    def _connected_in_progress(self) -> None:
+        if self._state is CtxState.STARTING and not self._closed:
+            self._transition(_Input.CONNECTED)
+
+    def stop(self) -> DocaErrorCode:
+        """Stop accepting work (``doca_ctx_stop``): SUCCESS when IDLE on return, else IN_PROGRESS.
+
+        Task API (DOCA 2.5+, ``doca_ctx.h``): with tasks in flight the context
+        moves to STOPPING and the call returns IN_PROGRESS ("some tasks are
+        still in progress. CTX will move to stopping state and a state changed
+        callback shall be invoked when context is fully stopped"); the flushed
+        tasks complete with an error inside ``progress``, and IDLE follows,
+        inside ``progress``, once every task was freed (``doca_pe.h``,
+        ``doca_task_free``: "All tasks MUST be freed in order for a context to
+        be stopped").
+
+        Job API (DOCA 2.0 ``doca_ctx.h``): NOT_PERMITTED while a WorkQ is
+        attached ("either some jobs are still pending or not all WorkQs have
+        been removed"): ``workq_rm`` first, which itself refuses while jobs are
+        pending.
+        """
         self._check_not_closed()
+        if self._workq is not None:
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED,
+                f"{self._what()} is attached to {self._workq!r}: doca_ctx_workq_rm before stop",
+                Fault.CALLER,
+            )
         self._transition(_Input.STOP)
         self._stop()
-        self._check_drained()  # _stop may have flushed
-
-    def _check_drained(self) -> None:  # STOPPING -> IDLE: nothing in flight, every task callback ran
-        if not self._pending and not self._held and self._state is CtxState.STOPPING:
+        if self._drained():
             self._transition(_Input.DRAINED)
+            return DocaErrorCode.SUCCESS
+        return DocaErrorCode.IN_PROGRESS
+
+    def _halt(self) -> None:
+        """Stop for `close`: flush and reach IDLE now, whatever is attached or allocated."""
+        if self._state in (CtxState.STARTING, CtxState.RUNNING):
+            self._transition(_Input.STOP)
+            self._stop()
+        self._flush("context closed")
+        if self._state is CtxState.STOPPING:  # callbacks still queued find it IDLE
+            self._transition(_Input.DRAINED)
+
+    def _what(self) -> str:
+        return f"{type(self).__name__} context"
+
+    @property
+    def num_allocated_tasks(self) -> int:
+        """Tasks allocated from this context and not freed (`rdmakit.doca.tasks`)."""
+        return sum(conf.allocated for conf in self._task_confs.values())
+
+    def _drained(self) -> bool:
+        """Nothing in flight, every task callback ran and every task was freed."""
+        return not self._pending and not self._held and not self.num_allocated_tasks
+
+    def _check_drained(self) -> None:
+        """STOPPING -> IDLE once `_drained`; on a progress engine inside ``progress`` only."""
+        if self._state is not CtxState.STOPPING or not self._drained():
+            return
+        pe = self._pe
+        if pe is not None and not pe.in_progress:
+            pe.defer(self._check_drained)
+            return
+        self._transition(_Input.DRAINED)
 
     def _release_held(self) -> None:
         """For tasks: a completed task's callback ran."""
@@ -466,7 +544,17 @@ class Ctx(Generic[J]):
         """``ProgressEngine.connect_ctx`` (``doca_pe_connect_ctx``): `pe` progresses it, for tasks."""
         self._check_not_closed()
         if self._workq is not None or self._pe is not None:
-            raise DocaError(DocaErrorCode.IN_USE, "a context can only be connected to one progress engine")
+            # doca_pe.h, doca_pe_connect_ctx: "DOCA_ERROR_NOT_PERMITTED - context is already connected
+            # to a progress engine."
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED,
+                "a context can only be connected to one progress engine (or one WorkQ)",
+                Fault.CALLER,
+            )
+        if self._state is not CtxState.IDLE:
+            raise DocaError(
+                DocaErrorCode.BAD_STATE, f"connect_ctx: the context is {self._state.name}, not IDLE"
+            )
         for dev in self._devs:
             self._check_engine(dev, pe)
         for fd in self._fds:
@@ -544,12 +632,15 @@ class Ctx(Generic[J]):
     # -- lifetime ------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop (flushing what doesn't drain), leave the WorkQ and the devices. Idempotent."""
+        """Stop (flushing what doesn't drain), leave the WorkQ and the devices. Idempotent.
+
+        ``doca_<ctx>_destroy`` refuses a context that is not stopped (BAD_STATE);
+        `close` is the Python resource release and tears down whatever is left,
+        so ``with`` blocks and error paths cannot leak a queue pair.
+        """
         if self._closed:
             return
-        if self._state in (CtxState.STARTING, CtxState.RUNNING):
-            self.stop()
-        self._flush("context closed")
+        self._halt()
         self._detach_workq()
         if self._pe is not None:
             self._pe.disconnect_ctx(self)

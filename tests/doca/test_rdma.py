@@ -158,6 +158,7 @@ def test_state_callback_drives_the_connection(make_pair: PairFactory) -> None:
     p.a.rdma.set_state_changed_cb(on_change)
     p.a.rdma.start()
     p.b.rdma.connect(p.a.rdma.export())
+    p.a.rdma.workq_rm(p.a.wq)  # DOCA 2.0 doca_ctx_stop: NOT_PERMITTED while a WorkQ is attached
     p.a.rdma.stop()
     assert seen == [
         (CtxState.IDLE, CtxState.STARTING),
@@ -185,17 +186,21 @@ def test_receive_may_be_posted_before_connect(make_pair: PairFactory) -> None:
 
 
 def test_stop_flushes_and_resets(make_pair: PairFactory) -> None:
-    """Guide §4 note: stop flushes in-flight jobs (SHUTDOWN); the connection is RESET and must be redone."""
+    """DOCA 2.0 ``doca_ctx.h``: stop is NOT_PERMITTED while "some jobs are still pending or not all
+    WorkQs have been removed"; once the job is done and the WorkQ removed, the stop resets the
+    connection (guide §4 note: it must be redone)."""
     p = make_pair().up()
     mb, _ = p.b.mmap(8)
     recv = RdmaRecvJob(ctx=p.b.rdma, dst_buf=p.b.room(mb, 0, 8))
     p.submit(recv)
-    p.b.rdma.stop()
-    (ev,) = p.drain()
-    assert ev.job is recv
-    assert ev.status is DocaErrorCode.IO_FAILED
-    assert ev.error is not None
-    assert ev.error.code is DocaErrorCode.SHUTDOWN
+    assert error_code(p.b.rdma.stop) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: p.b.rdma.workq_rm(p.b.wq)) is DocaErrorCode.NOT_PERMITTED
+    ma, _ = p.a.mmap(b"x")
+    p.run(RdmaSendJob(ctx=p.a.rdma, src_buf=p.a.data(ma, 0, 1)))
+    (ev,) = p.collect([recv]).values()
+    assert ev.ok
+    p.b.rdma.workq_rm(p.b.wq)
+    assert p.b.rdma.stop() is DocaErrorCode.SUCCESS
     assert (p.b.rdma.state, p.b.rdma.rdma_state) == (CtxState.IDLE, RdmaState.RESET)
 
 
