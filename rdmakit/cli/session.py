@@ -16,6 +16,7 @@ from rdmakit.doca import (
     AccessFlag,
     Buf,
     BufInventory,
+    CtxState,
     Dev,
     DocaError,
     DocaErrorCode,
@@ -188,6 +189,18 @@ class Session:
         """Progress the context once (connection callbacks run here)."""
         while (ev := self.wq.progress_retrieve()) is not None:
             self._events[id(ev.job)] = ev
+
+    def wait_running(self, timeout: float) -> None:
+        """Progress until the context is RUNNING, after ``connect``.
+
+        On a progress engine the context is STARTING until progress moves it (``doca_rdma.h``,
+        doca_rdma_connect); on a WorkQ it is RUNNING already.
+        """
+        deadline = time.monotonic() + timeout
+        while self.rdma.state is CtxState.STARTING:
+            self.pump()
+            if time.monotonic() > deadline:
+                raise CliError(f"timed out after {timeout:g} s waiting for the connection", status=3)
 
     def cm_connect(self, server: str | None, port: int, timeout: float) -> None:
         """Connect to `server`:`port` by address, or listen on `port` for one client; until established."""
