@@ -33,7 +33,6 @@ from rdmakit.doca.ctx import (
     Event,
     Job,
     StateChangedCallback,
-    WorkQ,
 )
 from rdmakit.doca.descriptor import (
     CONNECTION_FORMAT,
@@ -148,6 +147,7 @@ from rdmakit.doca.sync_event_tasks import (
 )
 from rdmakit.doca.tasks import Task, TaskCallback, TaskConf, TaskState
 from rdmakit.doca.verbs_glue import install as _install_verbs
+from rdmakit.doca.workq import WorkQ
 
 __all__ = [
     "COMCH_MAX_MSG_LIMIT",

@@ -47,10 +47,6 @@ override `_start` (False: STARTING until `_connected`), `_stop`, `_cancel`,
 `_close`, `_check_dev`, and `_watch_fd` descriptors that wake `_progress`.
 """
 
-import contextlib
-import os
-import select
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, IntEnum
@@ -58,9 +54,9 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
-from rdmakit.doca.pe import ProgressEngine, thread_engine
+from rdmakit.doca.pe import ProgressEngine
 
-__all__ = ["Ctx", "CtxState", "Event", "Job", "StateChangedCallback", "WorkQ"]
+__all__ = ["Ctx", "CtxState", "Event", "Job", "StateChangedCallback"]  # WorkQLike: for rdmakit.doca.workq
 
 
 class CtxState(IntEnum):
@@ -131,176 +127,33 @@ class _Sink(Protocol):
     def _deliver(self, event: Event) -> None: ...
 
 
-class WorkQ:
-    """A DOCA work queue (``doca_workq``): submission, progress and completion retrieval."""
-
-    def __init__(self, depth: int, *, event_driven: bool = False, pe: ProgressEngine | None = None) -> None:
-        """A WorkQ of `depth` jobs progressed by `pe` (None: the calling thread's engine)."""
-        if depth <= 0:
-            raise DocaError(DocaErrorCode.INVALID_VALUE, f"depth must be positive, got {depth}")
-        self._pe = pe if pe is not None else thread_engine()
-        self._depth = depth
-        self._inflight = 0
-        self._ctxs: list[Ctx[Any]] = []
-        self._ready: deque[Event] = deque()
-        self._armed = False
-        self._epoll: select.epoll | None = None
-        self._efd = -1
-        self._closed = False
-        if event_driven:
-            self._open_handle()
-
-    # -- properties -----------------------------------------------------------
+class WorkQLike(Protocol):
+    """A WorkQ as a context sees it (`rdmakit.doca.workq.WorkQ`, which imports this module)."""
 
     @property
-    def depth(self) -> int:
-        """Most jobs in flight, counting completed ones not yet retrieved."""
-        return self._depth
-
+    def pe(self) -> ProgressEngine: ...
     @property
-    def inflight(self) -> int:
-        return self._inflight
-
+    def depth(self) -> int: ...
     @property
-    def pe(self) -> ProgressEngine:
-        """The progress engine this WorkQ's contexts are connected to."""
-        return self._pe
+    def inflight(self) -> int: ...
 
-    @property
-    def event_driven(self) -> bool:
-        return self._epoll is not None
+    def submit(self, job: Job) -> None: ...
 
-    @property
-    def ctxs(self) -> tuple["Ctx[Any]", ...]:
-        return tuple(self._ctxs)
+    def progress_retrieve(self) -> Event | None: ...
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
+    def fileno(self) -> int: ...
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise DocaError(DocaErrorCode.BAD_STATE, "WorkQ is closed")
+    def arm(self) -> None: ...
 
-    # -- event handle -----------------------------------------------------------
+    def clear(self) -> None: ...
 
-    def _open_handle(self) -> None:
-        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._epoll = select.epoll()
-        self._epoll.register(self._efd, select.EPOLLIN)
-        self._epoll.register(self._pe.fileno(), select.EPOLLIN)
+    def close(self) -> None: ...
 
-    def _close_handle(self) -> None:
-        if self._epoll is not None:
-            self._epoll.close()
-            os.close(self._efd)
-            self._epoll, self._efd, self._armed = None, -1, False
+    def _check_open(self) -> None: ...
 
-    def set_event_driven(self, enable: bool) -> None:
-        """Switch event-driven mode, with no context attached (``doca_workq_set_event_driven_enable``)."""
-        self._check_open()
-        if self._ctxs:
-            raise DocaError(DocaErrorCode.BAD_STATE, "contexts are attached to the WorkQ")
-        if enable and self._epoll is None:
-            self._open_handle()
-        elif not enable:
-            self._close_handle()
+    def _attach(self, ctx: "Ctx[Any]") -> None: ...
 
-    def _require_event_driven(self) -> select.epoll:
-        self._check_open()
-        if self._epoll is None:
-            raise DocaError(DocaErrorCode.BAD_STATE, "WorkQ is not in event-driven mode")
-        return self._epoll
-
-    def fileno(self) -> int:
-        """The event handle (``doca_workq_get_event_handle``): readable when there is work."""
-        return self._require_event_driven().fileno()
-
-    @property
-    def event_handle(self) -> int:
-        return self.fileno()
-
-    def arm(self) -> None:
-        """Make the handle readable on the next completion (``doca_workq_event_handle_arm``).
-
-        If an event is already waiting, the handle becomes readable at once.
-        """
-        self._require_event_driven()
-        if self._ready:
-            os.eventfd_write(self._efd, 1)
-        else:
-            self._armed = True
-
-    def clear(self) -> None:
-        """Reset the handle after it fired (``doca_workq_event_handle_clear``)."""
-        self._require_event_driven()
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self._efd)
-
-    # -- jobs -------------------------------------------------------------------
-
-    def submit(self, job: Job) -> None:
-        """Hand `job` to its context (``doca_workq_submit``).
-
-        NOT_FOUND if the context isn't attached here, NO_MEMORY when `depth`
-        jobs are in flight, BAD_STATE unless the context is RUNNING, IN_USE if
-        this job object is already in flight; the context may raise more.
-        """
-        self._check_open()
-        ctx = job.ctx
-        if ctx._workq is not self:
-            raise DocaError(DocaErrorCode.NOT_FOUND, f"{ctx!r} is not attached to this WorkQ")
-        if self._inflight >= self._depth:
-            raise DocaError(
-                DocaErrorCode.NO_MEMORY, f"WorkQ is full: {self._depth} jobs in flight", Fault.CALLER
-            )
-        self._inflight += 1
-        try:
-            ctx._dispatch(job, self)
-        except BaseException:
-            self._inflight -= 1
-            raise
-
-    def progress_retrieve(self) -> Event | None:
-        """Run the WorkQ's engine (its devices and contexts); one completed `Event`, or None (AGAIN)."""
-        self._check_open()
-        ready = self._ready
-        if not ready:
-            self._pe.progress()
-            if not ready:
-                return None
-        self._inflight -= 1
-        return ready.popleft()
-
-    def _deliver(self, event: Event) -> None:
-        self._ready.append(event)
-        if self._armed:
-            self._armed = False
-            os.eventfd_write(self._efd, 1)
-
-    # -- lifetime ---------------------------------------------------------------
-
-    def close(self) -> None:
-        """Detach every context (flushing its in-flight jobs) and release the handle. Idempotent."""
-        if self._closed:
-            return
-        for ctx in list(self._ctxs):
-            ctx._flush("WorkQ closed")
-            ctx._detach_workq()
-        self._ready.clear()
-        self._inflight = 0
-        self._close_handle()
-        self._closed = True
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        mode = "event-driven" if self._epoll is not None else "polling"
-        return f"<WorkQ depth={self._depth} inflight={self._inflight} {mode}>"
+    def _detach(self, ctx: "Ctx[Any]") -> None: ...
 
 
 class Ctx(Generic[J]):
@@ -310,7 +163,7 @@ class Ctx(Generic[J]):
         self._state = CtxState.IDLE
         self._state_cb: StateChangedCallback | None = None
         self._devs: list[Dev] = []
-        self._workq: WorkQ | None = None
+        self._workq: WorkQLike | None = None
         self._pending: dict[int, tuple[J, _Sink]] = {}
         self._fds: list[int] = []
         self._closed = False
@@ -330,7 +183,7 @@ class Ctx(Generic[J]):
         return tuple(self._devs)
 
     @property
-    def workq(self) -> WorkQ | None:
+    def workq(self) -> WorkQLike | None:
         return self._workq
 
     @property
@@ -509,7 +362,7 @@ class Ctx(Generic[J]):
         self._devs.remove(dev)
         dev._disown(self)
 
-    def workq_add(self, workq: WorkQ) -> None:
+    def workq_add(self, workq: WorkQLike) -> None:
         """Attach to `workq` (``doca_ctx_workq_add``); one WorkQ per context."""
         self._check_not_closed()
         workq._check_open()
@@ -520,10 +373,10 @@ class Ctx(Generic[J]):
         workq.pe._connect(self)
         for fd in self._fds:
             workq.pe.watch(fd)
-        workq._ctxs.append(self)
+        workq._attach(self)
         self._workq = workq
 
-    def workq_rm(self, workq: WorkQ) -> None:
+    def workq_rm(self, workq: WorkQLike) -> None:
         """Detach from `workq`; NOT_PERMITTED while jobs are in flight (``doca_ctx_workq_rm``)."""
         self._check_not_closed()
         if self._workq is not workq:
@@ -538,7 +391,7 @@ class Ctx(Generic[J]):
             for fd in self._fds:
                 workq.pe.unwatch(fd)
             workq.pe.disconnect_ctx(self)
-            workq._ctxs.remove(self)
+            workq._detach(self)
 
     def _pe_connected(self, pe: ProgressEngine) -> None:
         """``ProgressEngine.connect_ctx`` (``doca_pe_connect_ctx``): `pe` progresses it, for tasks."""

@@ -43,6 +43,7 @@ def test_every_module_is_covered() -> None:
         "sync_event_remote",
         "sync_event_tasks",
         "tasks",
+        "workq",
     ]
 
 
