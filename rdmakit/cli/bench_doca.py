@@ -107,5 +107,5 @@ def write_round_trip(api: Api, ip_a: str, ip_b: str, count: int) -> float:
             with contextlib.suppress(DocaError):  # best effort: buffers may still hold it
                 m.destroy()
         for dev in devs:
-            dev.close()
+            dev.close_all()  # teardown: what the buffers still hold goes too
         pe.close()

@@ -239,7 +239,7 @@ class Session:
         for step in steps:
             with contextlib.suppress(DocaError):
                 step()
-        self.dev.close()
+        self.dev.close_all()  # teardown on every exit: whatever the steps above left
 
     def __enter__(self) -> "Session":
         return self

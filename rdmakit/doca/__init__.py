@@ -106,6 +106,7 @@ from rdmakit.doca.rdma import (
 )
 from rdmakit.doca.rdma_cm import ConnectionCallback, RdmaAddr
 from rdmakit.doca.rdma_conns import MAX_NUM_CONNECTIONS, RdmaConnection
+from rdmakit.doca.rdma_props import MTU_SIZES
 from rdmakit.doca.rdma_tasks import (
     RdmaTaskAtomicCmpSwp,
     RdmaTaskAtomicFetchAdd,
@@ -160,6 +161,7 @@ __all__ = [
     "MAX_DESCRIPTOR_SIZE",
     "MAX_NUM_CONNECTIONS",
     "MAX_REFCOUNT",
+    "MTU_SIZES",
     "PE",
     "RDMA_PERMISSIONS",
     "SOFT_CAPS",

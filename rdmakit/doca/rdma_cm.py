@@ -195,8 +195,6 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
         self._check_not_closed()
         if self._state not in (CtxState.STARTING, CtxState.RUNNING) or self._qp is None:
             raise DocaError(DocaErrorCode.BAD_STATE, f"{what} needs a started context")
-        if self._by_descriptor:
-            raise DocaError(DocaErrorCode.BAD_STATE, f"{what}: the context is connected by descriptor")
         if self._cm_callbacks is None:
             raise DocaError(
                 DocaErrorCode.BAD_STATE, f"{what}: set_connection_state_callbacks first", Fault.CALLER
@@ -369,7 +367,9 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
             self._cm_forget(conn, flush=False)
 
     def _cm_disconnect(self, conn: RdmaConnection) -> None:
-        if self._cm_hub is not None:
+        if conn._handle < 0:  # by export/connect: no CM to tell; the peer sees its QP fail
+            self._cm_forget(conn, flush=True)
+        elif self._cm_hub is not None:
             self._cm_hub.cm.disconnect(conn._handle)
 
     def _cm_forget(self, conn: RdmaConnection, *, flush: bool) -> None:
@@ -395,7 +395,9 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
         for port in list(self._cm_ports):
             self.stop_listen_to_port(port)
         for conn in list(self._cm_conns.values()):
-            if conn._state == "requested" and self._cm_hub is not None:
+            if conn._handle < 0:
+                pass  # by export/connect
+            elif conn._state == "requested" and self._cm_hub is not None:
                 self._cm_hub.cm.reject(conn._handle, b"")
             else:
                 conn.disconnect()
@@ -422,7 +424,7 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
         if ev.kind is CmEventKind.CONNECT_REQUEST:
             peer = (str(ev.peer[0]), ev.peer[1]) if ev.peer is not None else ("", 0)
             started = self._state in (CtxState.STARTING, CtxState.RUNNING)
-            if not started or self._by_descriptor or len(self._cm_conns) >= self._cm_max:
+            if not started or len(self._cm_conns) >= self._cm_max:
                 self._cm_hub.cm.reject(ev.conn, b"")  # max_num_connections reached
                 return
             new = RdmaConnection(self, self, ev.conn, self._cm_free_id(), peer, ev.private_data)

@@ -259,7 +259,7 @@ class Duo:
             s.rdma.close()
             if s.wq is not None:
                 s.wq.close()
-            s.dev.close()
+            s.dev.close_all()  # teardown: the mmaps a test made go with the device
         self.pe.close()
 
 

@@ -36,7 +36,7 @@ from rdmakit.doca import (
     local_devinfo,
 )
 from rdmakit.engine import Access, MemoryRegion, QpCaps
-from tests.doca.util import MmapFactory, error_code
+from tests.doca.util import MmapFactory, all_closed, error_code
 
 
 @pytest.fixture
@@ -453,7 +453,7 @@ class _NoResolve:
 
 def test_backend_without_resolve_copies_through_its_registrations(inv: BufInventory) -> None:
     info = DevInfo(name="noresolve", kind="local", opener=_NoResolve, caps=LOCAL_CAPS)
-    with Dev.open(info) as dev, Dma(dev) as dma, WorkQ(4) as workq:
+    with all_closed(Dev.open(info)) as dev, Dma(dev) as dma, WorkQ(4) as workq:
         assert not hasattr(dev.backend, "resolve")
         assert isinstance(dev.backend, BackendDevice)
         dma.workq_add(workq)

@@ -121,8 +121,8 @@ def _open_link(new_ip: Callable[[], str], host_perms: int = REMOTE_RW, sq: int =
 def _close_link(link: Link) -> None:
     for step in (link.dma.close, link.wq.close, link.rdma.close, link.host_rdma.close):
         step()
-    link.dpu.close()
-    link.host.close()
+    link.dpu.close_all()  # teardown: what a test left goes with the devices
+    link.host.close_all()
 
 
 @pytest.fixture

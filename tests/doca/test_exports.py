@@ -35,6 +35,7 @@ def test_every_module_is_covered() -> None:
         "rdma_cm",
         "rdma_conns",
         "rdma_jobs",
+        "rdma_props",
         "rdma_tasks",
         "shm",
         "soft",

@@ -615,11 +615,14 @@ def test_shared_workq_serves_both_contexts(new_ip: Callable[[], str]) -> None:
 
 
 def test_contexts_clean_up_on_close(new_ip: Callable[[], str]) -> None:
-    """DOCA Core 3.4: closing a context detaches it and frees its queue pair; closing its device closes it."""
+    """DOCA Core 3.4: closing a context detaches it and frees its queue pair. doca_dev_close is IN_USE
+    while the context uses the device; close_all closes the context first."""
     p = Pair("udp", "poll", new_ip).up()
     qpn = p.a.rdma.qpn
     assert qpn is not None
-    p.a.dev.close()
+    assert error_code(p.a.dev.close) is DocaErrorCode.IN_USE
+    assert not p.a.rdma.closed
+    p.a.dev.close_all()
     assert p.a.rdma.closed
     assert p.a.rdma.qpn is None
     assert p.a.wq.ctxs == ()

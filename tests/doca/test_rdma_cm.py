@@ -85,7 +85,7 @@ class Side:
 
     def close(self) -> None:
         self.rdma.close()  # the inventory's buffers die with the test
-        self.dev.close()
+        self.dev.close_all()
 
 
 class Duo:

@@ -135,7 +135,7 @@ class Peer:
         self.rdma.close()
         if self.wq is not None:
             self.wq.close()
-        self.dev.close()
+        self.dev.close_all()  # teardown: the mmaps a test made go with the device
 
 
 class Net:
