@@ -1,4 +1,4 @@
-"""DOCA Context and Work Queue (DOCA Core 3.4, ``doca_ctx.h``).
+"""DOCA Context (DOCA Core 3.4, ``doca_ctx.h``), as the job API (DOCA 2.0) and the task API (2.5+) run it.
 
 A `Ctx` is the base of every library instance that runs jobs (DMA, RDMA,
 sync event, graph). Its lifecycle is the table `_TRANSITIONS` below, from
@@ -10,14 +10,21 @@ sync event, graph). Its lifecycle is the table `_TRANSITIONS` below, from
 
 A pair the table doesn't list is BAD_STATE. Configuration (``add_dev`` and a
 subclass's setters) is allowed only in IDLE; jobs are accepted only in
-RUNNING. ``stop`` lets in-flight jobs drain (or the subclass flushes them);
-the context reaches IDLE when the last one completes. The state-changed
-callback runs after each transition.
+RUNNING. ``start`` and ``stop`` return SUCCESS, or IN_PROGRESS when the
+context is left STARTING or STOPPING (``doca_ctx.h``). ``stop`` lets
+in-flight work drain (or the subclass flushes it); the context reaches IDLE
+when nothing is in flight, every task callback ran and every task was freed
+(``doca_pe.h``, ``doca_task_free``). On a progress engine the asynchronous
+transitions (STARTING -> RUNNING, STOPPING -> IDLE) and their state-changed
+callbacks happen inside ``progress`` only. On a WorkQ (the DOCA 2.0 job API)
+``stop`` is NOT_PERMITTED until ``workq_rm``, which is NOT_PERMITTED while
+jobs are pending.
 
-A `WorkQ` (``doca_workq``) accepts jobs for the contexts attached to it, up to
-`depth` in flight (submitting more is NO_MEMORY, as ``doca_workq_submit``),
-and hands back completions with `WorkQ.progress_retrieve`. A context is
-attached to one WorkQ at a time; a WorkQ serves any number of contexts.
+A `WorkQ` (``doca_workq``, `rdmakit.doca.workq`) accepts jobs for the
+contexts attached to it, up to `depth` in flight (submitting more is
+NO_MEMORY, as ``doca_workq_submit``), and hands back completions with
+`WorkQ.progress_retrieve`. A context is attached to one WorkQ at a time; a
+WorkQ serves any number of contexts.
 
 ``progress_retrieve()`` returns the next `Event`, or None when nothing is
 ready: None is ``DOCA_ERROR_AGAIN``, the common case of a polling loop, so it

@@ -40,6 +40,7 @@ __all__ = [
 
 
 _NO_CAPS = DeviceCaps()
+_NAMED = 4  # the objects an IN_USE refusal names; the rest are counted
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,7 +288,11 @@ class Dev:
         if self._backend is None:
             return
         if self._children:
-            names = ", ".join(repr(c) for c in self._children)
+            shown = self._children[:_NAMED]
+            names = ", ".join(repr(c) for c in shown)
+            more = len(self._children) - len(shown)
+            if more:
+                names += f" and {more} more"
             raise DocaError(
                 DocaErrorCode.IN_USE,
                 f"device {self.name} is still used by {len(self._children)} object(s): {names}; "

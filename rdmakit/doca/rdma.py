@@ -8,11 +8,16 @@ Lifecycle (guide §4, "Configuring DOCA RDMA instances")::
            -> jobs ...                                     a failed job: rdma_state ERROR
            -> stop                                         ctx IDLE,     rdma_state RESET
 
-As in DOCA 2.5 and later, ``start`` leaves the context STARTING (C
-``doca_ctx_start`` returns ``DOCA_ERROR_IN_PROGRESS``) and ``connect`` moves
-it to RUNNING. Receive jobs may be submitted while STARTING: they are posted
-to the queue pair in INIT, so a peer's first send finds them. Every other job
-needs RUNNING (BAD_STATE).
+As in DOCA 2.5 and later, ``start`` leaves the context STARTING and returns
+IN_PROGRESS (C ``doca_ctx_start`` returns ``DOCA_ERROR_IN_PROGRESS``).
+``connect`` moves it to RUNNING: on a progress engine inside the next
+``progress`` (``doca_rdma_connect``: "Once called, doca_pe_progress() should
+be called, in order to transition the ctx to DOCA_CTX_STATE_RUNNING state"),
+on a WorkQ (the DOCA 2.0 job API, which has no STARTING) at once. Receive
+jobs may be submitted while STARTING: they are posted to the queue pair in
+INIT, so a peer's first send finds them. Every other job needs RUNNING
+(BAD_STATE). `export_connection` and ``connect(blob, connection)`` are the
+connection-aware forms (each export a further `RdmaConnection`).
 
 Connected by descriptor, a context is one RC connection. Connected by
 address (``rdmakit.doca.rdma_cm``) it holds up to ``max_num_connections``,
