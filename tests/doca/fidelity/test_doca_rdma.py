@@ -9,6 +9,7 @@ from rdmakit.doca import (
     CtxState,
     DocaErrorCode,
     Rdma,
+    RdmaAddr,
     RdmaConnection,
     RdmaTransportType,
 )
@@ -196,3 +197,57 @@ def test_properties_reach_the_connection(make_duo: DuoFactory) -> None:
     assert recv.get_status() is DocaErrorCode.SUCCESS
     assert bytes(mem) == bytes(range(250)) * 4
     assert error_code(lambda: a.set_mtu(512)) is DocaErrorCode.BAD_STATE  # "if context is already started"
+
+
+def test_export_connect_and_cm_on_one_context(make_duo: DuoFactory, transport: str) -> None:
+    """Connection-aware doca_rdma.h: one context holds connections made by doca_rdma_export/
+    doca_rdma_connect and by doca_rdma_connect_to_addr, up to doca_rdma_set_max_num_connections; the
+    connection callbacks get the connection, whose user data is the one connect_to_addr was given
+    ("connection_user_data: The doca_data supplied to the connection by the application")."""
+    if transport == "tcp":
+        pytest.skip("rdma_cm runs over RoCE UDP (QP1); a TCP soft device has no connection manager")
+    d = make_duo("task")
+    a, b = d.a.rdma, d.b.rdma
+    a.set_max_num_connections(2)
+    b.set_max_num_connections(2)
+    established: list[tuple[object, object]] = []
+
+    def request(conn: RdmaConnection, ud: object) -> None:
+        conn.accept()
+
+    def done(conn: RdmaConnection, ud: object) -> None:
+        established.append((conn, conn.get_user_data()))
+
+    def failed(conn: RdmaConnection, ud: object) -> None:
+        pytest.fail(f"the connection by address failed: {conn.error}")
+
+    for rdma in (a, b):
+        rdma.set_connection_state_callbacks(request, done, failed, failed)
+    _started(d)
+    blob_a, conn_a = a.export_connection()
+    blob_b, conn_b = b.export_connection()
+    a.connect(blob_b, conn_a)
+    b.connect(blob_a, conn_b)
+    d._until(lambda: a.state is CtxState.RUNNING and b.state is CtxState.RUNNING, lambda: "RUNNING")
+    port = 18515
+    b.start_listen_to_port(port)
+    ip = str(d.b.dev.info.ip_addrs[0]) if d.b.dev.info.ip_addrs else d.b.dev.name.split(":")[-1]
+    by_addr = a.connect_to_addr(RdmaAddr(ip, port), user_data="by address")
+    d._until(lambda: len(established) == 2, lambda: "the connection by address")
+    assert (by_addr, "by address") in established
+    assert len(a.connections) == 2
+    assert {c.get_id() for c in a.connections} == {0, 1}
+    # one message on each connection, each received on its own connection
+    server_side = next(c for c, _ in established if c is not by_addr)
+    mb, mem = d.b.mmap(16)
+    ma, _ = d.a.mmap(b"desc" + b"cm!!")
+    r1 = b.task_receive_allocate_init(d.b.room(mb, 0, 8), rdma_connection=conn_b)
+    r2 = b.task_receive_allocate_init(d.b.room(mb, 8, 8), rdma_connection=server_side)
+    for r in (r1, r2):
+        r.submit()
+    a.task_send_allocate_init(d.a.data(ma, 0, 4), rdma_connection=conn_a).submit()
+    a.task_send_allocate_init(d.a.data(ma, 4, 4), rdma_connection=by_addr).submit()
+    d._until(lambda: all(any(t is x for x in d.done) for t in (r1, r2)), lambda: "both receives")
+    assert (bytes(mem[0:4]), bytes(mem[8:12])) == (b"desc", b"cm!!")
+    assert isinstance(r2, RdmaTaskReceive)
+    assert r2.get_result_rdma_connection() is server_side
