@@ -495,7 +495,8 @@ def test_buffers_on_the_wrong_side_are_refused(make_pair: PairFactory) -> None:
 
 
 def test_connect_rejects_bad_descriptors_naming_the_field(make_pair: PairFactory) -> None:
-    """doca_rdma_connect: a corrupted descriptor is INVALID_VALUE naming the field, and nothing connects."""
+    """doca_rdma_connect: a corrupted descriptor is CONNECTION_ABORTED ("if connection failed or
+    connection details object was corrupted") naming the field, and nothing connects."""
     p = make_pair()
     p.start()
     good = p.b.rdma.export()
@@ -504,7 +505,7 @@ def test_connect_rejects_bad_descriptors_naming_the_field(make_pair: PairFactory
     for bad, field in ((good[:-5], "descriptor"), (tampered, "qpn"), (mb.export_rdma(p.b.dev), "format")):
         with pytest.raises(DocaError) as exc:
             p.a.rdma.connect(bad)
-        assert exc.value.code is DocaErrorCode.INVALID_VALUE
+        assert exc.value.code is DocaErrorCode.CONNECTION_ABORTED
         assert exc.value.fault is Fault.PEER
         assert repr(field) in exc.value.message
     assert p.a.rdma.rdma_state is RdmaState.INIT
