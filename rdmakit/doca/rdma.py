@@ -75,6 +75,7 @@ Like DOCA, contexts are not thread-safe.
 """
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import replace
 from enum import IntEnum
 
@@ -257,11 +258,16 @@ class Rdma(RdmaPropsApi):
             )
         return self._qp
 
+    def _with_mtu(self, info: Mapping[str, object]) -> dict[str, object]:
+        """`info` with its path MTU no larger than `set_mtu`'s (the exported and the connected one)."""
+        out = dict(info)
+        mtu = out.get("mtu")
+        if self._mtu is not None and type(mtu) is int:
+            out["mtu"] = min(mtu, self._mtu)
+        return out
+
     def _descriptor(self, qp: BackendQP) -> bytes:
-        info = dict(qp.export())
-        if self._mtu is not None and isinstance(info.get("mtu"), int):
-            info["mtu"] = min(int(info["mtu"]), self._mtu)  # type: ignore[call-overload]  # set_mtu
-        return ConnectionDescriptor.from_backend(info).to_bytes()
+        return ConnectionDescriptor.from_backend(self._with_mtu(qp.export())).to_bytes()
 
     def export(self) -> bytes:
         """This side's connection descriptor, ``rdmakit.connection/1`` (DOCA 2.5 ``doca_rdma_export``).
@@ -342,10 +348,7 @@ class Rdma(RdmaPropsApi):
                 if isinstance(remote, ConnectionDescriptor)
                 else ConnectionDescriptor.from_bytes(remote)
             )
-            info = dict(desc.to_backend())
-            if self._mtu is not None and isinstance(info.get("mtu"), int):
-                info["mtu"] = min(int(info["mtu"]), self._mtu)  # type: ignore[call-overload]  # set_mtu
-            qp.connect(info)
+            qp.connect(self._with_mtu(desc.to_backend()))
         except DocaError as e:
             if e.code is not DocaErrorCode.INVALID_VALUE:
                 raise
