@@ -174,13 +174,13 @@ class Session:
             state["conn"] = conn
             conn.accept()
 
-        def established(conn: RdmaConnection, ud: object) -> None:
+        def established(conn: RdmaConnection, conn_ud: object, ud: object) -> None:
             state["established"] = conn
 
-        def failure(conn: RdmaConnection, ud: object) -> None:
+        def failure(conn: RdmaConnection, conn_ud: object, ud: object) -> None:
             state["failed"] = str(self.rdma.error or "the connection failed")
 
-        def disconnect(conn: RdmaConnection, ud: object) -> None:
+        def disconnect(conn: RdmaConnection, conn_ud: object, ud: object) -> None:
             state["disconnected"] = True
 
         self.rdma.set_connection_state_callbacks(request, established, failure, disconnect)

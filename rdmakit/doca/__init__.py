@@ -104,7 +104,7 @@ from rdmakit.doca.rdma import (
     RdmaWriteImmJob,
     RdmaWriteJob,
 )
-from rdmakit.doca.rdma_cm import ConnectionCallback, RdmaAddr
+from rdmakit.doca.rdma_cm import ConnectionCallback, ConnectionRequestCallback, RdmaAddr
 from rdmakit.doca.rdma_conns import MAX_NUM_CONNECTIONS, RdmaConnection
 from rdmakit.doca.rdma_props import MTU_SIZES
 from rdmakit.doca.rdma_tasks import (
@@ -182,6 +182,7 @@ __all__ = [
     "ConnectAttrs",
     "ConnectionCallback",
     "ConnectionDescriptor",
+    "ConnectionRequestCallback",
     "Ctx",
     "CtxState",
     "Dev",

@@ -85,8 +85,8 @@ class Peer:
             self._request, self._note("established"), self._note("failure"), self._note("disconnect")
         )
 
-    def _note(self, what: str) -> Callable[[RdmaConnection, object], None]:
-        def cb(conn: RdmaConnection, ud: object) -> None:
+    def _note(self, what: str) -> Callable[[RdmaConnection, object, object], None]:
+        def cb(conn: RdmaConnection, conn_ud: object, ud: object) -> None:
             assert conn.rdma is self.rdma
             self.log.append((what, conn))
 

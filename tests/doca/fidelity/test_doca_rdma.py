@@ -202,8 +202,9 @@ def test_properties_reach_the_connection(make_duo: DuoFactory) -> None:
 def test_export_connect_and_cm_on_one_context(make_duo: DuoFactory, transport: str) -> None:
     """Connection-aware doca_rdma.h: one context holds connections made by doca_rdma_export/
     doca_rdma_connect and by doca_rdma_connect_to_addr, up to doca_rdma_set_max_num_connections; the
-    connection callbacks get the connection, whose user data is the one connect_to_addr was given
-    ("connection_user_data: The doca_data supplied to the connection by the application")."""
+    established callback gets the connection and its user data, the one connect_to_addr was given
+    (doca_rdma_connection_established_cb_t: "connection_user_data The doca_data supplied to the
+    connection by the application (during connection or by a setter)")."""
     if transport == "tcp":
         pytest.skip("rdma_cm runs over RoCE UDP (QP1); a TCP soft device has no connection manager")
     d = make_duo("task")
@@ -215,10 +216,10 @@ def test_export_connect_and_cm_on_one_context(make_duo: DuoFactory, transport: s
     def request(conn: RdmaConnection, ud: object) -> None:
         conn.accept()
 
-    def done(conn: RdmaConnection, ud: object) -> None:
-        established.append((conn, conn.get_user_data()))
+    def done(conn: RdmaConnection, conn_ud: object, ud: object) -> None:
+        established.append((conn, conn_ud))
 
-    def failed(conn: RdmaConnection, ud: object) -> None:
+    def failed(conn: RdmaConnection, conn_ud: object, ud: object) -> None:
         pytest.fail(f"the connection by address failed: {conn.error}")
 
     for rdma in (a, b):
