@@ -108,4 +108,4 @@ def write_round_trip(api: Api, ip_a: str, ip_b: str, count: int) -> float:
                 m.destroy()
         for dev in devs:
             dev.close_all()  # teardown: what the buffers still hold goes too
-        pe.close()
+        pe.close_all()  # teardown on every exit

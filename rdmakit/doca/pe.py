@@ -284,7 +284,25 @@ class ProgressEngine:
             raise DocaError(DocaErrorCode.BAD_STATE, "the progress engine is destroyed")
 
     def close(self) -> None:
-        """``doca_pe_destroy``: forget contexts and pumps, release the handle. Idempotent."""
+        """``doca_pe_destroy``: release the handle; idempotent.
+
+        IN_USE while contexts are connected ("Progress engine can be destroyed
+        only after all connected contexts has been destroyed"), naming them.
+        `close_all` forgets them instead (teardown).
+        """
+        if self._epoll.closed:
+            return
+        if self._ctxs:
+            names = ", ".join(repr(c) for c in self._ctxs[:4])
+            more = f" and {len(self._ctxs) - 4} more" if len(self._ctxs) > 4 else ""
+            raise DocaError(
+                DocaErrorCode.IN_USE,
+                f"{len(self._ctxs)} context(s) are still connected: {names}{more}; destroy them first",
+            )
+        self.close_all()
+
+    def close_all(self) -> None:
+        """Forget the connected contexts and the pumps, release the handle. Idempotent."""
         if self._epoll.closed:
             return
         for ctx in list(self._ctxs):
@@ -299,7 +317,10 @@ class ProgressEngine:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        if exc_info[0] is not None:
+            self.close_all()  # an exception on the way out: do not mask it with IN_USE
+        else:
+            self.close()
 
     def __repr__(self) -> str:
         state = "destroyed" if self.closed else f"ctxs={len(self._ctxs)} pumps={len(self._pumps)}"

@@ -1,5 +1,7 @@
 """``doca_pe.h``: the progress engine, task ownership and what may run inside progress."""
 
+import pytest
+
 from rdmakit.doca import PE, CtxState, DocaError, DocaErrorCode, Task
 from tests.doca.fidelity.conftest import DuoFactory
 from tests.doca.util import error_code
@@ -71,3 +73,13 @@ def test_num_inflight_tasks_counts_until_the_callback(make_duo: DuoFactory) -> N
     d._until(lambda: any(t is recv for t in d.done), lambda: "the receive")
     d._until(lambda: any(t is send for t in d.done), lambda: "the send")
     assert d.pe.num_inflight_tasks == 0
+
+
+def test_destroy_is_in_use_while_contexts_are_connected(make_duo: DuoFactory) -> None:
+    """doca_pe_destroy: "DOCA_ERROR_IN_USE - contexts are still connected to the progress engine"."""
+    d = make_duo("task")
+    with pytest.raises(DocaError) as refused:
+        d.pe.close()
+    assert refused.value.code is DocaErrorCode.IN_USE
+    assert "Rdma" in str(refused.value)
+    assert not d.pe.closed
