@@ -18,6 +18,7 @@ from rdmakit.doca import (
     PE,
     AccessFlag,
     BufInventory,
+    CtxState,
     Dev,
     DocaError,
     Mmap,
@@ -57,6 +58,9 @@ def write_round_trip(api: Api, ip_a: str, ip_b: str, count: int) -> float:
         da, db = a.export(), b.export()
         a.connect(db)
         b.connect(da)
+        # doca_rdma_connect: on a PE the contexts are RUNNING after the next progress.
+        while a.state is CtxState.STARTING or b.state is CtxState.STARTING:
+            pe.progress()
         for dev, mem, perms in (
             (devs[0], bytearray(b"8 bytes!"), AccessFlag.LOCAL_READ_WRITE),
             (devs[1], bytearray(8), AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE),
@@ -107,5 +111,5 @@ def write_round_trip(api: Api, ip_a: str, ip_b: str, count: int) -> float:
             with contextlib.suppress(DocaError):  # best effort: buffers may still hold it
                 m.destroy()
         for dev in devs:
-            dev.close()
-        pe.close()
+            dev.close_all()  # teardown: what the buffers still hold goes too
+        pe.close_all()  # teardown on every exit

@@ -453,6 +453,7 @@ def _copy_chunks(
             link.check_peer()
             if pause:
                 time.sleep(pause)
+        dma.workq_rm(workq)  # DOCA 2.0 doca_ctx_stop: NOT_PERMITTED while a WorkQ is attached
         dma.stop()
 
 

@@ -197,6 +197,7 @@ def _start_and_connect(args: argparse.Namespace, files: Files, s: Session, desc:
         s.rdma.connect(peer)
     except DocaError as e:
         raise CliError(f"cannot connect to the peer in {files.remote}: {e}") from e
+    s.wait_running(args.timeout)
     log.info("connected")
 
 

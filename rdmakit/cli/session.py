@@ -16,6 +16,7 @@ from rdmakit.doca import (
     AccessFlag,
     Buf,
     BufInventory,
+    CtxState,
     Dev,
     DocaError,
     DocaErrorCode,
@@ -173,13 +174,13 @@ class Session:
             state["conn"] = conn
             conn.accept()
 
-        def established(conn: RdmaConnection, ud: object) -> None:
+        def established(conn: RdmaConnection, conn_ud: object, ud: object) -> None:
             state["established"] = conn
 
-        def failure(conn: RdmaConnection, ud: object) -> None:
+        def failure(conn: RdmaConnection, conn_ud: object, ud: object) -> None:
             state["failed"] = str(self.rdma.error or "the connection failed")
 
-        def disconnect(conn: RdmaConnection, ud: object) -> None:
+        def disconnect(conn: RdmaConnection, conn_ud: object, ud: object) -> None:
             state["disconnected"] = True
 
         self.rdma.set_connection_state_callbacks(request, established, failure, disconnect)
@@ -188,6 +189,18 @@ class Session:
         """Progress the context once (connection callbacks run here)."""
         while (ev := self.wq.progress_retrieve()) is not None:
             self._events[id(ev.job)] = ev
+
+    def wait_running(self, timeout: float) -> None:
+        """Progress until the context is RUNNING, after ``connect``.
+
+        On a progress engine the context is STARTING until progress moves it (``doca_rdma.h``,
+        doca_rdma_connect); on a WorkQ it is RUNNING already.
+        """
+        deadline = time.monotonic() + timeout
+        while self.rdma.state is CtxState.STARTING:
+            self.pump()
+            if time.monotonic() > deadline:
+                raise CliError(f"timed out after {timeout:g} s waiting for the connection", status=3)
 
     def cm_connect(self, server: str | None, port: int, timeout: float) -> None:
         """Connect to `server`:`port` by address, or listen on `port` for one client; until established."""
@@ -226,7 +239,7 @@ class Session:
         for step in steps:
             with contextlib.suppress(DocaError):
                 step()
-        self.dev.close()
+        self.dev.close_all()  # teardown on every exit: whatever the steps above left
 
     def __enter__(self) -> "Session":
         return self

@@ -33,7 +33,6 @@ from rdmakit.doca.ctx import (
     Event,
     Job,
     StateChangedCallback,
-    WorkQ,
 )
 from rdmakit.doca.descriptor import (
     CONNECTION_FORMAT,
@@ -105,8 +104,9 @@ from rdmakit.doca.rdma import (
     RdmaWriteImmJob,
     RdmaWriteJob,
 )
-from rdmakit.doca.rdma_cm import ConnectionCallback, RdmaAddr
+from rdmakit.doca.rdma_cm import ConnectionCallback, ConnectionRequestCallback, RdmaAddr
 from rdmakit.doca.rdma_conns import MAX_NUM_CONNECTIONS, RdmaConnection
+from rdmakit.doca.rdma_props import MTU_SIZES
 from rdmakit.doca.rdma_tasks import (
     RdmaTaskAtomicCmpSwp,
     RdmaTaskAtomicFetchAdd,
@@ -148,6 +148,7 @@ from rdmakit.doca.sync_event_tasks import (
 )
 from rdmakit.doca.tasks import Task, TaskCallback, TaskConf, TaskState
 from rdmakit.doca.verbs_glue import install as _install_verbs
+from rdmakit.doca.workq import WorkQ
 
 __all__ = [
     "COMCH_MAX_MSG_LIMIT",
@@ -160,6 +161,7 @@ __all__ = [
     "MAX_DESCRIPTOR_SIZE",
     "MAX_NUM_CONNECTIONS",
     "MAX_REFCOUNT",
+    "MTU_SIZES",
     "PE",
     "RDMA_PERMISSIONS",
     "SOFT_CAPS",
@@ -180,6 +182,7 @@ __all__ = [
     "ConnectAttrs",
     "ConnectionCallback",
     "ConnectionDescriptor",
+    "ConnectionRequestCallback",
     "Ctx",
     "CtxState",
     "Dev",

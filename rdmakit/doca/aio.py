@@ -46,12 +46,13 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from rdmakit.doca.ctx import CtxState, Event, Job, WorkQ
+from rdmakit.doca.ctx import CtxState, Event, Job
 from rdmakit.doca.errors import DocaError, DocaErrorCode
 from rdmakit.doca.pe import ProgressEngine
 from rdmakit.doca.rdma import Rdma
 from rdmakit.doca.rdma_conns import RdmaConnection
 from rdmakit.doca.tasks import Task, TaskState
+from rdmakit.doca.workq import WorkQ
 
 __all__ = [
     "next_event",

@@ -1,4 +1,4 @@
-"""DOCA Context and Work Queue (DOCA Core 3.4, ``doca_ctx.h``).
+"""DOCA Context (DOCA Core 3.4, ``doca_ctx.h``), as the job API (DOCA 2.0) and the task API (2.5+) run it.
 
 A `Ctx` is the base of every library instance that runs jobs (DMA, RDMA,
 sync event, graph). Its lifecycle is the table `_TRANSITIONS` below, from
@@ -10,14 +10,21 @@ sync event, graph). Its lifecycle is the table `_TRANSITIONS` below, from
 
 A pair the table doesn't list is BAD_STATE. Configuration (``add_dev`` and a
 subclass's setters) is allowed only in IDLE; jobs are accepted only in
-RUNNING. ``stop`` lets in-flight jobs drain (or the subclass flushes them);
-the context reaches IDLE when the last one completes. The state-changed
-callback runs after each transition.
+RUNNING. ``start`` and ``stop`` return SUCCESS, or IN_PROGRESS when the
+context is left STARTING or STOPPING (``doca_ctx.h``). ``stop`` lets
+in-flight work drain (or the subclass flushes it); the context reaches IDLE
+when nothing is in flight, every task callback ran and every task was freed
+(``doca_pe.h``, ``doca_task_free``). On a progress engine the asynchronous
+transitions (STARTING -> RUNNING, STOPPING -> IDLE) and their state-changed
+callbacks happen inside ``progress`` only. On a WorkQ (the DOCA 2.0 job API)
+``stop`` is NOT_PERMITTED until ``workq_rm``, which is NOT_PERMITTED while
+jobs are pending.
 
-A `WorkQ` (``doca_workq``) accepts jobs for the contexts attached to it, up to
-`depth` in flight (submitting more is NO_MEMORY, as ``doca_workq_submit``),
-and hands back completions with `WorkQ.progress_retrieve`. A context is
-attached to one WorkQ at a time; a WorkQ serves any number of contexts.
+A `WorkQ` (``doca_workq``, `rdmakit.doca.workq`) accepts jobs for the
+contexts attached to it, up to `depth` in flight (submitting more is
+NO_MEMORY, as ``doca_workq_submit``), and hands back completions with
+`WorkQ.progress_retrieve`. A context is attached to one WorkQ at a time; a
+WorkQ serves any number of contexts.
 
 ``progress_retrieve()`` returns the next `Event`, or None when nothing is
 ready: None is ``DOCA_ERROR_AGAIN``, the common case of a polling loop, so it
@@ -47,10 +54,6 @@ override `_start` (False: STARTING until `_connected`), `_stop`, `_cancel`,
 `_close`, `_check_dev`, and `_watch_fd` descriptors that wake `_progress`.
 """
 
-import contextlib
-import os
-import select
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, IntEnum
@@ -58,9 +61,9 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
-from rdmakit.doca.pe import ProgressEngine, thread_engine
+from rdmakit.doca.pe import ProgressEngine
 
-__all__ = ["Ctx", "CtxState", "Event", "Job", "StateChangedCallback", "WorkQ"]
+__all__ = ["Ctx", "CtxState", "Event", "Job", "StateChangedCallback"]  # WorkQLike: for rdmakit.doca.workq
 
 
 class CtxState(IntEnum):
@@ -131,176 +134,33 @@ class _Sink(Protocol):
     def _deliver(self, event: Event) -> None: ...
 
 
-class WorkQ:
-    """A DOCA work queue (``doca_workq``): submission, progress and completion retrieval."""
-
-    def __init__(self, depth: int, *, event_driven: bool = False, pe: ProgressEngine | None = None) -> None:
-        """A WorkQ of `depth` jobs progressed by `pe` (None: the calling thread's engine)."""
-        if depth <= 0:
-            raise DocaError(DocaErrorCode.INVALID_VALUE, f"depth must be positive, got {depth}")
-        self._pe = pe if pe is not None else thread_engine()
-        self._depth = depth
-        self._inflight = 0
-        self._ctxs: list[Ctx[Any]] = []
-        self._ready: deque[Event] = deque()
-        self._armed = False
-        self._epoll: select.epoll | None = None
-        self._efd = -1
-        self._closed = False
-        if event_driven:
-            self._open_handle()
-
-    # -- properties -----------------------------------------------------------
+class WorkQLike(Protocol):
+    """A WorkQ as a context sees it (`rdmakit.doca.workq.WorkQ`, which imports this module)."""
 
     @property
-    def depth(self) -> int:
-        """Most jobs in flight, counting completed ones not yet retrieved."""
-        return self._depth
-
+    def pe(self) -> ProgressEngine: ...
     @property
-    def inflight(self) -> int:
-        return self._inflight
-
+    def depth(self) -> int: ...
     @property
-    def pe(self) -> ProgressEngine:
-        """The progress engine this WorkQ's contexts are connected to."""
-        return self._pe
+    def inflight(self) -> int: ...
 
-    @property
-    def event_driven(self) -> bool:
-        return self._epoll is not None
+    def submit(self, job: Job) -> None: ...
 
-    @property
-    def ctxs(self) -> tuple["Ctx[Any]", ...]:
-        return tuple(self._ctxs)
+    def progress_retrieve(self) -> Event | None: ...
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
+    def fileno(self) -> int: ...
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise DocaError(DocaErrorCode.BAD_STATE, "WorkQ is closed")
+    def arm(self) -> None: ...
 
-    # -- event handle -----------------------------------------------------------
+    def clear(self) -> None: ...
 
-    def _open_handle(self) -> None:
-        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._epoll = select.epoll()
-        self._epoll.register(self._efd, select.EPOLLIN)
-        self._epoll.register(self._pe.fileno(), select.EPOLLIN)
+    def close(self) -> None: ...
 
-    def _close_handle(self) -> None:
-        if self._epoll is not None:
-            self._epoll.close()
-            os.close(self._efd)
-            self._epoll, self._efd, self._armed = None, -1, False
+    def _check_open(self) -> None: ...
 
-    def set_event_driven(self, enable: bool) -> None:
-        """Switch event-driven mode, with no context attached (``doca_workq_set_event_driven_enable``)."""
-        self._check_open()
-        if self._ctxs:
-            raise DocaError(DocaErrorCode.BAD_STATE, "contexts are attached to the WorkQ")
-        if enable and self._epoll is None:
-            self._open_handle()
-        elif not enable:
-            self._close_handle()
+    def _attach(self, ctx: "Ctx[Any]") -> None: ...
 
-    def _require_event_driven(self) -> select.epoll:
-        self._check_open()
-        if self._epoll is None:
-            raise DocaError(DocaErrorCode.BAD_STATE, "WorkQ is not in event-driven mode")
-        return self._epoll
-
-    def fileno(self) -> int:
-        """The event handle (``doca_workq_get_event_handle``): readable when there is work."""
-        return self._require_event_driven().fileno()
-
-    @property
-    def event_handle(self) -> int:
-        return self.fileno()
-
-    def arm(self) -> None:
-        """Make the handle readable on the next completion (``doca_workq_event_handle_arm``).
-
-        If an event is already waiting, the handle becomes readable at once.
-        """
-        self._require_event_driven()
-        if self._ready:
-            os.eventfd_write(self._efd, 1)
-        else:
-            self._armed = True
-
-    def clear(self) -> None:
-        """Reset the handle after it fired (``doca_workq_event_handle_clear``)."""
-        self._require_event_driven()
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self._efd)
-
-    # -- jobs -------------------------------------------------------------------
-
-    def submit(self, job: Job) -> None:
-        """Hand `job` to its context (``doca_workq_submit``).
-
-        NOT_FOUND if the context isn't attached here, NO_MEMORY when `depth`
-        jobs are in flight, BAD_STATE unless the context is RUNNING, IN_USE if
-        this job object is already in flight; the context may raise more.
-        """
-        self._check_open()
-        ctx = job.ctx
-        if ctx._workq is not self:
-            raise DocaError(DocaErrorCode.NOT_FOUND, f"{ctx!r} is not attached to this WorkQ")
-        if self._inflight >= self._depth:
-            raise DocaError(
-                DocaErrorCode.NO_MEMORY, f"WorkQ is full: {self._depth} jobs in flight", Fault.CALLER
-            )
-        self._inflight += 1
-        try:
-            ctx._dispatch(job, self)
-        except BaseException:
-            self._inflight -= 1
-            raise
-
-    def progress_retrieve(self) -> Event | None:
-        """Run the WorkQ's engine (its devices and contexts); one completed `Event`, or None (AGAIN)."""
-        self._check_open()
-        ready = self._ready
-        if not ready:
-            self._pe.progress()
-            if not ready:
-                return None
-        self._inflight -= 1
-        return ready.popleft()
-
-    def _deliver(self, event: Event) -> None:
-        self._ready.append(event)
-        if self._armed:
-            self._armed = False
-            os.eventfd_write(self._efd, 1)
-
-    # -- lifetime ---------------------------------------------------------------
-
-    def close(self) -> None:
-        """Detach every context (flushing its in-flight jobs) and release the handle. Idempotent."""
-        if self._closed:
-            return
-        for ctx in list(self._ctxs):
-            ctx._flush("WorkQ closed")
-            ctx._detach_workq()
-        self._ready.clear()
-        self._inflight = 0
-        self._close_handle()
-        self._closed = True
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        mode = "event-driven" if self._epoll is not None else "polling"
-        return f"<WorkQ depth={self._depth} inflight={self._inflight} {mode}>"
+    def _detach(self, ctx: "Ctx[Any]") -> None: ...
 
 
 class Ctx(Generic[J]):
@@ -310,7 +170,7 @@ class Ctx(Generic[J]):
         self._state = CtxState.IDLE
         self._state_cb: StateChangedCallback | None = None
         self._devs: list[Dev] = []
-        self._workq: WorkQ | None = None
+        self._workq: WorkQLike | None = None
         self._pending: dict[int, tuple[J, _Sink]] = {}
         self._fds: list[int] = []
         self._closed = False
@@ -330,7 +190,7 @@ class Ctx(Generic[J]):
         return tuple(self._devs)
 
     @property
-    def workq(self) -> WorkQ | None:
+    def workq(self) -> WorkQLike | None:
         return self._workq
 
     @property
@@ -381,28 +241,106 @@ class Ctx(Generic[J]):
         """``cb(user_data, ctx, prev, next)`` after each transition (``doca_ctx_set_state_changed_cb``)."""
         self._state_cb = cb
 
-    def start(self) -> None:
-        """Finalise the configuration and start (``doca_ctx_start``)."""
+    def start(self) -> DocaErrorCode:
+        """Finalise the configuration and start (``doca_ctx_start``).
+
+        SUCCESS when the context is RUNNING on return; IN_PROGRESS when it is
+        STARTING (``doca_ctx.h``: "Asynchronous: Change state to started and
+        return DOCA_ERROR_IN_PROGRESS"), e.g. an RDMA context until it connects.
+        """
         self._check_not_closed()
         if (self._state, _Input.START) not in _TRANSITIONS:
             raise DocaError(DocaErrorCode.BAD_STATE, f"start is not allowed in state {self._state.name}")
+        if self._workq is None and self._pe is None and self._task_confs:
+            raise DocaError(
+                DocaErrorCode.NOT_CONNECTED,
+                "the context has task configurations but no progress engine (connect_ctx before start)",
+                Fault.CALLER,
+            )
         running = self._start()
         self._transition(_Input.START if running else _Input.START_ASYNC)
+        return DocaErrorCode.SUCCESS if running else DocaErrorCode.IN_PROGRESS
 
     def _connected(self) -> None:
-        """For subclasses: the asynchronous start finished (STARTING -> RUNNING)."""
+        """For subclasses: the asynchronous start finished (STARTING -> RUNNING).
+
+        On a progress engine (DOCA 2.5+) the transition, and its state-changed
+        callback, happen inside ``progress`` only (``doca_rdma.h``, connect:
+        "Once called, doca_pe_progress() should be called, in order to
+        transition the ctx to DOCA_CTX_STATE_RUNNING state"); on a WorkQ (the
+        DOCA 2.0 job API, which has no STARTING state) at once.
+        """
+        pe = self._pe
+        if pe is not None and not pe.in_progress:
+            pe.defer(self._connected_in_progress)
+            return
         self._transition(_Input.CONNECTED)
 
-    def stop(self) -> None:
-        """Stop accepting jobs; IDLE once the in-flight ones complete (``doca_ctx_stop``)."""
+    def _connected_in_progress(self) -> None:
+        if self._state is CtxState.STARTING and not self._closed:
+            self._transition(_Input.CONNECTED)
+
+    def stop(self) -> DocaErrorCode:
+        """Stop accepting work (``doca_ctx_stop``): SUCCESS when IDLE on return, else IN_PROGRESS.
+
+        Task API (DOCA 2.5+, ``doca_ctx.h``): with tasks in flight the context
+        moves to STOPPING and the call returns IN_PROGRESS ("some tasks are
+        still in progress. CTX will move to stopping state and a state changed
+        callback shall be invoked when context is fully stopped"); the flushed
+        tasks complete with an error inside ``progress``, and IDLE follows,
+        inside ``progress``, once every task was freed (``doca_pe.h``,
+        ``doca_task_free``: "All tasks MUST be freed in order for a context to
+        be stopped").
+
+        Job API (DOCA 2.0 ``doca_ctx.h``): NOT_PERMITTED while a WorkQ is
+        attached ("either some jobs are still pending or not all WorkQs have
+        been removed"): ``workq_rm`` first, which itself refuses while jobs are
+        pending.
+        """
         self._check_not_closed()
+        if self._workq is not None:
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED,
+                f"{self._what()} is attached to {self._workq!r}: doca_ctx_workq_rm before stop",
+                Fault.CALLER,
+            )
         self._transition(_Input.STOP)
         self._stop()
-        self._check_drained()  # _stop may have flushed
-
-    def _check_drained(self) -> None:  # STOPPING -> IDLE: nothing in flight, every task callback ran
-        if not self._pending and not self._held and self._state is CtxState.STOPPING:
+        if self._drained():
             self._transition(_Input.DRAINED)
+            return DocaErrorCode.SUCCESS
+        return DocaErrorCode.IN_PROGRESS
+
+    def _halt(self) -> None:
+        """Stop for `close`: flush and reach IDLE now, whatever is attached or allocated."""
+        if self._state in (CtxState.STARTING, CtxState.RUNNING):
+            self._transition(_Input.STOP)
+            self._stop()
+        self._flush("context closed")
+        if self._state is CtxState.STOPPING:  # callbacks still queued find it IDLE
+            self._transition(_Input.DRAINED)
+
+    def _what(self) -> str:
+        return f"{type(self).__name__} context"
+
+    @property
+    def num_allocated_tasks(self) -> int:
+        """Tasks allocated from this context and not freed (`rdmakit.doca.tasks`)."""
+        return sum(conf.allocated for conf in self._task_confs.values())
+
+    def _drained(self) -> bool:
+        """Nothing in flight, every task callback ran and every task was freed."""
+        return not self._pending and not self._held and not self.num_allocated_tasks
+
+    def _check_drained(self) -> None:
+        """STOPPING -> IDLE once `_drained`; on a progress engine inside ``progress`` only."""
+        if self._state is not CtxState.STOPPING or not self._drained():
+            return
+        pe = self._pe
+        if pe is not None and not pe.in_progress:
+            pe.defer(self._check_drained)
+            return
+        self._transition(_Input.DRAINED)
 
     def _release_held(self) -> None:
         """For tasks: a completed task's callback ran."""
@@ -431,7 +369,7 @@ class Ctx(Generic[J]):
         self._devs.remove(dev)
         dev._disown(self)
 
-    def workq_add(self, workq: WorkQ) -> None:
+    def workq_add(self, workq: WorkQLike) -> None:
         """Attach to `workq` (``doca_ctx_workq_add``); one WorkQ per context."""
         self._check_not_closed()
         workq._check_open()
@@ -442,10 +380,10 @@ class Ctx(Generic[J]):
         workq.pe._connect(self)
         for fd in self._fds:
             workq.pe.watch(fd)
-        workq._ctxs.append(self)
+        workq._attach(self)
         self._workq = workq
 
-    def workq_rm(self, workq: WorkQ) -> None:
+    def workq_rm(self, workq: WorkQLike) -> None:
         """Detach from `workq`; NOT_PERMITTED while jobs are in flight (``doca_ctx_workq_rm``)."""
         self._check_not_closed()
         if self._workq is not workq:
@@ -460,13 +398,23 @@ class Ctx(Generic[J]):
             for fd in self._fds:
                 workq.pe.unwatch(fd)
             workq.pe.disconnect_ctx(self)
-            workq._ctxs.remove(self)
+            workq._detach(self)
 
     def _pe_connected(self, pe: ProgressEngine) -> None:
         """``ProgressEngine.connect_ctx`` (``doca_pe_connect_ctx``): `pe` progresses it, for tasks."""
         self._check_not_closed()
         if self._workq is not None or self._pe is not None:
-            raise DocaError(DocaErrorCode.IN_USE, "a context can only be connected to one progress engine")
+            # doca_pe.h, doca_pe_connect_ctx: "DOCA_ERROR_NOT_PERMITTED - context is already connected
+            # to a progress engine."
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED,
+                "a context can only be connected to one progress engine (or one WorkQ)",
+                Fault.CALLER,
+            )
+        if self._state is not CtxState.IDLE:
+            raise DocaError(
+                DocaErrorCode.BAD_STATE, f"connect_ctx: the context is {self._state.name}, not IDLE"
+            )
         for dev in self._devs:
             self._check_engine(dev, pe)
         for fd in self._fds:
@@ -544,12 +492,15 @@ class Ctx(Generic[J]):
     # -- lifetime ------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop (flushing what doesn't drain), leave the WorkQ and the devices. Idempotent."""
+        """Stop (flushing what doesn't drain), leave the WorkQ and the devices. Idempotent.
+
+        ``doca_<ctx>_destroy`` refuses a context that is not stopped (BAD_STATE);
+        `close` is the Python resource release and tears down whatever is left,
+        so ``with`` blocks and error paths cannot leak a queue pair.
+        """
         if self._closed:
             return
-        if self._state in (CtxState.STARTING, CtxState.RUNNING):
-            self.stop()
-        self._flush("context closed")
+        self._halt()
         self._detach_workq()
         if self._pe is not None:
             self._pe.disconnect_ctx(self)

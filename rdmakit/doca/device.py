@@ -5,9 +5,10 @@ The in-tree provider lists one `LocalBackendDevice` (``local0``); the soft
 driver and the verbs backend plug in with `register_provider`. `Dev.open`
 selects a device by `DevInfo`, name, IP address or PCI address.
 
-A `Dev` is the parent of the memory maps and contexts it is added to: closing
-it first closes those contexts and drops its registrations from those memory
-maps (pyverbs' children-before-parents rule), then closes the backend.
+A `Dev` is the parent of the memory maps and contexts it is added to. As
+``doca_dev_close``, `Dev.close` refuses (IN_USE, naming them) while any of
+them remains: they are closed first (pyverbs' children-before-parents rule).
+`Dev.close_all` closes them itself, for error paths.
 
 A device is opened under a `ProgressEngine` (the calling thread's unless one
 is given): the engine runs the backend's pump, so the contexts that use the
@@ -39,6 +40,7 @@ __all__ = [
 
 
 _NO_CAPS = DeviceCaps()
+_NAMED = 4  # the objects an IN_USE refusal names; the rest are counted
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -276,13 +278,42 @@ class Dev:
         raise DocaError(DocaErrorCode.NOT_SUPPORTED, "device representors need a BlueField DPU", Fault.SYSTEM)
 
     def close(self) -> None:
-        """Close children (contexts, memory-map registrations), then the backend. Idempotent."""
+        """Close the device (``doca_dev_close``); idempotent.
+
+        IN_USE while a memory map or a context still uses it, naming them
+        (``doca_dev.h``: "DOCA_ERROR_IN_USE - failed to deallocate device
+        resources"): destroy the mmaps and contexts first, children before
+        parents. `close_all` is the lenient teardown for error paths.
+        """
+        if self._backend is None:
+            return
+        if self._children:
+            shown = self._children[:_NAMED]
+            names = ", ".join(repr(c) for c in shown)
+            more = len(self._children) - len(shown)
+            if more:
+                names += f" and {more} more"
+            raise DocaError(
+                DocaErrorCode.IN_USE,
+                f"device {self.name} is still used by {len(self._children)} object(s): {names}; "
+                "destroy them before closing the device",
+                Fault.CALLER,
+            )
+        self._release()
+
+    def close_all(self) -> None:
+        """Close the children (contexts, memory-map registrations), then the device. Idempotent."""
         if self._backend is None:
             return
         for child in list(self._children):
             child._on_dev_close(self)
         self._children.clear()
+        self._release()
+
+    def _release(self) -> None:
         backend, self._backend = self._backend, None
+        if backend is None:
+            return
         self._pe.remove_pump(backend.pump)
         backend.close()
 
@@ -290,7 +321,11 @@ class Dev:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        # An exception on the way out: tear everything down rather than mask it with IN_USE.
+        if exc_info[0] is not None:
+            self.close_all()
+        else:
+            self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"

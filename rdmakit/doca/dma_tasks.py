@@ -11,9 +11,12 @@ buffer rules, errors and the copy are the `Dma` context's (``rdmakit.doca.dma``)
 from dataclasses import dataclass
 from typing import Any
 
+from rdmakit.doca.backend import JobType
 from rdmakit.doca.buf import Buf
 from rdmakit.doca.ctx import Ctx, Job
-from rdmakit.doca.tasks import Task, TaskCallback, set_task_conf
+from rdmakit.doca.device import DevInfo
+from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
+from rdmakit.doca.tasks import U32, Task, TaskCallback, set_task_conf
 
 __all__ = ["DmaMemcpyJob", "DmaTaskMemcpy"]  # DmaTaskApi: a base of Dma
 
@@ -63,7 +66,33 @@ class DmaTaskMemcpy(Task):
 
 
 class DmaTaskApi(Ctx[DmaMemcpyJob]):
-    """The task half of `Dma`."""
+    """The task half of `Dma`, with the capability queries of ``doca_dma.h`` (DOCA 2.5+)."""
+
+    def cap_get_max_num_tasks(self) -> int:
+        """``doca_dma_cap_get_max_num_tasks``: the largest ``num_tasks`` `task_memcpy_set_conf` takes.
+
+        A copy runs on the CPU (or as RDMA pieces on a queue pair of its own
+        depth), so the pool is bounded by the uint32 of ``set_conf`` only.
+        """
+        return U32
+
+    @staticmethod
+    def cap_task_memcpy_is_supported(devinfo: DevInfo) -> None:
+        """``doca_dma_cap_task_memcpy_is_supported``: NOT_SUPPORTED unless the device copies."""
+        if not devinfo.is_job_supported(JobType.DMA_MEMCPY):
+            raise DocaError(
+                DocaErrorCode.NOT_SUPPORTED, f"{devinfo.name} does not run DMA memcpy tasks", Fault.SYSTEM
+            )
+
+    @staticmethod
+    def cap_task_memcpy_get_max_buf_size(devinfo: DevInfo) -> int:
+        """``doca_dma_cap_task_memcpy_get_max_buf_size``: the device's largest buffer."""
+        return devinfo.max_buf_size()
+
+    @staticmethod
+    def cap_task_memcpy_get_max_buf_list_len(devinfo: DevInfo) -> int:
+        """``doca_dma_cap_task_memcpy_get_max_buf_list_len``: the device's longest buffer list."""
+        return devinfo.max_buf_list_len()
 
     def task_memcpy_set_conf(
         self,

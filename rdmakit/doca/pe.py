@@ -89,6 +89,7 @@ class ProgressEngine:
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll.register(self._efd, select.EPOLLIN)
         self._armed = False
+        self._in_progress = False
         # Duplicates are ours to close, also when the engine is dropped without close().
         self._owned: list[int] = [self._efd]
         self._finalizer = weakref.finalize(self, _close_fds, self._owned)
@@ -98,12 +99,16 @@ class ProgressEngine:
     def connect_ctx(self, ctx: PeContext) -> None:
         """Progress `ctx` from now on and run its tasks (``doca_pe_connect_ctx``).
 
-        ALREADY_EXIST if it is connected here; IN_USE if it is connected to
-        another engine or attached to a WorkQ (one engine per context).
+        NOT_PERMITTED if it is connected to an engine, this one or another, or
+        attached to a WorkQ ("DOCA_ERROR_NOT_PERMITTED - context is already
+        connected to a progress engine"); BAD_STATE unless it is IDLE
+        ("DOCA_ERROR_BAD_STATE - context is not idle").
         """
         self._check_open()
         if any(c is ctx for c in self._ctxs):
-            raise DocaError(DocaErrorCode.ALREADY_EXIST, f"{ctx!r} is already connected to this engine")
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED, f"{ctx!r} is already connected to this progress engine"
+            )
         ctx._pe_connected(self)
         self._ctxs.append(ctx)
 
@@ -205,20 +210,32 @@ class ProgressEngine:
 
         ``doca_pe_progress``; it never blocks.
         """
-        busy = False
-        for pump in list(self._pumps):
-            if pump.progress():
+        if self._in_progress:
+            # doca_pe.h: "Inside this callback the user shouldn't call doca_pe_progress()".
+            raise DocaError(DocaErrorCode.BAD_STATE, "progress was called from inside a progress callback")
+        self._in_progress = True
+        try:
+            busy = False
+            for pump in list(self._pumps):
+                if pump.progress():
+                    busy = True
+            for ctx in list(self._ctxs):
+                if ctx._progress():
+                    busy = True
+            deferred = self._deferred
+            if deferred:
+                # The callbacks queued so far; those they cause wait for the next call.
+                for _ in range(len(deferred)):
+                    deferred.popleft()()
                 busy = True
-        for ctx in list(self._ctxs):
-            if ctx._progress():
-                busy = True
-        deferred = self._deferred
-        if deferred:
-            # The callbacks queued so far; those they cause wait for the next call.
-            for _ in range(len(deferred)):
-                deferred.popleft()()
-            busy = True
-        return busy
+            return busy
+        finally:
+            self._in_progress = False
+
+    @property
+    def in_progress(self) -> bool:
+        """Whether `progress` is running: callbacks and state changes happen only then."""
+        return self._in_progress
 
     # -- notification --------------------------------------------------------------------------
 
@@ -267,7 +284,25 @@ class ProgressEngine:
             raise DocaError(DocaErrorCode.BAD_STATE, "the progress engine is destroyed")
 
     def close(self) -> None:
-        """``doca_pe_destroy``: forget contexts and pumps, release the handle. Idempotent."""
+        """``doca_pe_destroy``: release the handle; idempotent.
+
+        IN_USE while contexts are connected ("Progress engine can be destroyed
+        only after all connected contexts has been destroyed"), naming them.
+        `close_all` forgets them instead (teardown).
+        """
+        if self._epoll.closed:
+            return
+        if self._ctxs:
+            names = ", ".join(repr(c) for c in self._ctxs[:4])
+            more = f" and {len(self._ctxs) - 4} more" if len(self._ctxs) > 4 else ""
+            raise DocaError(
+                DocaErrorCode.IN_USE,
+                f"{len(self._ctxs)} context(s) are still connected: {names}{more}; destroy them first",
+            )
+        self.close_all()
+
+    def close_all(self) -> None:
+        """Forget the connected contexts and the pumps, release the handle. Idempotent."""
         if self._epoll.closed:
             return
         for ctx in list(self._ctxs):
@@ -282,7 +317,10 @@ class ProgressEngine:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        if exc_info[0] is not None:
+            self.close_all()  # an exception on the way out: do not mask it with IN_USE
+        else:
+            self.close()
 
     def __repr__(self) -> str:
         state = "destroyed" if self.closed else f"ctxs={len(self._ctxs)} pumps={len(self._pumps)}"

@@ -8,11 +8,16 @@ Lifecycle (guide §4, "Configuring DOCA RDMA instances")::
            -> jobs ...                                     a failed job: rdma_state ERROR
            -> stop                                         ctx IDLE,     rdma_state RESET
 
-As in DOCA 2.5 and later, ``start`` leaves the context STARTING (C
-``doca_ctx_start`` returns ``DOCA_ERROR_IN_PROGRESS``) and ``connect`` moves
-it to RUNNING. Receive jobs may be submitted while STARTING: they are posted
-to the queue pair in INIT, so a peer's first send finds them. Every other job
-needs RUNNING (BAD_STATE).
+As in DOCA 2.5 and later, ``start`` leaves the context STARTING and returns
+IN_PROGRESS (C ``doca_ctx_start`` returns ``DOCA_ERROR_IN_PROGRESS``).
+``connect`` moves it to RUNNING: on a progress engine inside the next
+``progress`` (``doca_rdma_connect``: "Once called, doca_pe_progress() should
+be called, in order to transition the ctx to DOCA_CTX_STATE_RUNNING state"),
+on a WorkQ (the DOCA 2.0 job API, which has no STARTING) at once. Receive
+jobs may be submitted while STARTING: they are posted to the queue pair in
+INIT, so a peer's first send finds them. Every other job needs RUNNING
+(BAD_STATE). `export_connection` and ``connect(blob, connection)`` are the
+connection-aware forms (each export a further `RdmaConnection`).
 
 Connected by descriptor, a context is one RC connection. Connected by
 address (``rdmakit.doca.rdma_cm``) it holds up to ``max_num_connections``,
@@ -70,18 +75,19 @@ Like DOCA, contexts are not thread-safe.
 """
 
 import itertools
+from collections.abc import Mapping
+from dataclasses import replace
 from enum import IntEnum
 
-from rdmakit.doca.backend import BackendQP, JobType
+from rdmakit.doca.backend import BackendQP
 from rdmakit.doca.ctx import CtxState, Job, _Sink
 from rdmakit.doca.descriptor import ConnectionDescriptor
-from rdmakit.doca.device import Dev, DevInfo
+from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.doca.mmap import AccessFlag
-from rdmakit.doca.rdma_cm import RdmaCmApi
+from rdmakit.doca.rdma_conns import RdmaConnection
 from rdmakit.doca.rdma_jobs import (
     JOBS,
-    U32,
     Planning,
     Posted,
     RdmaAtomicCmpSwpJob,
@@ -96,9 +102,9 @@ from rdmakit.doca.rdma_jobs import (
     RdmaWriteImmJob,
     RdmaWriteJob,
     _OnConnection,
-    check_uint,
     wc_error,
 )
+from rdmakit.doca.rdma_props import RDMA_PERMISSIONS, RdmaPropsApi, RdmaTransportType
 from rdmakit.engine.states import QpState
 from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, WcOpcode, WcStatus
 
@@ -130,171 +136,20 @@ class RdmaState(IntEnum):
     ERROR = 3  # a job failed (QP in the Error state, IBTA §10.3.1); recover with stop/start
 
 
-class RdmaTransportType(IntEnum):
-    """``enum doca_rdma_transport_type``."""
-
-    RC = 0  # reliable connection
-    DC = 1  # dynamically connected: not supported (as in DOCA without a DC-capable NIC)
-
-
-#: The permissions an Rdma context may grant (``doca_rdma_set_permissions``).
-RDMA_PERMISSIONS = (
-    AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC
-)
-
-
-class Rdma(RdmaCmApi):
+class Rdma(RdmaPropsApi):
     """A DOCA RDMA context (``doca_rdma``): RC connections, one by descriptor or several by address."""
 
-    def __init__(self) -> None:
+    def __init__(self, dev: Dev | None = None) -> None:
+        """``doca_rdma_create(dev, &rdma)``: a context on `dev`; without one, `add_dev` before start."""
         super().__init__()
-        self._permissions = AccessFlag.LOCAL_READ_WRITE  # DOCA's default: no remote access
-        self._gid_index: int | None = None  # None: the device's own
-        self._send_queue_size = 64
-        self._recv_queue_size = 64
-        self._recv_buf_chain_len = 1
-        self._transport_type = RdmaTransportType.RC
         self._qp: BackendQP | None = None
         self._qp_key: tuple[QpCaps, int] | None = None  # what the QP was created with
         self._posted: dict[int, Posted] = {}
         self._wr_ids = itertools.count(1)
         self._error: DocaError | None = None
-
-    # -- capabilities -------------------------------------------------------------------------
-
-    @staticmethod
-    def job_get_supported(devinfo: DevInfo, job_type: JobType) -> None:
-        """NOT_SUPPORTED unless the device runs `job_type` (``doca_rdma_job_get_supported``)."""
-        if not devinfo.is_job_supported(job_type):
-            raise DocaError(
-                DocaErrorCode.NOT_SUPPORTED,
-                f"{devinfo.name} does not support {job_type.value} jobs",
-                Fault.SYSTEM,
-            )
-
-    # -- configuration (IDLE only) -------------------------------------------------------------
-
-    @property
-    def dev(self) -> Dev | None:
-        return self._devs[0] if self._devs else None
-
-    @property
-    def permissions(self) -> AccessFlag:
-        """What the peer may do through this connection (the responder QP's access flags)."""
-        return self._permissions
-
-    def set_permissions(self, permissions: int) -> None:
-        """Grant RDMA access flags (``doca_rdma_set_permissions``); non-RDMA flags are INVALID_VALUE."""
-        self._require_idle("set_permissions")
-        if type(permissions) is not int and not isinstance(permissions, AccessFlag):
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE, f"permissions must be AccessFlag, got {permissions!r}"
-            )
-        if permissions < 0 or permissions & ~RDMA_PERMISSIONS:
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE,
-                f"permissions {permissions:#x} include flags other than LOCAL_READ_WRITE, RDMA_READ, "
-                "RDMA_WRITE, RDMA_ATOMIC",
-            )
-        self._permissions = AccessFlag(permissions)
-
-    @property
-    def gid_index(self) -> int:
-        """The GID index set with `set_gid_index`, else the device's (0 without a device)."""
-        if self._gid_index is None:
-            dev = self.dev
-            return 0 if dev is None or dev.closed else dev.backend.gid_index
-        return self._gid_index
-
-    def set_gid_index(self, gid_index: int) -> None:
-        """Select the port GID the connection uses (``doca_rdma_set_gid_index``).
-
-        The queue pair's address vector (source GID index) and the exported
-        connection descriptor use the GID at this index of the device's table;
-        INVALID_VALUE unless it holds a RoCE v2 GID. The default is the
-        device's own (`BackendDevice.gid_index`).
-        """
-        self._require_idle("set_gid_index")
-        check_uint("gid_index", gid_index, U32)
-        dev = self.dev
+        self._export_ids = itertools.count(1)  # export_connection's handles: -1, -2, ...
         if dev is not None:
-            self._check_gid(dev, gid_index)
-        self._gid_index = gid_index
-
-    @staticmethod
-    def _check_gid(dev: Dev, gid_index: int) -> None:
-        if dev.backend.gid_at(gid_index) is None:
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE,
-                f"{dev.name} has no RoCE v2 GID at index {gid_index} (its GIDs: {len(dev.backend.gids)})",
-            )
-
-    @property
-    def send_queue_size(self) -> int:
-        return self._send_queue_size
-
-    @property
-    def recv_queue_size(self) -> int:
-        return self._recv_queue_size
-
-    @staticmethod
-    def _queue_size(name: str, size: int) -> int:
-        if type(size) is not int or not 1 <= size <= U32:
-            raise DocaError(DocaErrorCode.INVALID_VALUE, f"{name} must be a positive integer, got {size!r}")
-        return 1 << (size - 1).bit_length()  # DOCA rounds up to a power of two
-
-    def set_send_queue_size(self, size: int) -> None:
-        """Send queue depth, rounded up to a power of two (``doca_rdma_set_send_queue_size``)."""
-        self._require_idle("set_send_queue_size")
-        self._send_queue_size = self._queue_size("send queue size", size)
-
-    def set_recv_queue_size(self, size: int) -> None:
-        """Receive queue depth, rounded up to a power of two (``doca_rdma_set_recv_queue_size``)."""
-        self._require_idle("set_recv_queue_size")
-        self._recv_queue_size = self._queue_size("receive queue size", size)
-
-    @property
-    def recv_buf_chain_len(self) -> int:
-        return self._recv_buf_chain_len
-
-    def set_recv_buf_chain_len(self, length: int) -> None:
-        """Longest buffer chain a receive job may use (``doca_rdma_set_recv_buf_chain_len``)."""
-        self._require_idle("set_recv_buf_chain_len")
-        if type(length) is not int or length < 1:
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE, f"recv_buf_chain_len must be positive, got {length!r}"
-            )
-        self._recv_buf_chain_len = length
-
-    @property
-    def transport_type(self) -> RdmaTransportType:
-        return self._transport_type
-
-    def set_transport_type(self, transport_type: int) -> None:
-        """RC only; DC is NOT_SUPPORTED (``doca_rdma_set_transport_type``)."""
-        self._require_idle("set_transport_type")
-        try:
-            t = RdmaTransportType(transport_type)
-        except ValueError:
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE, f"unknown transport type {transport_type!r}"
-            ) from None
-        if t is not RdmaTransportType.RC:
-            raise DocaError(
-                DocaErrorCode.NOT_SUPPORTED, f"{t.name} transport is not supported; use RC", Fault.SYSTEM
-            )
-        self._transport_type = t
-
-    def _check_dev(self, dev: Dev) -> None:
-        if self._devs:
-            raise DocaError(DocaErrorCode.NOT_SUPPORTED, "an RDMA context uses exactly one device")
-        caps = dev.backend.caps
-        if JobType.RDMA_SEND not in caps.job_types:
-            raise DocaError(
-                DocaErrorCode.NOT_SUPPORTED,
-                f"{dev.name} ({dev.info.kind}) cannot run RDMA jobs",
-                Fault.CALLER,
-            )
+            self.add_dev(dev)
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -346,6 +201,13 @@ class Rdma(RdmaCmApi):
                     f"{name} queue size {size} exceeds {dev.name}'s {caps.max_qp_wr}",
                     Fault.CALLER,
                 )
+        send_sge = caps.max_sge if self._max_send_buf_list_len is None else self._max_send_buf_list_len
+        if send_sge > caps.max_sge:
+            raise DocaError(
+                DocaErrorCode.NOT_SUPPORTED,
+                f"max_send_buf_list_len {send_sge} exceeds {dev.name}'s {caps.max_sge}",
+                Fault.CALLER,
+            )
         if self._recv_buf_chain_len > caps.max_sge:
             raise DocaError(
                 DocaErrorCode.NOT_SUPPORTED,
@@ -357,7 +219,7 @@ class Rdma(RdmaCmApi):
         qp_caps = QpCaps(
             max_send_wr=self._send_queue_size,
             max_recv_wr=self._recv_queue_size,
-            max_send_sge=caps.max_sge,
+            max_send_sge=send_sge,
             max_recv_sge=self._recv_buf_chain_len,
         )
         key = (qp_caps, gid_index)
@@ -367,6 +229,7 @@ class Rdma(RdmaCmApi):
         if self._qp is None:
             self._qp = backend.create_qp(qp_caps, gid_index)
             self._qp_key = key
+        self._qp.connect_attrs = replace(self._qp.connect_attrs, rnr_retry=self._rnr_retry)
         # IBTA §10.6.3.1: the responder's remote-access rights are the QP's access flags.
         self._qp.init(self._qp_access())
         self._error = None
@@ -379,6 +242,7 @@ class Rdma(RdmaCmApi):
         if dev is None or self._qp_key is None:
             raise DocaError(DocaErrorCode.BAD_STATE, "the RDMA context is not started")
         qp = dev.backend.create_qp(*self._qp_key)
+        qp.connect_attrs = replace(qp.connect_attrs, rnr_retry=self._rnr_retry)
         try:
             qp.init(self._qp_access())
         except BaseException:
@@ -386,37 +250,115 @@ class Rdma(RdmaCmApi):
             raise
         return qp
 
-    def export(self) -> bytes:
-        """This side's connection descriptor, ``rdmakit.connection/1`` (``doca_rdma_export``)."""
+    def _check_exportable(self, what: str) -> BackendQP:
         self._check_not_closed()
         if self._qp is None or self._state not in (CtxState.STARTING, CtxState.RUNNING):
             raise DocaError(
-                DocaErrorCode.BAD_STATE, f"export needs a started context; it is {self._state.name}"
+                DocaErrorCode.BAD_STATE, f"{what} needs a started context; it is {self._state.name}"
             )
-        return ConnectionDescriptor.from_backend(self._qp.export()).to_bytes()
+        return self._qp
 
-    def connect(self, remote: bytes | bytearray | memoryview | ConnectionDescriptor) -> None:
-        """Connect to the peer that exported `remote` (``doca_rdma_connect``): RUNNING, CONNECTED.
+    def _with_mtu(self, info: Mapping[str, object]) -> dict[str, object]:
+        """`info` with its path MTU no larger than `set_mtu`'s (the exported and the connected one)."""
+        out = dict(info)
+        mtu = out.get("mtu")
+        if self._mtu is not None and type(mtu) is int:
+            out["mtu"] = min(mtu, self._mtu)
+        return out
 
-        A malformed descriptor is INVALID_VALUE naming the field; connecting
-        twice, or before ``start``, is BAD_STATE.
+    def _descriptor(self, qp: BackendQP) -> bytes:
+        return ConnectionDescriptor.from_backend(self._with_mtu(qp.export())).to_bytes()
+
+    def export(self) -> bytes:
+        """This side's connection descriptor, ``rdmakit.connection/1`` (DOCA 2.5 ``doca_rdma_export``).
+
+        The descriptor of the queue pair made at ``start``; `connect` without a
+        connection connects it. `export_connection` is the newer form.
+        """
+        return self._descriptor(self._check_exportable("export"))
+
+    def export_connection(self) -> tuple[bytes, RdmaConnection]:
+        """A new connection and its descriptor (the connection-aware ``doca_rdma_export``).
+
+        Each call "returns" a further `RdmaConnection` (out parameter
+        ``rdma_connection``) with a queue pair of its own, the first one the
+        queue pair made at ``start``; `connect` names it. FULL when the context
+        holds ``max_num_connections`` connections ("DOCA_ERROR_FULL - if all
+        connections are being used").
+        """
+        self._check_exportable("export")
+        self._cm_check_room()
+        conn = RdmaConnection(self, self, -next(self._export_ids), self._cm_free_id(), ("", 0), b"")
+        qp = self._cm_give_qp(conn)
+        try:
+            blob = self._descriptor(qp)
+        except BaseException:
+            self._cm_take_back_qp(conn)
+            raise
+        conn._state = "connecting"
+        self._cm_conns[conn._handle] = conn
+        return blob, conn
+
+    def connect(
+        self,
+        remote: bytes | bytearray | memoryview | ConnectionDescriptor,
+        connection: RdmaConnection | None = None,
+    ) -> None:
+        """Connect to the peer that exported `remote` (``doca_rdma_connect``).
+
+        `connection` names one `export_connection` made (the connection-aware
+        header); None connects the queue pair made at ``start`` (DOCA 2.5).
+        "Can only be called when the ctx is in DOCA_CTX_STATE_STARTING state":
+        BAD_STATE otherwise, and for a connection already connected. On a
+        progress engine the context becomes RUNNING in the next ``progress``
+        ("Once called, doca_pe_progress() should be called, in order to
+        transition the ctx to DOCA_CTX_STATE_RUNNING state"); on a WorkQ (the
+        DOCA 2.0 job API, synchronous) at once. A descriptor that does not
+        parse, or that the queue pair cannot connect to, is CONNECTION_ABORTED
+        ("if connection failed or connection details object was corrupted"),
+        with the field named.
         """
         self._check_not_closed()
-        if self._state is CtxState.RUNNING:
-            raise DocaError(DocaErrorCode.BAD_STATE, "already connected (stop and start to reconnect)")
         if self._qp is None or self._state is not CtxState.STARTING:
             raise DocaError(
-                DocaErrorCode.BAD_STATE, f"connect needs a started context; it is {self._state.name}"
-            )
-        if self.rdma_state is not RdmaState.INIT or self._cm_conns:
-            raise DocaError(
                 DocaErrorCode.BAD_STATE,
-                f"the connection is {self.rdma_state.name} (by address: {len(self._cm_conns)}); "
-                "stop and start again",
+                f"connect needs a STARTING context; it is {self._state.name} (stop and start to reconnect)",
             )
-        desc = remote if isinstance(remote, ConnectionDescriptor) else ConnectionDescriptor.from_bytes(remote)
-        self._qp.connect(desc.to_backend())
-        self._by_descriptor = True
+        if connection is None:
+            if self.rdma_state is not RdmaState.INIT or self._cm_primary is not None:
+                raise DocaError(
+                    DocaErrorCode.BAD_STATE,
+                    f"the connection is {self.rdma_state.name}; name the exported connection to connect",
+                )
+            qp = self._qp
+        else:
+            if not isinstance(connection, RdmaConnection) or connection._ctx is not self:
+                raise DocaError(
+                    DocaErrorCode.INVALID_VALUE, f"{connection!r} is not a connection of this context"
+                )
+            if connection._handle >= 0 or connection._state != "connecting" or connection._qp is None:
+                raise DocaError(
+                    DocaErrorCode.BAD_STATE,
+                    f"{connection!r} is not an exported connection waiting to connect",
+                )
+            qp = connection._qp
+        try:
+            desc = (
+                remote
+                if isinstance(remote, ConnectionDescriptor)
+                else ConnectionDescriptor.from_bytes(remote)
+            )
+            qp.connect(self._with_mtu(desc.to_backend()))
+        except DocaError as e:
+            if e.code is not DocaErrorCode.INVALID_VALUE:
+                raise
+            raise DocaError(
+                DocaErrorCode.CONNECTION_ABORTED, f"the peer's connection details: {e.message}", e.fault
+            ) from e
+        if connection is None:
+            self._by_descriptor = True
+        else:
+            connection._state = "established"
         self._connected()
 
     def _stop(self) -> None:

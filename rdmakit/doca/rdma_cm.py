@@ -26,7 +26,8 @@ DOCA                                           here
 ``doca_rdma_connection_*``                     `RdmaConnection` (``rdmakit.doca.rdma_conns``)
 =============================================  ===================================================
 
-Callbacks are ``cb(connection, ctx_user_data)`` and run inside the
+Callbacks are ``request_cb(connection, ctx_user_data)`` and
+``cb(connection, connection_user_data, ctx_user_data)`` for the others, and run inside the
 context's progress only (``WorkQ.progress_retrieve`` or ``PE.progress``),
 never from another thread. A context holds at most ``max_num_connections``
 open connections (requested, connecting or established), each with its own
@@ -66,10 +67,13 @@ from rdmakit.doca.rdma_conns import MAX_NUM_CONNECTIONS, RdmaConnection
 from rdmakit.doca.sync_event_remote import RdmaRemoteNetTaskApi
 from rdmakit.engine.states import QpState
 
-__all__ = ["ConnectionCallback", "RdmaAddr"]  # RdmaCmApi: a base of Rdma
+__all__ = ["ConnectionCallback", "ConnectionRequestCallback", "RdmaAddr"]  # RdmaCmApi: a base of Rdma
 
-#: ``doca_rdma_connection_*_cb_t``: (connection, ctx user data).
-ConnectionCallback = Callable[[RdmaConnection, object], None]
+#: ``doca_rdma_connection_request_cb_t``: (connection, ctx user data).
+ConnectionRequestCallback = Callable[[RdmaConnection, object], None]
+#: ``doca_rdma_connection_{established,failure,disconnection}_cb_t``: (connection, connection user
+#: data, ctx user data); the connection's is what `connect_to_addr` or `set_user_data` gave it.
+ConnectionCallback = Callable[[RdmaConnection, object, object], None]
 DEFAULT_CONNECTION_TIMEOUT = 10.0
 
 
@@ -126,7 +130,10 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
 
     def __init__(self) -> None:
         super().__init__()
-        self._cm_callbacks: tuple[ConnectionCallback, ...] | None = None
+        self._cm_callbacks: (
+            tuple[ConnectionRequestCallback, ConnectionCallback, ConnectionCallback, ConnectionCallback]
+            | None
+        ) = None
         self._cm_timeout = DEFAULT_CONNECTION_TIMEOUT
         self._cm_events: deque[CmEvent] = deque()
         self._cm_hub: _Hub | None = None
@@ -172,17 +179,21 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
 
     def set_connection_state_callbacks(
         self,
-        request_cb: ConnectionCallback,
+        request_cb: ConnectionRequestCallback,
         established_cb: ConnectionCallback,
         failure_cb: ConnectionCallback,
         disconnect_cb: ConnectionCallback,
     ) -> None:
-        """``doca_rdma_set_connection_state_callbacks``; IDLE only."""
+        """``doca_rdma_set_connection_state_callbacks``; IDLE only.
+
+        ``request_cb(connection, ctx_user_data)``; the others
+        ``cb(connection, connection_user_data, ctx_user_data)`` (the
+        connection-aware ``doca_rdma.h``).
+        """
         self._require_idle("set_connection_state_callbacks")
-        cbs = (request_cb, established_cb, failure_cb, disconnect_cb)
-        if not all(callable(cb) for cb in cbs):
+        if not all(callable(cb) for cb in (request_cb, established_cb, failure_cb, disconnect_cb)):
             raise DocaError(DocaErrorCode.INVALID_VALUE, "the four connection callbacks must be callable")
-        self._cm_callbacks = cbs
+        self._cm_callbacks = (request_cb, established_cb, failure_cb, disconnect_cb)
 
     def set_connection_timeout(self, seconds: float) -> None:
         """How long `connect_to_addr` waits for the connection before failing it (10 s); IDLE only."""
@@ -195,8 +206,6 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
         self._check_not_closed()
         if self._state not in (CtxState.STARTING, CtxState.RUNNING) or self._qp is None:
             raise DocaError(DocaErrorCode.BAD_STATE, f"{what} needs a started context")
-        if self._by_descriptor:
-            raise DocaError(DocaErrorCode.BAD_STATE, f"{what}: the context is connected by descriptor")
         if self._cm_callbacks is None:
             raise DocaError(
                 DocaErrorCode.BAD_STATE, f"{what}: set_connection_state_callbacks first", Fault.CALLER
@@ -369,7 +378,9 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
             self._cm_forget(conn, flush=False)
 
     def _cm_disconnect(self, conn: RdmaConnection) -> None:
-        if self._cm_hub is not None:
+        if conn._handle < 0:  # by export/connect: no CM to tell; the peer sees its QP fail
+            self._cm_forget(conn, flush=True)
+        elif self._cm_hub is not None:
             self._cm_hub.cm.disconnect(conn._handle)
 
     def _cm_forget(self, conn: RdmaConnection, *, flush: bool) -> None:
@@ -395,7 +406,9 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
         for port in list(self._cm_ports):
             self.stop_listen_to_port(port)
         for conn in list(self._cm_conns.values()):
-            if conn._state == "requested" and self._cm_hub is not None:
+            if conn._handle < 0:
+                pass  # by export/connect
+            elif conn._state == "requested" and self._cm_hub is not None:
                 self._cm_hub.cm.reject(conn._handle, b"")
             else:
                 conn.disconnect()
@@ -422,7 +435,7 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
         if ev.kind is CmEventKind.CONNECT_REQUEST:
             peer = (str(ev.peer[0]), ev.peer[1]) if ev.peer is not None else ("", 0)
             started = self._state in (CtxState.STARTING, CtxState.RUNNING)
-            if not started or self._by_descriptor or len(self._cm_conns) >= self._cm_max:
+            if not started or len(self._cm_conns) >= self._cm_max:
                 self._cm_hub.cm.reject(ev.conn, b"")  # max_num_connections reached
                 return
             new = RdmaConnection(self, self, ev.conn, self._cm_free_id(), peer, ev.private_data)
@@ -439,7 +452,7 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
                 conn.private_data = ev.private_data
             if self._state is CtxState.STARTING:
                 self._connected()
-            established_cb(conn, ud)
+            established_cb(conn, conn.get_user_data(), ud)
         elif ev.kind in (CmEventKind.REJECTED, CmEventKind.UNREACHABLE):
             code = (
                 DocaErrorCode.CONNECTION_ABORTED
@@ -450,7 +463,7 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
                 code, f"connection to {conn.peer[0]}:{conn.peer[1]} failed: {ev.detail}", Fault.PEER
             )
             self._cm_forget(conn, flush=conn is not self._cm_primary)
-            failure_cb(conn, ud)
+            failure_cb(conn, conn.get_user_data(), ud)
         elif ev.kind is CmEventKind.DISCONNECTED:
             self._error = conn._error = DocaError(
                 DocaErrorCode.CONNECTION_RESET,
@@ -458,4 +471,4 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
                 Fault.PEER,
             )
             self._cm_forget(conn, flush=True)
-            disconnect_cb(conn, ud)
+            disconnect_cb(conn, conn.get_user_data(), ud)

@@ -243,6 +243,7 @@ class Task:
         self._state = TaskState.FREED
         self._conf.allocated -= 1
         self._job = None
+        self._ctx._check_drained()  # a STOPPING context waits for its tasks to be freed
 
     # -- completion: the sink of the context's job ------------------------------------------------
 

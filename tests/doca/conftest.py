@@ -26,8 +26,9 @@ def rng(seed: int) -> random.Random:
 
 @pytest.fixture
 def dev(rng: random.Random) -> Iterator[Dev]:
-    with Dev.open(local_devinfo("local0", rng=rng)) as opened:
-        yield opened
+    opened = Dev.open(local_devinfo("local0", rng=rng))
+    yield opened
+    opened.close_all()  # teardown: whatever a test left open goes with it
 
 
 @pytest.fixture

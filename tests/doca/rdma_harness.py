@@ -232,7 +232,7 @@ class Pair:
         for s in self.sides:
             s.rdma.close()
             s.wq.close()
-            s.dev.close()
+            s.dev.close_all()  # teardown: the mmaps a test made go with the device
 
 
 def result(ev: Event) -> RdmaResult:

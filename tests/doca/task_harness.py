@@ -23,6 +23,7 @@ from rdmakit.doca import (
     AccessFlag,
     Buf,
     BufInventory,
+    CtxState,
     Dev,
     DocaErrorCode,
     Event,
@@ -171,6 +172,13 @@ class Duo:
         da, db = self.a.rdma.export(), self.b.rdma.export()
         self.a.rdma.connect(db)
         self.b.rdma.connect(da)
+        if self.api == "task":
+            # doca_rdma.h, doca_rdma_connect: "Once called, doca_pe_progress() should be called, in
+            # order to transition the ctx to DOCA_CTX_STATE_RUNNING state."
+            self._until(
+                lambda: all(s.rdma.state is CtxState.RUNNING for s in self.sides),
+                lambda: "both contexts RUNNING",
+            )
         return self
 
     def share(self, m: Mmap, *, to: str = "a") -> Mmap:
@@ -251,7 +259,7 @@ class Duo:
             s.rdma.close()
             if s.wq is not None:
                 s.wq.close()
-            s.dev.close()
+            s.dev.close_all()  # teardown: the mmaps a test made go with the device
         self.pe.close()
 
 

@@ -160,18 +160,25 @@ def test_device_added_twice_or_missing(dev: Dev) -> None:
     assert error_code(lambda: ctx.rm_dev(dev)) is DocaErrorCode.NOT_FOUND
 
 
-def test_stop_drains_in_flight_jobs(workq: WorkQ, ctx: TickCtx) -> None:
-    """DOCA Core 3.4 (DOCA_CTX_STATE_STOPPING): in-flight jobs finish, then the context is IDLE."""
+def test_stop_needs_the_workq_removed_and_the_jobs_done(workq: WorkQ, ctx: TickCtx) -> None:
+    """DOCA 2.0 ``doca_ctx.h``, doca_ctx_stop: "DOCA_ERROR_NOT_PERMITTED - either some jobs are
+    still pending or not all WorkQs have been removed"; doca_ctx_workq_rm: "DOCA_ERROR_NOT_PERMITTED
+    - some jobs are still pending completion"."""
     workq.submit(TickJob(ctx=ctx, ticks=2))
-    ctx.stop()
-    assert ctx.state is CtxState.STOPPING
-    assert error_code(lambda: workq.submit(TickJob(ctx=ctx))) is DocaErrorCode.BAD_STATE
+    with pytest.raises(DocaError) as exc:
+        ctx.stop()
+    assert exc.value.code is DocaErrorCode.NOT_PERMITTED
+    assert "workq_rm" in str(exc.value)
+    assert ctx.state is CtxState.RUNNING
+    assert error_code(lambda: ctx.workq_rm(workq)) is DocaErrorCode.NOT_PERMITTED
     assert workq.progress_retrieve() is None
     event = workq.progress_retrieve()
     assert event is not None
     assert event.ok
     assert event.result == 2
-    assert ctx.state is CtxState.IDLE  # type: ignore[comparison-overlap]  # progress changed it
+    ctx.workq_rm(workq)
+    assert ctx.stop() is DocaErrorCode.SUCCESS
+    assert ctx.state is CtxState.IDLE  # type: ignore[comparison-overlap]  # stop changed it
 
 
 def test_close_flushes_in_flight_jobs(workq: WorkQ) -> None:

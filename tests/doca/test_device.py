@@ -120,13 +120,19 @@ def test_close_is_idempotent_and_final(dev: Dev) -> None:
 
 
 def test_close_deregisters_memory_of_its_mmaps_first(dev: Dev, backend: LocalBackendDevice) -> None:
-    """Style rule 7: closing a device drops its registrations from every mmap before closing."""
+    """``doca_dev.h``, doca_dev_close: "DOCA_ERROR_IN_USE - failed to deallocate device resources":
+    refused while an mmap uses it, naming the mmap; close_all drops the registrations first."""
     mmap = Mmap()
     mmap.set_memrange(bytearray(64))
     mmap.add_dev(dev)
     mmap.start()
     assert backend.num_registrations == 1
-    dev.close()
+    with pytest.raises(DocaError) as refused:
+        dev.close()
+    assert refused.value.code is DocaErrorCode.IN_USE
+    assert "Mmap" in str(refused.value)
+    assert not dev.closed
+    dev.close_all()
     assert backend.num_registrations == 0
     assert mmap.devs == ()
     with pytest.raises(DocaError) as exc:
@@ -136,11 +142,16 @@ def test_close_deregisters_memory_of_its_mmaps_first(dev: Dev, backend: LocalBac
 
 
 def test_close_closes_contexts_first(dev: Dev) -> None:
-    """Style rule 7: a device's contexts are closed before the device."""
+    """doca_dev_close is IN_USE while a context uses the device, naming it; close_all closes it first."""
     event = SyncEvent()
     event.add_dev(dev)
     event.start()
-    dev.close()
+    with pytest.raises(DocaError) as refused:
+        dev.close()
+    assert refused.value.code is DocaErrorCode.IN_USE
+    assert "SyncEvent" in str(refused.value)
+    assert not event.closed
+    dev.close_all()
     assert event.closed
 
 

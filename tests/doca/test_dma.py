@@ -36,7 +36,7 @@ from rdmakit.doca import (
     local_devinfo,
 )
 from rdmakit.engine import Access, MemoryRegion, QpCaps
-from tests.doca.util import MmapFactory, error_code
+from tests.doca.util import MmapFactory, all_closed, error_code
 
 
 @pytest.fixture
@@ -357,19 +357,24 @@ def test_device_rules() -> None:
             assert dma.dev is a
 
 
-def test_stop_drains_in_flight_jobs(dma: Dma, make_mmap: MmapFactory, inv: BufInventory) -> None:
+def test_stop_waits_for_jobs_and_workq_rm(dma: Dma, make_mmap: MmapFactory, inv: BufInventory) -> None:
+    """DOCA 2.0 ``doca_ctx.h``, doca_ctx_stop: "DOCA_ERROR_NOT_PERMITTED - either some jobs are still
+    pending or not all WorkQs have been removed"."""
     dst_mem = bytearray(2)
     src = buf_over(inv, make_mmap(bytearray(b"ok")), 0, 2, 0, 2)
     dst = buf_over(inv, make_mmap(dst_mem), 0, 2, 0, 0)
-    assert dma.workq is not None
-    dma.workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))
-    dma.stop()
-    assert dma.state is CtxState.STOPPING
-    event = dma.workq.progress_retrieve()
+    workq = dma.workq
+    assert workq is not None
+    workq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))
+    assert error_code(dma.stop) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: dma.workq_rm(workq)) is DocaErrorCode.NOT_PERMITTED
+    event = workq.progress_retrieve()
     assert event is not None
     assert event.ok
     assert dst_mem == b"ok"
-    assert dma.state.name == "IDLE"  # drained by the event
+    dma.workq_rm(workq)
+    assert dma.stop() is DocaErrorCode.SUCCESS
+    assert dma.state is CtxState.IDLE
 
 
 def test_close_flushes_in_flight_jobs(dev: Dev, make_mmap: MmapFactory, inv: BufInventory) -> None:
@@ -448,7 +453,7 @@ class _NoResolve:
 
 def test_backend_without_resolve_copies_through_its_registrations(inv: BufInventory) -> None:
     info = DevInfo(name="noresolve", kind="local", opener=_NoResolve, caps=LOCAL_CAPS)
-    with Dev.open(info) as dev, Dma(dev) as dma, WorkQ(4) as workq:
+    with all_closed(Dev.open(info)) as dev, Dma(dev) as dma, WorkQ(4) as workq:
         assert not hasattr(dev.backend, "resolve")
         assert isinstance(dev.backend, BackendDevice)
         dma.workq_add(workq)

@@ -121,8 +121,8 @@ def _open_link(new_ip: Callable[[], str], host_perms: int = REMOTE_RW, sq: int =
 def _close_link(link: Link) -> None:
     for step in (link.dma.close, link.wq.close, link.rdma.close, link.host_rdma.close):
         step()
-    link.dpu.close()
-    link.host.close()
+    link.dpu.close_all()  # teardown: what a test left goes with the devices
+    link.host.close_all()
 
 
 @pytest.fixture
@@ -277,8 +277,8 @@ def test_more_pieces_than_the_send_queue_holds(new_ip: Callable[[], str]) -> Non
 
 def test_polling_workq_runs_jobs_over_rdma(link: Link) -> None:
     """Without an event handle: progress_retrieve alone drives the connection."""
+    link.dma.workq_rm(link.wq)  # DOCA 2.0 doca_ctx_stop: NOT_PERMITTED while a WorkQ is attached
     link.dma.stop()
-    link.dma.workq_rm(link.wq)
     with WorkQ(4) as wq:
         link.dma.workq_add(wq)
         link.dma.start()
@@ -292,8 +292,8 @@ def test_polling_workq_runs_jobs_over_rdma(link: Link) -> None:
             raise AssertionError("never completed")
         assert event.ok
         assert host_mem == b"z" * 4096
-        link.dma.stop()
         link.dma.workq_rm(wq)
+        link.dma.stop()
 
 
 # -- submit-time rules --------------------------------------------------------------------------

@@ -35,6 +35,7 @@ def test_every_module_is_covered() -> None:
         "rdma_cm",
         "rdma_conns",
         "rdma_jobs",
+        "rdma_props",
         "rdma_tasks",
         "shm",
         "soft",
@@ -43,6 +44,7 @@ def test_every_module_is_covered() -> None:
         "sync_event_remote",
         "sync_event_tasks",
         "tasks",
+        "workq",
     ]
 
 

@@ -213,14 +213,14 @@ def test_user_node_exception_is_unexpected_with_cause(workq: WorkQ, graph: Graph
 
 
 def test_failed_job_node(workq: WorkQ, graph: Graph, event: SyncEvent) -> None:
-    """A job node whose job fails (here: flushed by its context's stop) fails the instance."""
+    """A job node whose job fails (here: flushed as its context is destroyed) fails the instance."""
     wait = graph.add_job_node(event)
     graph.start()
     instance = graph.instantiate()
     instance.set_job(wait, SyncEventWaitGtJob(ctx=event, value=9))
     instance.submit()
     assert _retrieve(workq) is None
-    event.stop()
+    event.close()
     done = _retrieve(workq)
     assert done is not None
     assert not done.ok

@@ -188,6 +188,7 @@ def test_start_registers_with_every_device(rng: Any) -> None:
         backend.resolve(reg.lkey, mmap.addr, 64, remote=False, write=True)
     mmap.stop()
     assert all(isinstance(d.backend, LocalBackendDevice) and d.backend.num_registrations == 0 for d in devs)
+    mmap.destroy()  # doca_dev_close is IN_USE while an mmap holds the device
     for d in devs:
         d.close()
 

@@ -158,6 +158,7 @@ def test_state_callback_drives_the_connection(make_pair: PairFactory) -> None:
     p.a.rdma.set_state_changed_cb(on_change)
     p.a.rdma.start()
     p.b.rdma.connect(p.a.rdma.export())
+    p.a.rdma.workq_rm(p.a.wq)  # DOCA 2.0 doca_ctx_stop: NOT_PERMITTED while a WorkQ is attached
     p.a.rdma.stop()
     assert seen == [
         (CtxState.IDLE, CtxState.STARTING),
@@ -185,17 +186,21 @@ def test_receive_may_be_posted_before_connect(make_pair: PairFactory) -> None:
 
 
 def test_stop_flushes_and_resets(make_pair: PairFactory) -> None:
-    """Guide §4 note: stop flushes in-flight jobs (SHUTDOWN); the connection is RESET and must be redone."""
+    """DOCA 2.0 ``doca_ctx.h``: stop is NOT_PERMITTED while "some jobs are still pending or not all
+    WorkQs have been removed"; once the job is done and the WorkQ removed, the stop resets the
+    connection (guide §4 note: it must be redone)."""
     p = make_pair().up()
     mb, _ = p.b.mmap(8)
     recv = RdmaRecvJob(ctx=p.b.rdma, dst_buf=p.b.room(mb, 0, 8))
     p.submit(recv)
-    p.b.rdma.stop()
-    (ev,) = p.drain()
-    assert ev.job is recv
-    assert ev.status is DocaErrorCode.IO_FAILED
-    assert ev.error is not None
-    assert ev.error.code is DocaErrorCode.SHUTDOWN
+    assert error_code(p.b.rdma.stop) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: p.b.rdma.workq_rm(p.b.wq)) is DocaErrorCode.NOT_PERMITTED
+    ma, _ = p.a.mmap(b"x")
+    p.run(RdmaSendJob(ctx=p.a.rdma, src_buf=p.a.data(ma, 0, 1)))
+    (ev,) = p.collect([recv]).values()
+    assert ev.ok
+    p.b.rdma.workq_rm(p.b.wq)
+    assert p.b.rdma.stop() is DocaErrorCode.SUCCESS
     assert (p.b.rdma.state, p.b.rdma.rdma_state) == (CtxState.IDLE, RdmaState.RESET)
 
 
@@ -490,7 +495,8 @@ def test_buffers_on_the_wrong_side_are_refused(make_pair: PairFactory) -> None:
 
 
 def test_connect_rejects_bad_descriptors_naming_the_field(make_pair: PairFactory) -> None:
-    """doca_rdma_connect: a corrupted descriptor is INVALID_VALUE naming the field, and nothing connects."""
+    """doca_rdma_connect: a corrupted descriptor is CONNECTION_ABORTED ("if connection failed or
+    connection details object was corrupted") naming the field, and nothing connects."""
     p = make_pair()
     p.start()
     good = p.b.rdma.export()
@@ -499,7 +505,7 @@ def test_connect_rejects_bad_descriptors_naming_the_field(make_pair: PairFactory
     for bad, field in ((good[:-5], "descriptor"), (tampered, "qpn"), (mb.export_rdma(p.b.dev), "format")):
         with pytest.raises(DocaError) as exc:
             p.a.rdma.connect(bad)
-        assert exc.value.code is DocaErrorCode.INVALID_VALUE
+        assert exc.value.code is DocaErrorCode.CONNECTION_ABORTED
         assert exc.value.fault is Fault.PEER
         assert repr(field) in exc.value.message
     assert p.a.rdma.rdma_state is RdmaState.INIT
@@ -610,11 +616,14 @@ def test_shared_workq_serves_both_contexts(new_ip: Callable[[], str]) -> None:
 
 
 def test_contexts_clean_up_on_close(new_ip: Callable[[], str]) -> None:
-    """DOCA Core 3.4: closing a context detaches it and frees its queue pair; closing its device closes it."""
+    """DOCA Core 3.4: closing a context detaches it and frees its queue pair. doca_dev_close is IN_USE
+    while the context uses the device; close_all closes the context first."""
     p = Pair("udp", "poll", new_ip).up()
     qpn = p.a.rdma.qpn
     assert qpn is not None
-    p.a.dev.close()
+    assert error_code(p.a.dev.close) is DocaErrorCode.IN_USE
+    assert not p.a.rdma.closed
+    p.a.dev.close_all()
     assert p.a.rdma.closed
     assert p.a.rdma.qpn is None
     assert p.a.wq.ctxs == ()

@@ -62,13 +62,13 @@ class Side:
         else:
             conn.reject()
 
-    def _established(self, conn: RdmaConnection, ud: object) -> None:
+    def _established(self, conn: RdmaConnection, conn_ud: object, ud: object) -> None:
         self._note("established", conn, ud)
 
-    def _failure(self, conn: RdmaConnection, ud: object) -> None:
+    def _failure(self, conn: RdmaConnection, conn_ud: object, ud: object) -> None:
         self._note("failure", conn, ud)
 
-    def _disconnect(self, conn: RdmaConnection, ud: object) -> None:
+    def _disconnect(self, conn: RdmaConnection, conn_ud: object, ud: object) -> None:
         self._note("disconnect", conn, ud)
 
     def _task(self, task: Task, task_user_data: object, ctx_user_data: object) -> None:
@@ -85,7 +85,7 @@ class Side:
 
     def close(self) -> None:
         self.rdma.close()  # the inventory's buffers die with the test
-        self.dev.close()
+        self.dev.close_all()
 
 
 class Duo:
@@ -196,7 +196,7 @@ def test_misuse(duo: Duo) -> None:
     assert error_code(lambda: d.server.rdma.start_listen_to_port(PORT)) is DocaErrorCode.IN_USE
     cb = d.server._established
     assert (
-        error_code(lambda: d.server.rdma.set_connection_state_callbacks(cb, cb, cb, cb))
+        error_code(lambda: d.server.rdma.set_connection_state_callbacks(d.server._request, cb, cb, cb))
         is DocaErrorCode.BAD_STATE
     )
 

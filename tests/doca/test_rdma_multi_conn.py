@@ -85,8 +85,8 @@ class Peer:
             self._request, self._note("established"), self._note("failure"), self._note("disconnect")
         )
 
-    def _note(self, what: str) -> Callable[[RdmaConnection, object], None]:
-        def cb(conn: RdmaConnection, ud: object) -> None:
+    def _note(self, what: str) -> Callable[[RdmaConnection, object, object], None]:
+        def cb(conn: RdmaConnection, conn_ud: object, ud: object) -> None:
             assert conn.rdma is self.rdma
             self.log.append((what, conn))
 
@@ -135,7 +135,7 @@ class Peer:
         self.rdma.close()
         if self.wq is not None:
             self.wq.close()
-        self.dev.close()
+        self.dev.close_all()  # teardown: the mmaps a test made go with the device
 
 
 class Net:

@@ -94,6 +94,9 @@ def test_stop_wakes_blocked_waiters_with_shutdown(event: SyncEvent) -> None:
     blocked = threading.Event()
     while thread.is_alive() and not event._cond._waiters:  # type: ignore[attr-defined]  # until it waits
         blocked.wait(0.001)
+    wq = event.workq
+    assert wq is not None
+    event.workq_rm(wq)  # DOCA 2.0 doca_ctx_stop: NOT_PERMITTED while a WorkQ is attached
     event.stop()
     thread.join()
     assert errors == [DocaErrorCode.SHUTDOWN]
@@ -139,16 +142,20 @@ def test_foreign_job_is_not_supported(workq: WorkQ, event: SyncEvent) -> None:
 
 
 def test_stop_fails_pending_waits(workq: WorkQ, event: SyncEvent) -> None:
-    """DOCA Core 3.4/3.5: stopping flushes pending waits with SHUTDOWN and reaches IDLE."""
+    """DOCA 2.0 ``doca_ctx.h``: stop is NOT_PERMITTED while a WorkQ is attached, and doca_ctx_workq_rm
+    while "some jobs are still pending completion"; once the wait completed, both go through."""
     wait = SyncEventWaitGtJob(ctx=event, value=100)
     workq.submit(wait)
-    event.stop()
-    assert event.state is CtxState.IDLE
+    assert error_code(event.stop) is DocaErrorCode.NOT_PERMITTED
+    assert error_code(lambda: event.workq_rm(workq)) is DocaErrorCode.NOT_PERMITTED
+    event.update_set(101)
     done = workq.progress_retrieve()
     assert done is not None
     assert done.job is wait
-    assert not done.ok
-    assert done.error is not None
-    assert done.error.code is DocaErrorCode.SHUTDOWN
+    assert done.ok
+    event.workq_rm(workq)
+    assert event.stop() is DocaErrorCode.SUCCESS
+    assert event.state is CtxState.IDLE
+    event.workq_add(workq)
     event.start()  # restartable
     assert _run(workq, SyncEventGetJob(ctx=event)).ok

@@ -150,19 +150,24 @@ def test_pool_exhaustion_and_u64_checks(local: Local) -> None:
 
 
 def test_stop_flushes_a_pending_wait_with_shutdown(local: Local) -> None:
-    """doca_ctx_stop with a wait in flight: its error callback runs in progress (SHUTDOWN), then IDLE."""
+    """doca_ctx_stop with a wait in flight: IN_PROGRESS; its error callback runs in progress
+    (SHUTDOWN); IDLE only once the task is freed (``doca_pe.h``, doca_task_free: "All tasks MUST be
+    freed in order for a context to be stopped"), inside progress."""
     ev = local.event
     wait = ev.task_wait_gt_alloc_init(5)
     wait.submit()
-    ev.stop()
+    assert ev.stop() is DocaErrorCode.IN_PROGRESS
     assert wait not in local.done
     for _ in range(10):
         local.progress()
     assert local.done == [wait]
     assert local.inside == [True]
     assert wait.get_status() is DocaErrorCode.SHUTDOWN
-    assert ev.state is CtxState.IDLE
+    assert ev.state is CtxState.STOPPING
     wait.free()
+    assert ev.state is CtxState.STOPPING  # IDLE in progress only
+    local.progress()
+    assert ev.state is CtxState.IDLE  # type: ignore[comparison-overlap]  # progress changed it
 
 
 # -- the remote net sync event -------------------------------------------------------------------

@@ -388,11 +388,12 @@ def test_one_pe_drives_rdma_and_dma_of_several_devices(new_ip: Callable[[], str]
 
 
 def test_connect_twice_is_refused(new_ip: Callable[[], str]) -> None:
-    """doca_pe.h doca_pe_create: "A doca context can only be associated with one progress engine"."""
+    """doca_pe.h doca_pe_create: "A doca context can only be associated with one progress engine";
+    doca_pe_connect_ctx: "DOCA_ERROR_NOT_PERMITTED - context is already connected to a progress engine"."""
     d = Duo("task", "udp", new_ip)
     try:
         with PE() as other:
-            assert error_code(lambda: d.pe.connect_ctx(d.a.rdma)) is DocaErrorCode.ALREADY_EXIST
-            assert error_code(lambda: other.connect_ctx(d.a.rdma)) is DocaErrorCode.IN_USE
+            assert error_code(lambda: d.pe.connect_ctx(d.a.rdma)) is DocaErrorCode.NOT_PERMITTED
+            assert error_code(lambda: other.connect_ctx(d.a.rdma)) is DocaErrorCode.NOT_PERMITTED
     finally:
         d.close()

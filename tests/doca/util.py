@@ -1,6 +1,7 @@
 """Helpers shared by the DOCA tests."""
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -8,6 +9,15 @@ from rdmakit.doca import Dev, DocaError, DocaErrorCode, Mmap
 
 #: The ``make_mmap`` fixture (tests/doca/conftest.py): ``make_mmap(size_or_buffer, access=...)``.
 MmapFactory = Callable[..., Mmap]
+
+
+@contextlib.contextmanager
+def all_closed(dev: Dev) -> Iterator[Dev]:
+    """`dev`, closed with whatever still uses it on the way out (`Dev.close_all`): test teardown."""
+    try:
+        yield dev
+    finally:
+        dev.close_all()
 
 
 def error_code(call: Callable[[], object]) -> DocaErrorCode:

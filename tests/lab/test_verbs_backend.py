@@ -266,7 +266,8 @@ def test_remote_net_sync_event_tasks_on_verbs() -> None:
 
 
 def test_stop_flushes_tasks_in_flight_on_verbs() -> None:
-    """doca_ctx_stop with receive tasks in flight on a verbs QP: each is flushed with SHUTDOWN, then IDLE."""
+    """doca_ctx_stop with receive tasks in flight on a verbs QP: each is flushed with SHUTDOWN, then IDLE
+    once they are freed."""
     from rdmakit.doca import CtxState, DocaErrorCode
     from rdmakit.doca.verbs_glue import install
     from tests.doca.task_harness import Duo
@@ -279,8 +280,11 @@ def test_stop_flushes_tasks_in_flight_on_verbs() -> None:
         tasks = [d.b.rdma.task_receive_allocate_init(d.b.room(mb, i * 8, 8)) for i in range(3)]
         for t in tasks:
             t.submit()
-        d.b.rdma.stop()
-        d._until(lambda: d.b.rdma.state is CtxState.IDLE, lambda: "the stop")
+        assert d.b.rdma.stop() is DocaErrorCode.IN_PROGRESS
+        d._until(lambda: all(any(t is x for x in d.done) for t in tasks), lambda: "the flushed tasks")
         assert [t.get_status() for t in tasks] == [DocaErrorCode.SHUTDOWN] * 3
+        for t in tasks:  # doca_task_free: "All tasks MUST be freed in order for a context to be stopped"
+            t.free()
+        d._until(lambda: d.b.rdma.state is CtxState.IDLE, lambda: "the stop")
     finally:
         d.close()

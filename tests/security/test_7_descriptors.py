@@ -71,11 +71,13 @@ def _mmap(gid: str) -> bytes:
     return json.dumps(obj).encode()
 
 
-def _refused(call: Callable[[], object], field: str) -> DocaError:
+def _refused(
+    call: Callable[[], object], field: str, code: DocaErrorCode = DocaErrorCode.INVALID_VALUE
+) -> DocaError:
     with pytest.raises(DocaError) as exc:
         call()
     err = exc.value
-    assert err.code is DocaErrorCode.INVALID_VALUE, err
+    assert err.code is code, err
     assert err.fault is Fault.PEER, err
     assert f"field {field!r}" in err.message, err.message
     return err
@@ -206,7 +208,9 @@ def pair(
 
 
 def test_connect_refuses_a_tampered_address_and_stays_unconnected(pair: Pair) -> None:
-    """Rdma.connect with the peer's descriptor pointed at a broadcast, multicast or foreign GID."""
+    """Rdma.connect with the peer's descriptor pointed at a broadcast, multicast or foreign GID:
+    CONNECTION_ABORTED (doca_rdma_connect: "if connection failed or connection details object was
+    corrupted"), naming the field."""
     pair.start()
     good = json.loads(pair.b.rdma.export())
     v6 = ip_address(good["ip"]).version == 6
@@ -219,7 +223,8 @@ def test_connect_refuses_a_tampered_address_and_stays_unconnected(pair: Pair) ->
         ("gid", {"gid": _gid(elsewhere)}),
     ]
     for field, change in tampered:
-        _refused(partial(pair.a.rdma.connect, json.dumps(good | change).encode()), field)
+        connect = partial(pair.a.rdma.connect, json.dumps(good | change).encode())
+        _refused(connect, field, DocaErrorCode.CONNECTION_ABORTED)
         assert pair.a.rdma.rdma_state is not RdmaState.CONNECTED
 
 
