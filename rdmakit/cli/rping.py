@@ -12,7 +12,12 @@ Follows ``librdmacm/examples/rping.c``. The client connects by address
    SENDs a "go ahead"; the client compares the two buffers (``-V``) and
    prints the sink (``-v``).
 
-The server serves one connection, until the client disconnects. Flags are
+The server serves one connection, until the client disconnects; it acts
+only on its own connection's events and refuses every other request while
+it has one (REJ "consumer reject", 28). A request that never becomes a
+connection (its requester is not at the address it claimed) is dropped and
+the server waits for the next with a fresh QP, as ``rping.c`` would need a
+new ``cm_id``; a stranger's request neither ends nor takes over a run. Flags are
 rping's: ``-s``/``-c``, ``-a ADDR``, ``-I ADDR`` (the client's source),
 ``-p PORT``, ``-C COUNT``, ``-S SIZE``, ``-v``, ``-V``, ``-d``. A server
 needs ``-a``: a soft device is bound to one address. What the peer
@@ -21,6 +26,7 @@ server is asked to read must fit its own ``-S``.
 """
 
 import argparse
+import contextlib
 import ipaddress
 import struct
 import sys
@@ -57,6 +63,10 @@ CONNECT_TIMEOUT = 60.0
 _REASONS = {8: "no listener (invalid service ID)", 28: "rejected by the peer", 10: "stale connection"}
 
 
+class ConnectionLost(CliError):
+    """This side's own connection was refused or timed out."""
+
+
 class Rping:
     """One side: the device, its rdma_cm, the QP's buffers and the event pump."""
 
@@ -74,6 +84,7 @@ class Rping:
         self.rdma_mr = pd.register(self.rdma_buf, RDMA_ADDR, rw)
         self.start_mr = pd.register(self.start_buf, START_ADDR, rw)
         self.qp: QueuePair = self.dev.create_qp(send_cq=self.cq, recv_cq=self.cq)
+        self.conn: int | None = None  # this side's connection, once it asked for or accepted one
         self.disconnected = False
         self.wcs: list[Completion] = []
         self.events: list[CmaEvent] = []
@@ -93,12 +104,20 @@ class Rping:
         self.dev.progress(now)
         while (ev := self.cm.poll_event(now)) is not None:
             self.debug(f"cma_event type {ev.kind.name}")
-            if ev.kind is CmaEventKind.DISCONNECTED:
+            if ev.conn != self.conn:  # another connection's event: not this run's business
+                if ev.kind is not CmaEventKind.CONNECT_REQUEST:
+                    continue
+                if self.conn is not None:  # one connection at a time
+                    self.refuse(ev.conn, now)
+                    continue
+            elif ev.kind is CmaEventKind.DISCONNECTED:
                 print(f"{'server' if self.args.server else 'client'} DISCONNECT EVENT...", file=sys.stderr)
                 self.disconnected = True
             elif ev.kind in (CmaEventKind.REJECTED, CmaEventKind.UNREACHABLE):
                 why = _REASONS.get(ev.reason or 0, "")
-                raise CliError(f"cma event {ev.kind.name}, error {ev.reason}{f': {why}' if why else ''}")
+                raise ConnectionLost(
+                    f"cma event {ev.kind.name}, error {ev.reason}{f': {why}' if why else ''}"
+                )
             self.events.append(ev)
         for wc in self.cq.poll(16):
             if wc.status is WcStatus.WR_FLUSH_ERR:
@@ -106,6 +125,11 @@ class Rping:
             if wc.status is not WcStatus.SUCCESS:
                 raise CliError(f"cq completion failed status {wc.status.value} ({wc.status.name})")
             self.wcs.append(wc)
+
+    def refuse(self, conn: int, now: float) -> None:
+        """REJ "consumer reject" (28) to a request this side will not take; one already gone is fine."""
+        with contextlib.suppress(EngineError):
+            self.cm.reject(conn, now)
 
     def wait_for(self, what: str, done: Callable[[], bool], limit: float | None = None) -> bool:
         """Pump until `done`; False if the peer disconnected first."""
@@ -162,12 +186,29 @@ def _cstr(buf: bytearray) -> str:
     return bytes(buf[: end if end >= 0 else len(buf)]).decode("ascii", errors="replace")
 
 
-def _server(r: Rping) -> int:
-    r.cm.listen(r.args.port)
+def _accepted(r: Rping) -> bool:
+    """Accept the next connection request; False if it failed before it was established."""
     events = r.wait_events("a connection request")
     req = events[0]
-    r.cm.accept(req.conn, r.qp, time.monotonic())  # RTS now; the REP leaves at the next pump
+    now = time.monotonic()
+    for extra in events[1:]:
+        r.refuse(extra.conn, now)
+    r.conn = req.conn
+    r.cm.accept(req.conn, r.qp, now)  # RTS now; the REP leaves at the next pump
     r.post_recv()
+    try:
+        return r.wait_for("the connection", lambda: any(e.kind is CmaEventKind.ESTABLISHED for e in r.events))
+    except ConnectionLost as e:
+        r.debug(f"the request from {req.peer_ip} did not connect: {e}")
+        return False
+
+
+def _server(r: Rping) -> int:
+    r.cm.listen(r.args.port)
+    while not _accepted(r):
+        r.dev.destroy_qp(r.qp)  # its receive is flushed; a fresh QP waits for the next request
+        r.qp = r.dev.create_qp(send_cq=r.cq, recv_cq=r.cq)
+        r.conn, r.disconnected, r.events, r.wcs = None, False, [], []
     while True:
         if not r.wait_wc(WcOpcode.RECV):
             return 0
@@ -203,7 +244,7 @@ def _fill(buf: bytearray, ping: int, start: int) -> None:
 
 
 def _client(r: Rping, peer: str) -> int:
-    r.cm.connect(peer, r.args.port, r.qp, time.monotonic())  # the QP is in INIT from here
+    r.conn = r.cm.connect(peer, r.args.port, r.qp, time.monotonic())  # the QP is in INIT from here
     r.post_recv()
     events = r.wait_events("the connection", CONNECT_TIMEOUT)
     start, ping = 65, 0
