@@ -13,11 +13,12 @@ Follows ``librdmacm/examples/rping.c``. The client connects by address
    prints the sink (``-v``).
 
 The server serves one connection, until the client disconnects; it acts
-only on its own connection's events and refuses every other request while
-it has one (REJ "consumer reject", 28). A request that never becomes a
-connection (its requester is not at the address it claimed) is dropped and
-the server waits for the next with a fresh QP, as ``rping.c`` would need a
-new ``cm_id``; a stranger's request neither ends nor takes over a run. Flags are
+only on its own connection's events and refuses every other request once
+it has one (REJ "consumer reject", 28). Until then it accepts each request
+with a QP of its own (at most `CANDIDATES`, the oldest dropped for a new
+one) and keeps the first that becomes ESTABLISHED: a request from an
+address where nobody answers our REP never connects, so it can neither
+end a run nor keep the real client out. Flags are
 rping's: ``-s``/``-c``, ``-a ADDR``, ``-I ADDR`` (the client's source),
 ``-p PORT``, ``-C COUNT``, ``-S SIZE``, ``-v``, ``-V``, ``-d``. A server
 needs ``-a``: a soft device is bound to one address. What the peer
@@ -60,11 +61,9 @@ MAX_SIZE = 64 * 1024 - 1
 #: Where rping's buffers sit in the soft device's address space.
 RECV_ADDR, SEND_ADDR, RDMA_ADDR, START_ADDR = 0x10000, 0x20000, 0x100000, 0x200000
 CONNECT_TIMEOUT = 60.0
+#: Requests the server accepts at once before one of them connects.
+CANDIDATES = 4
 _REASONS = {8: "no listener (invalid service ID)", 28: "rejected by the peer", 10: "stale connection"}
-
-
-class ConnectionLost(CliError):
-    """This side's own connection was refused or timed out."""
 
 
 class Rping:
@@ -84,7 +83,8 @@ class Rping:
         self.rdma_mr = pd.register(self.rdma_buf, RDMA_ADDR, rw)
         self.start_mr = pd.register(self.start_buf, START_ADDR, rw)
         self.qp: QueuePair = self.dev.create_qp(send_cq=self.cq, recv_cq=self.cq)
-        self.conn: int | None = None  # this side's connection, once it asked for or accepted one
+        self.conn: int | None = None  # this side's connection, once it asked for or connected one
+        self.candidates: dict[int, QueuePair] = {}  # server: accepted requests, not yet connected
         self.disconnected = False
         self.wcs: list[Completion] = []
         self.events: list[CmaEvent] = []
@@ -104,7 +104,9 @@ class Rping:
         self.dev.progress(now)
         while (ev := self.cm.poll_event(now)) is not None:
             self.debug(f"cma_event type {ev.kind.name}")
-            if ev.conn != self.conn:  # another connection's event: not this run's business
+            if ev.conn in self.candidates:
+                pass  # the server's accept loop decides
+            elif ev.conn != self.conn:  # another connection's event: not this run's business
                 if ev.kind is not CmaEventKind.CONNECT_REQUEST:
                     continue
                 if self.conn is not None:  # one connection at a time
@@ -115,12 +117,10 @@ class Rping:
                 self.disconnected = True
             elif ev.kind in (CmaEventKind.REJECTED, CmaEventKind.UNREACHABLE):
                 why = _REASONS.get(ev.reason or 0, "")
-                raise ConnectionLost(
-                    f"cma event {ev.kind.name}, error {ev.reason}{f': {why}' if why else ''}"
-                )
+                raise CliError(f"cma event {ev.kind.name}, error {ev.reason}{f': {why}' if why else ''}")
             self.events.append(ev)
         for wc in self.cq.poll(16):
-            if wc.status is WcStatus.WR_FLUSH_ERR:
+            if wc.status is WcStatus.WR_FLUSH_ERR or (self.conn is not None and wc.qp_num != self.qp.qpn):
                 continue
             if wc.status is not WcStatus.SUCCESS:
                 raise CliError(f"cq completion failed status {wc.status.value} ({wc.status.name})")
@@ -163,8 +163,8 @@ class Rping:
 
     # -- verbs ---------------------------------------------------------------------------------------
 
-    def post_recv(self) -> None:
-        self.qp.post_recv(RecvWR(wr_id=1, sg_list=(SGE(RECV_ADDR, INFO.size, self.recv_mr.lkey),)))
+    def post_recv(self, qp: QueuePair | None = None) -> None:
+        (qp or self.qp).post_recv(RecvWR(wr_id=1, sg_list=(SGE(RECV_ADDR, INFO.size, self.recv_mr.lkey),)))
 
     def send_info(self, addr: int, rkey: int, size: int) -> None:
         self.send_buf[:] = INFO.pack(addr, rkey, size)
@@ -186,29 +186,42 @@ def _cstr(buf: bytearray) -> str:
     return bytes(buf[: end if end >= 0 else len(buf)]).decode("ascii", errors="replace")
 
 
-def _accepted(r: Rping) -> bool:
-    """Accept the next connection request; False if it failed before it was established."""
-    events = r.wait_events("a connection request")
-    req = events[0]
-    now = time.monotonic()
-    for extra in events[1:]:
-        r.refuse(extra.conn, now)
-    r.conn = req.conn
-    r.cm.accept(req.conn, r.qp, now)  # RTS now; the REP leaves at the next pump
-    r.post_recv()
-    try:
-        return r.wait_for("the connection", lambda: any(e.kind is CmaEventKind.ESTABLISHED for e in r.events))
-    except ConnectionLost as e:
-        r.debug(f"the request from {req.peer_ip} did not connect: {e}")
-        return False
+def _accept(r: Rping) -> None:
+    """Accept requests, each with a QP of its own, until one is ESTABLISHED; that one is the run's."""
+    cands = r.candidates
+    while r.conn is None:
+        events = r.wait_events("a connection request")
+        now = time.monotonic()
+        for ev in events:
+            if ev.kind is CmaEventKind.CONNECT_REQUEST and r.conn is None:
+                if len(cands) >= CANDIDATES:  # the oldest has had its chance
+                    _drop(r, next(iter(cands)), now)
+                qp = cands[ev.conn] = r.dev.create_qp(send_cq=r.cq, recv_cq=r.cq)
+                r.cm.accept(ev.conn, qp, now)  # RTS now; the REP leaves at the next pump
+                r.post_recv(qp)
+            elif ev.kind is CmaEventKind.CONNECT_REQUEST:
+                r.refuse(ev.conn, now)
+            elif ev.kind is CmaEventKind.ESTABLISHED and r.conn is None:
+                r.debug(f"connected to {ev.peer_ip}")
+                r.dev.destroy_qp(r.qp)
+                r.conn, r.qp = ev.conn, cands.pop(ev.conn)
+                r.wcs = [wc for wc in r.wcs if wc.qp_num == r.qp.qpn]
+            elif ev.conn in cands:  # refused, timed out or gone before it connected
+                r.dev.destroy_qp(cands.pop(ev.conn))
+    for conn in list(cands):
+        _drop(r, conn, time.monotonic())
+
+
+def _drop(r: Rping, conn: int, now: float) -> None:
+    """Forget a request the server accepted but will not serve (a DREQ tells its sender)."""
+    with contextlib.suppress(EngineError):
+        r.cm.disconnect(conn, now)
+    r.dev.destroy_qp(r.candidates.pop(conn))
 
 
 def _server(r: Rping) -> int:
     r.cm.listen(r.args.port)
-    while not _accepted(r):
-        r.dev.destroy_qp(r.qp)  # its receive is flushed; a fresh QP waits for the next request
-        r.qp = r.dev.create_qp(send_cq=r.cq, recv_cq=r.cq)
-        r.conn, r.disconnected, r.events, r.wcs = None, False, [], []
+    _accept(r)
     while True:
         if not r.wait_wc(WcOpcode.RECV):
             return 0
