@@ -17,7 +17,7 @@ from collections.abc import Callable
 from rdmakit.engine import SGE, Access, CompletionQueue, QueuePair, RecvWR, SendWR, WcStatus, WrOpcode
 from rdmakit.transport.cma import CmaEvent, CmaEventKind, RdmaCm
 from rdmakit.transport.device import SoftDevice
-from rdmakit.wire import ROCE_UDP_PORT, icrc_ipv4, pack_icrc
+from rdmakit.wire import icrc_ipv4, pack_icrc
 from rdmakit.wire.cm import CmaHeader, CmAttr, CmMad, PortSpace, decode_cm, encode_cm, service_id
 from rdmakit.wire.ud import GSI_QKEY, GSI_QPN, UdSend, decode_ud_send, encode_ud_send
 
@@ -27,11 +27,14 @@ PORT = 7174
 class Side:
     """A soft device and its rdma_cm; `events` keeps what `pump` saw."""
 
-    def __init__(self, ip: str, seed: int, *, port: int = ROCE_UDP_PORT) -> None:
-        self.dev = SoftDevice(ip, port=port, rng=random.Random(seed))
-        self.cm = RdmaCm(
-            self.dev, rng=random.Random(seed + 100), timeout_exponent=14, max_retries=4, timewait=0.2
-        )
+    def __init__(self, ip: str, seed: int, *, quick: bool = True) -> None:
+        """`quick`: short CM timeouts (the tests' default); else rdma_cm's, as the programs use."""
+        self.dev = SoftDevice(ip, rng=random.Random(seed))
+        rng = random.Random(seed + 100)
+        if quick:
+            self.cm = RdmaCm(self.dev, rng=rng, timeout_exponent=14, max_retries=4, timewait=0.2)
+        else:
+            self.cm = RdmaCm(self.dev, rng=rng)
         self.cq = CompletionQueue(256)
         self.events: list[CmaEvent] = []
 
@@ -65,8 +68,10 @@ def until(sides: tuple[Side, ...], done: Callable[[], bool], limit: float = 20.0
         time.sleep(0.0005)
 
 
-def connect(a: Side, b: Side, port: int = PORT) -> tuple[QueuePair, QueuePair]:
-    """`a` connects to `b` (which listens on `port`) and `b` accepts; both ESTABLISHED."""
+def connect(a: Side, b: Side, port: int = PORT) -> tuple[QueuePair, QueuePair, int, int]:
+    """`a` connects to `b` (which listens on `port`) and `b` accepts; both ESTABLISHED.
+
+    Returns both QPs and both connection handles (each side's local communication ID)."""
     qa = a.qp()
     ha = a.cm.connect(b.dev.ip, port, qa, time.monotonic())
     until((a, b), lambda: any(e.kind is CmaEventKind.CONNECT_REQUEST for e in b.events))
@@ -81,7 +86,7 @@ def connect(a: Side, b: Side, port: int = PORT) -> tuple[QueuePair, QueuePair]:
             and any(e.kind is CmaEventKind.ESTABLISHED and e.conn == req.conn for e in b.events)
         ),
     )
-    return qa, qb
+    return qa, qb, ha, req.conn
 
 
 def exchange(a: Side, b: Side, qa: QueuePair, qb: QueuePair, size: int = 3000, base: int = 0x40_0000) -> None:

@@ -59,7 +59,7 @@ def test_junk_from_many_addresses_runs_the_solver_at_most_the_global_burst(
         b.dev.receive_datagram(mad_datagram(rng.randbytes(4 * (1 + i % 200)), src, dst, spoil=True), src, t0)
     assert solver.count <= gsi_module.SOLVE_BURST
     assert g.not_cm == 1000
-    qa, qb = connect(a, b)  # a real client connects and moves data
+    qa, qb, _, _ = connect(a, b)  # a real client connects and moves data
     exchange(a, b, qa, qb)
 
 
@@ -77,5 +77,5 @@ def test_a_kernel_sender_is_followed_by_its_next_id(
     assert solver.count == 1
     g = _gsi(b).counters
     assert (g.mads_in, g.solver_runs) == (50, 1)
-    qa, qb = connect(a, b)
+    qa, qb, _, _ = connect(a, b)
     exchange(a, b, qa, qb)
