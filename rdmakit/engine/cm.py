@@ -32,7 +32,8 @@ the user decides, the REP again once sent, or a REJ "stale connection" once
 in TIMEWAIT; a repeated REP gets the RTU again; a repeated DREQ the DREP.
 A REQ from a peer QP (CA GUID, QPN) that already has a live connection is
 rejected as stale; one for a service nobody listens to gets REJ "invalid
-service ID" (8, the ``rdma_cm`` "no listener"). Everything from the network
+service ID" (8, the ``rdma_cm`` "no listener"), one naming QP 0 or 1 REJ
+"unsupported request" (5). Everything from the network
 is hostile: a MAD for an unknown communication ID, from another address
 than the connection's peer, or not expected in the connection's state is
 dropped and counted in `stats`, never raised. A REJ, DREQ or DREP must
@@ -62,6 +63,8 @@ from .errors import EngineError
 
 __all__ = ["CmConnParams", "CmEndpoint", "CmEvent", "CmEventKind", "CmState", "response_timeout"]
 
+#: QP0 (SMI) and QP1 (GSI) are no connected QP's number (IBTA Vol. 1 §3.5.1): a REQ naming one is refused.
+_SPECIAL_QPNS = (0, 1)
 #: A passive connection the user has not answered yet.
 _WAITING = (CmState.REQ_RCVD, CmState.MRA_REQ_SENT)
 
@@ -420,6 +423,8 @@ class CmEndpoint:
             reason = RejReason.INVALID_TRANSPORT_TYPE
         elif req["service_id"] not in self._listening:
             reason = RejReason.INVALID_SERVICE_ID
+        elif req["local_qpn"] in _SPECIAL_QPNS:
+            reason = RejReason.UNSUPPORTED_REQ
         elif (req["local_ca_guid"], req["local_qpn"]) in self._by_qp:
             reason = RejReason.STALE_CONN
         elif (

@@ -13,9 +13,15 @@ import random
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from rdmakit.conformance import control
+from rdmakit.conformance.control import TargetClient
 from rdmakit.engine import SGE, Access, CompletionQueue, QueuePair, RecvWR, SendWR, WcStatus, WrOpcode
 from rdmakit.transport.cma import CmaEvent, CmaEventKind, RdmaCm
+from rdmakit.transport.comm import connect as connect_service
+from rdmakit.transport.comm import parse_service
+from rdmakit.transport.comm_auth import load_secret
 from rdmakit.transport.device import SoftDevice
 from rdmakit.wire import icrc_ipv4, pack_icrc
 from rdmakit.wire.cm import CmaHeader, CmAttr, CmMad, PortSpace, decode_cm, encode_cm, service_id
@@ -167,3 +173,10 @@ class Stranger:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def control_session(control_addr: str, secret_file: Path) -> TargetClient:
+    """A control session with a conformance target agent, past its handshake."""
+    sock = connect_service(parse_service(control_addr), max_msg_size=control.MAX_MSG, timeout=10)
+    control.client_handshake(sock, load_secret(secret_file=secret_file))
+    return TargetClient(sock)
