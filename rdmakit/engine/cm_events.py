@@ -32,4 +32,7 @@ class CmEvent:
     reason: int | None = None  # REJ reason (IBTA Vol. 1 Table 112), REJECTED only
     peer: tuple[IPv4Address | IPv6Address, int] | None = None  # address, port
     local_port: int = 0  # CONNECT_REQUEST: the listened port the REQ named
+    #: CONNECT_REQUEST: the requester's CA GUID (the REQ's Local CA GUID, IBTA Vol. 1 §12.6.5);
+    #: 0 where the backend does not see it (librdmacm does not report it).
+    peer_guid: int = 0
     detail: str = ""  # one line for a person
