@@ -22,7 +22,7 @@ expects, and no more requests are accepted than there are QPs. The
 exchange's connection is the first request whose sender completes it
 (ESTABLISHED: it received our REP at the address it claimed and answered
 with its RTU), not the first request: the server accepts up to
-`CANDIDATES` at once, each with a QP of its own. A test QP's request must
+`ACCEPT_CANDIDATES` at once, each with a QP of its own. A test QP's request must
 come from that client: its address and, where the backend reports it, the
 CA GUID of its connection manager (the REQ's Local CA GUID).
 """
@@ -41,6 +41,7 @@ from rdmakit.cli.errors import CliError
 from rdmakit.cli.oob_messages import OobFormatError, PerftestDest
 from rdmakit.doca import DocaError
 from rdmakit.doca.backend import BackendCm, BackendDevice, CmEvent, CmEventKind
+from rdmakit.engine.cm_events import ACCEPT_CANDIDATES
 from rdmakit.engine.types import SGE, Access, Completion, RecvWR, SendWR, WcOpcode, WrOpcode
 from rdmakit.transport.oob import OobError
 
@@ -51,8 +52,6 @@ _KEY = struct.Struct(">iiiiI4xQ16sIi")
 KEY_BIN_LEN = _KEY.size  # 56: the exchange's receive size
 #: After this long without the peer's DREQ (or DREP), a connection is dropped without it.
 LINGER = 5.0
-#: Requests for the exchange's connection the server accepts at once, before one connects.
-CANDIDATES = 4
 _WR_RECV, _WR_SEND = 1, 2
 T = TypeVar("T")
 
@@ -151,7 +150,7 @@ class CmLink:
 
     def accept(self, timeout: float) -> None:
         """The server (``rdma_server_connect``): the first request that connects, then the port is
-        closed. Each request is accepted with a QP of its own (the oldest of `CANDIDATES` is
+        closed. Each request is accepted with a QP of its own (the oldest of `ACCEPT_CANDIDATES` is
         dropped for a new one); the first ESTABLISHED is the exchange's, the others are dropped."""
         events = self.events
         cands: dict[int, tuple[TestQp, CmEvent]] = {}
@@ -165,7 +164,7 @@ class CmLink:
         def settle() -> bool:
             while events.requests:
                 req = events.requests.popleft()
-                if len(cands) >= CANDIDATES:
+                if len(cands) >= ACCEPT_CANDIDATES:
                     drop(next(iter(cands)))
                 qp = TestQp(self.dev, send_depth=1, recv_depth=1)
                 qp.post_recv(self._recv_wr())

@@ -15,7 +15,7 @@ Follows ``librdmacm/examples/rping.c``. The client connects by address
 The server serves one connection, until the client disconnects; it acts
 only on its own connection's events and refuses every other request once
 it has one (REJ "consumer reject", 28). Until then it accepts each request
-with a QP of its own (at most `CANDIDATES`, the oldest dropped for a new
+with a QP of its own (at most `ACCEPT_CANDIDATES`, the oldest dropped for a new
 one) and keeps the first that becomes ESTABLISHED: a request from an
 address where nobody answers our REP never connects, so it can neither
 end a run nor keep the real client out. Flags are
@@ -49,6 +49,7 @@ from rdmakit.engine import (
     WcStatus,
     WrOpcode,
 )
+from rdmakit.engine.cm_events import ACCEPT_CANDIDATES
 from rdmakit.transport.cma import CmaEvent, CmaEventKind, RdmaCm, route_source
 from rdmakit.transport.device import SoftDevice
 
@@ -61,8 +62,6 @@ MAX_SIZE = 64 * 1024 - 1
 #: Where rping's buffers sit in the soft device's address space.
 RECV_ADDR, SEND_ADDR, RDMA_ADDR, START_ADDR = 0x10000, 0x20000, 0x100000, 0x200000
 CONNECT_TIMEOUT = 60.0
-#: Requests the server accepts at once before one of them connects.
-CANDIDATES = 4
 _REASONS = {8: "no listener (invalid service ID)", 28: "rejected by the peer", 10: "stale connection"}
 
 
@@ -194,7 +193,7 @@ def _accept(r: Rping) -> None:
         now = time.monotonic()
         for ev in events:
             if ev.kind is CmaEventKind.CONNECT_REQUEST and r.conn is None:
-                if len(cands) >= CANDIDATES:  # the oldest has had its chance
+                if len(cands) >= ACCEPT_CANDIDATES:  # the oldest has had its chance
                     _drop(r, next(iter(cands)), now)
                 qp = cands[ev.conn] = r.dev.create_qp(send_cq=r.cq, recv_cq=r.cq)
                 r.cm.accept(ev.conn, qp, now)  # RTS now; the REP leaves at the next pump

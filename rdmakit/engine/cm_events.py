@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from ipaddress import IPv4Address, IPv6Address
 
+#: Requests a server that serves one client accepts at once, each with a QP of its own, until
+#: one is ESTABLISHED (its sender received the REP where it claimed to be, and answered): the
+#: oldest is dropped for a new one. One stranger's REQ cannot take the place of the client.
+ACCEPT_CANDIDATES = 4
+
 
 class CmEventKind(StrEnum):
     """What a connection manager reports (``rdma_cm_event_type``, the ones RC uses)."""

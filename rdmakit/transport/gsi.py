@@ -122,12 +122,12 @@ class Gsi:
         if not diff:
             return True  # an rdmakit sender
         ids = self._idents.get(src_ip)
-        nxt = ids.next() if ids is not None else None
-        if nxt is not None and icrc_ipv4(src, self._local, sport, port, body, ident=nxt) == received:
-            assert ids is not None
-            ids.accept(nxt, now)  # a kernel sender's next ID
-            return True
-        if ids is None:
+        if ids is not None:
+            nxt = ids.next()
+            if nxt is not None and icrc_ipv4(src, self._local, sport, port, body, ident=nxt) == received:
+                ids.accept(nxt, now)  # a kernel sender's next ID
+                return True
+        else:
             if len(self._idents) >= MAX_IDENT_PEERS:
                 del self._idents[next(iter(self._idents))]  # bounded, whatever the sources do
             ids = self._idents[src_ip] = IdentWindow(now)
