@@ -38,7 +38,7 @@ class Side:
         self.dev = SoftDevice(ip, rng=random.Random(seed))
         rng = random.Random(seed + 100)
         if quick:
-            self.cm = RdmaCm(self.dev, rng=rng, timeout_exponent=14, max_retries=4, timewait=0.2)
+            self.cm = RdmaCm(self.dev, rng=rng, timeout_exponent=16, max_retries=6, timewait=0.2)
         else:
             self.cm = RdmaCm(self.dev, rng=rng)
         self.cq = CompletionQueue(256)
