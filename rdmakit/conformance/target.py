@@ -466,11 +466,13 @@ class SoftTarget(Target):
             self._note({"event": ev.kind.name, "peer": ev.peer_ip, "reason": ev.reason})
             if ev.kind is CmaEventKind.CONNECT_REQUEST and len(self._cm_qps) < CM_QPS_MAX:
                 scq = CompletionQueue(CQ_DEPTH)
-                qp = self.dev.create_qp(send_cq=scq, recv_cq=scq)
+                qp = None
                 try:
+                    qp = self.dev.create_qp(send_cq=scq, recv_cq=scq)
                     cm.accept(ev.conn, qp, now)
                 except EngineError as e:
-                    self.dev.destroy_qp(qp)
+                    if qp is not None:
+                        self.dev.destroy_qp(qp)
                     with contextlib.suppress(EngineError):
                         cm.reject(ev.conn, now)
                     self._note({"event": "ACCEPT_FAILED", "peer": ev.peer_ip, "detail": str(e)[:200]})
