@@ -9,6 +9,10 @@ measured (``time.thread_time``: the receiving side only). Each kind is
 printed per datagram and as a ratio to a valid packet (a 64-byte RDMA WRITE
 that the responder places and ACKs) measured in the same round; the median of
 the rounds. ``RDMAKIT_PURE_PYTHON=1`` measures the pure-Python path.
+
+QP1 (the connection manager's GSI) is measured the same way, against a valid
+MAD: a REQ for a port nobody listens to, which the CM answers with a REJ.
+Its hostile kinds come from strangers (addresses no QP is connected to).
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ import random
 import socket
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from rdmakit.engine import Access, CompletionQueue
 from rdmakit.transport import fastpath
+from rdmakit.transport.cma import RdmaCm
 from rdmakit.transport.connect import connect_qp, local_endpoint
 from rdmakit.transport.device import SoftDevice
 from rdmakit.wire import RETH, Opcode, Packet, encode, icrc_ipv4, pack_icrc, unpack_icrc
+from rdmakit.wire.cm import CmAttr, CmMad, PortSpace, encode_cm, service_id
+from rdmakit.wire.ud import GSI_QKEY, GSI_QPN, UdSend, encode_ud_send
 
 BASE = f"127.{random.Random().randrange(150, 250)}.{random.Random().randrange(256)}"
 PSN_A, PSN_B = 1000, 2000
@@ -54,6 +61,12 @@ class Rig:
             self.ports.append(s)
         self.stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.stranger.bind((f"{BASE}.3", 0))
+        self.cm = RdmaCm(self.b)  # QP1 answers; nobody listens on the port the REQs name
+        self.strangers = []  # QP1's senders: one address each
+        for i in range(64):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind((f"{BASE}.{10 + i}", 0))
+            self.strangers.append(s)
         self.psn = PSN_A
         self.last_valid: list[bytes] = []
 
@@ -82,10 +95,26 @@ class Rig:
         return time.thread_time() - t0
 
     def close(self) -> None:
-        for s in (self.kernel_port, self.stranger, *self.ports):
+        for s in (self.kernel_port, self.stranger, *self.ports, *self.strangers):
             s.close()
         self.a.close()
         self.b.close()
+
+    def mad_wire(self, payload: bytes, sock: socket.socket, ident: int = 0, qkey: int = GSI_QKEY) -> bytes:
+        """A UD SEND ONLY to QP1 carrying ``payload``, as ``sock`` sends it with IPv4 ID ``ident``."""
+        body = encode_ud_send(UdSend(dest_qp=GSI_QPN, src_qp=GSI_QPN, qkey=qkey, payload=payload))
+        (sip, sport), (dip, dport) = sock.getsockname(), self.dst
+        ic = icrc_ipv4(socket.inet_aton(sip), socket.inet_aton(dip), sport, dport, body, ident=ident)
+        return body + pack_icrc(ic)
+
+
+def _req(comm_id: int) -> bytes:
+    """A REQ for port 9 (nobody listens there): the CM answers REJ "invalid service ID"."""
+    values = {
+        "local_comm_id": comm_id, "service_id": service_id(PortSpace.TCP, 9), "local_ca_guid": 0x1234,
+        "local_qpn": 0x100 + comm_id % 1000, "remote_cm_response_timeout": 16, "max_cm_retries": 3,
+    }  # fmt: skip
+    return encode_cm(CmMad(CmAttr.REQ, comm_id, values))
 
 
 def _spoil(data: bytes) -> bytes:
@@ -179,6 +208,84 @@ def kinds(rig: Rig, n: int, rng: random.Random) -> dict[str, Callable[[], Flood]
     }
 
 
+VALID_MAD = "valid MAD (a REQ, answered by a REJ)"
+
+
+def qp1_kinds(rig: Rig, n: int, rng: random.Random) -> dict[str, Callable[[], Flood]]:
+    one = rig.strangers[0]
+    many = rig.strangers
+
+    def valid() -> Flood:
+        return [(one, rig.mad_wire(_req(1 + i), one)) for i in range(n)]
+
+    def bad_icrc() -> Flood:
+        return [(one, _spoil(rig.mad_wire(_req(1 + i), one))) for i in range(n)]
+
+    def bad_icrc_cycling_lengths() -> Flood:
+        return [(one, _spoil(rig.mad_wire(bytes(4 * (1 + i % 300)), one))) for i in range(n)]
+
+    def bad_icrc_many_sources() -> Flood:
+        return [
+            (many[i % len(many)], _spoil(rig.mad_wire(_req(1 + i), many[i % len(many)]))) for i in range(n)
+        ]
+
+    def random_ident() -> Flood:
+        # ICRCs that some IPv4 ID explains, IDs all over the place: the solver's worst case.
+        socks = [many[i % len(many)] for i in range(n)]
+        return [(s, rig.mad_wire(_req(1 + i), s, rng.getrandbits(16) or 1)) for i, s in enumerate(socks)]
+
+    def wrong_qkey() -> Flood:
+        return [(one, rig.mad_wire(_req(1 + i), one, qkey=0x1234)) for i in range(n)]
+
+    def not_cm() -> Flood:
+        return [(one, _spoil(rig.mad_wire(bytes([1, 0x81]) + rng.randbytes(254), one))) for _ in range(n)]
+
+    def random_bytes() -> Flood:
+        head = rig.mad_wire(b"", one)[:20]
+        return [(one, head + rng.randbytes(rng.randrange(4, 300))) for _ in range(n)]
+
+    return {
+        VALID_MAD: valid,
+        "QP1 bad ICRC, one stranger": bad_icrc,
+        "QP1 bad ICRC, cycling lengths": bad_icrc_cycling_lengths,
+        "QP1 bad ICRC, 64 strangers": bad_icrc_many_sources,
+        "QP1 ICRC of a random IPv4 ID, 64 strangers": random_ident,
+        "QP1 wrong Q_Key": wrong_qkey,
+        "QP1 not a CM MAD (bad ICRC)": not_cm,
+        "QP1 random bytes after the headers": random_bytes,
+    }
+
+
+def _measure(
+    rig: Rig, table: dict[str, Callable[[], Flood]], baseline: str, rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    per: dict[str, list[float]] = {k: [] for k in table}
+    ratio: dict[str, list[float]] = {k: [] for k in table}
+    for _ in range(rounds):
+        cost: dict[str, float] = {}
+        for name, make in table.items():
+            flood = make()
+            for sock, data in flood:
+                sock.sendto(data, rig.dst)
+            cost[name] = rig.drain(len(flood)) / len(flood)
+        for name, c in cost.items():
+            per[name].append(c)
+            ratio[name].append(c / cost[baseline])
+    return per, ratio
+
+
+def _print(
+    table: Mapping[str, object], per: dict[str, list[float]], ratio: dict[str, list[float]], base: str
+) -> float:
+    print(f"{'datagram kind':44} {'CPU/datagram':>13} {'vs valid':>9}")
+    worst = 0.0
+    for name in table:
+        r = statistics.median(ratio[name])
+        worst = max(worst, r) if name != base else worst
+        print(f"{name:44} {statistics.median(per[name]) * 1e6:10.2f} µs {r:8.2f}x")
+    return worst
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=3000, help="datagrams per kind per round")
@@ -187,31 +294,26 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(1)
     rig = Rig()
     try:
+        valid = "valid 64-byte WRITE (placed, ACKed)"
         table = kinds(rig, args.count, rng)
-        per: dict[str, list[float]] = {k: [] for k in table}
-        ratio: dict[str, list[float]] = {k: [] for k in table}
-        for _ in range(args.rounds):
-            cost: dict[str, float] = {}
-            for name, make in table.items():
-                flood = make()
-                for sock, data in flood:
-                    sock.sendto(data, rig.dst)
-                cost[name] = rig.drain(len(flood)) / len(flood)
-            for name, c in cost.items():
-                per[name].append(c)
-                ratio[name].append(c / cost["valid 64-byte WRITE (placed, ACKed)"])
+        per, ratio = _measure(rig, table, valid, args.rounds)
         print(f"bench_hostile: {args.count} datagrams per kind, median of {args.rounds} rounds; "
               f"UDP data plane: {fastpath.describe()}")  # fmt: skip
-        print(f"{'datagram kind':42} {'CPU/datagram':>13} {'vs valid':>9}")
-        worst = 0.0
-        for name in table:
-            r = statistics.median(ratio[name])
-            worst = max(worst, r) if not name.startswith("valid 64") else worst
-            print(f"{name:42} {statistics.median(per[name]) * 1e6:10.2f} µs {r:8.2f}x")
+        worst = _print(table, per, ratio, valid)
+        packet = statistics.median(per[valid])
         n = rig.b.counters
         print(f"worst hostile kind: {worst:.2f}x a valid packet (aim: at most 3x); responder counters: "
               f"solver runs {n.solver_runs}, limited {n.solver_limited}, bad ICRC {n.bad_icrc}, "
               f"solved {n.icrc_solved}")  # fmt: skip
+        print()
+        qp1 = qp1_kinds(rig, args.count, rng)
+        per, ratio = _measure(rig, qp1, VALID_MAD, args.rounds)
+        worst = _print(qp1, per, ratio, VALID_MAD)
+        dearest = max(statistics.median(per[k]) for k in qp1 if k != VALID_MAD)
+        gsi = rig.b.gsi
+        g = gsi.counters.as_dict() if gsi is not None else {}
+        print(f"worst QP1 kind: {worst:.2f}x a valid MAD (aim: at most 3x), {dearest * 1e6:.2f} µs, "
+              f"{dearest / packet:.2f}x a valid data packet; QP1 counters: {g}")  # fmt: skip
     finally:
         rig.close()
 

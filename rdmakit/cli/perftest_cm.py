@@ -18,8 +18,13 @@ disconnects every test connection (``rdma_cm_disconnect_nodes``), and the
 exchange's connection is dropped last.
 
 What a peer sends is checked: a message must have the size the step
-expects, a request must come from the exchange's peer, and no more
-requests are accepted than there are QPs.
+expects, and no more requests are accepted than there are QPs. The
+exchange's connection is the first request whose sender completes it
+(ESTABLISHED: it received our REP at the address it claimed and answered
+with its RTU), not the first request: the server accepts up to
+`ACCEPT_CANDIDATES` at once, each with a QP of its own. A test QP's request must
+come from that client: its address and, where the backend reports it, the
+CA GUID of its connection manager (the REQ's Local CA GUID).
 """
 
 import contextlib
@@ -36,6 +41,7 @@ from rdmakit.cli.errors import CliError
 from rdmakit.cli.oob_messages import OobFormatError, PerftestDest
 from rdmakit.doca import DocaError
 from rdmakit.doca.backend import BackendCm, BackendDevice, CmEvent, CmEventKind
+from rdmakit.engine.cm_events import ACCEPT_CANDIDATES
 from rdmakit.engine.types import SGE, Access, Completion, RecvWR, SendWR, WcOpcode, WrOpcode
 from rdmakit.transport.oob import OobError
 
@@ -110,6 +116,7 @@ class CmLink:
         self.qp = TestQp(dev, send_depth=1, recv_depth=1)
         self.conn: int | None = None
         self.peer: str = ""
+        self.peer_guid = 0  # the client's CA GUID, where the backend reports it
         self.client = False
         self._wcs: deque[Completion] = deque()
         self._post_recv()
@@ -142,9 +149,49 @@ class CmLink:
         self.conn = connect_retrying(self, self.qp, self.peer, "the exchange's connection")
 
     def accept(self, timeout: float) -> None:
-        """The server (``rdma_server_connect``): one request on the port, then the port is closed."""
-        (req,) = accept_requests(self, [self.qp], None, timeout)
-        self.conn, self.peer = req.conn, str(req.peer[0]) if req.peer else ""
+        """The server (``rdma_server_connect``): the first request that connects, then the port is
+        closed. Each request is accepted with a QP of its own (the oldest of `ACCEPT_CANDIDATES` is
+        dropped for a new one); the first ESTABLISHED is the exchange's, the others are dropped."""
+        events = self.events
+        cands: dict[int, tuple[TestQp, CmEvent]] = {}
+        won: list[tuple[TestQp, CmEvent]] = []
+
+        def drop(conn: int) -> None:
+            qp, _ = cands.pop(conn)
+            self.cm.disconnect(conn)
+            qp.close()
+
+        def settle() -> bool:
+            while events.requests:
+                req = events.requests.popleft()
+                if len(cands) >= ACCEPT_CANDIDATES:
+                    drop(next(iter(cands)))
+                qp = TestQp(self.dev, send_depth=1, recv_depth=1)
+                qp.post_recv(self._recv_wr())
+                self.cm.accept(req.conn, qp.qp, b"")
+                cands[req.conn] = (qp, req)
+            for conn in list(cands):
+                while not won and (ev := events.take(conn)) is not None:
+                    if ev.kind is CmEventKind.ESTABLISHED:
+                        won.append(cands.pop(conn))
+                    else:  # refused, unreachable or gone before it connected
+                        cands.pop(conn)[0].close()
+            return bool(won)
+
+        self.cm.listen(self.port)
+        try:
+            self.wait(settle, "a connection request", timeout)
+        finally:
+            self.cm.stop_listen(self.port)
+            for conn in list(cands):
+                drop(conn)
+            for extra in events.requests:
+                self.cm.reject(extra.conn, b"")
+            events.requests.clear()
+        ((qp, req),) = won
+        self.qp.close()
+        self.qp = qp
+        self.conn, self.peer, self.peer_guid = req.conn, str(req.peer[0]) if req.peer else "", req.peer_guid
 
     def _check_conn(self) -> None:
         if self.conn is None:
@@ -156,8 +203,11 @@ class CmLink:
 
     # -- OobStream's surface ----------------------------------------------------------------------
 
+    def _recv_wr(self) -> RecvWR:
+        return RecvWR(wr_id=_WR_RECV, sg_list=(SGE(self.mem.addr, KEY_BIN_LEN, self.mem.lkey),))
+
     def _post_recv(self) -> None:
-        self.qp.post_recv(RecvWR(wr_id=_WR_RECV, sg_list=(SGE(self.mem.addr, KEY_BIN_LEN, self.mem.lkey),)))
+        self.qp.post_recv(self._recv_wr())
 
     def _take(self, opcode: WcOpcode) -> Completion | None:
         """The next completion of `opcode`; the connection's end is only an error without one."""
@@ -220,9 +270,9 @@ def connect_retrying(link: CmLink, qp: TestQp, server: str, what: str) -> int:
         raise _fail(ev, f"{what} to {server}:{link.port}")
 
 
-def accept_requests(link: CmLink, qps: list[TestQp], peer: str | None, timeout: float) -> list[CmEvent]:
-    """Listen on the link's port until a request is accepted for each of `qps`, in order (only
-    `peer`'s, when given); then the port is closed and requests left over are rejected."""
+def accept_requests(link: CmLink, qps: list[TestQp], timeout: float) -> list[CmEvent]:
+    """Listen on the link's port until a request of the exchange's client is accepted for each
+    of `qps`, in order; then the port is closed and requests left over are rejected."""
     events = link.events
     accepted: list[CmEvent] = []
 
@@ -233,7 +283,7 @@ def accept_requests(link: CmLink, qps: list[TestQp], peer: str | None, timeout: 
     try:
         while len(accepted) < len(qps):
             req = link.wait_for(next_request, "a connection request", timeout)
-            if peer is not None and (req.peer is None or str(req.peer[0]) != peer):
+            if not _from_client(link, req):
                 link.cm.reject(req.conn, b"")
                 continue
             link.cm.accept(req.conn, qps[len(accepted)].qp, b"")
@@ -244,6 +294,14 @@ def accept_requests(link: CmLink, qps: list[TestQp], peer: str | None, timeout: 
         link.cm.reject(extra.conn, b"")
     events.requests.clear()
     return accepted
+
+
+def _from_client(link: CmLink, req: CmEvent) -> bool:
+    """Whether `req` comes from the exchange's client: its address, and its CM's CA GUID where
+    the backend reports both."""
+    if req.peer is None or str(req.peer[0]) != link.peer:
+        return False
+    return not (link.peer_guid and req.peer_guid) or req.peer_guid == link.peer_guid
 
 
 def disconnect(link: CmLink, conns: list[int], *, ours: bool) -> None:
@@ -281,7 +339,7 @@ class CmQps:
     def accept(self) -> None:
         """Only the exchange's peer connects the test's QPs."""
         link = self.link
-        self.conns = [r.conn for r in accept_requests(link, self.qps, link.peer, link.timeout)]
+        self.conns = [r.conn for r in accept_requests(link, self.qps, link.timeout)]
 
     def close(self, client: bool) -> None:
         """``rdma_cm_disconnect_nodes``: the client disconnects, the server waits for it."""

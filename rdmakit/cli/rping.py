@@ -12,7 +12,13 @@ Follows ``librdmacm/examples/rping.c``. The client connects by address
    SENDs a "go ahead"; the client compares the two buffers (``-V``) and
    prints the sink (``-v``).
 
-The server serves one connection, until the client disconnects. Flags are
+The server serves one connection, until the client disconnects; it acts
+only on its own connection's events and refuses every other request once
+it has one (REJ "consumer reject", 28). Until then it accepts each request
+with a QP of its own (at most `ACCEPT_CANDIDATES`, the oldest dropped for a new
+one) and keeps the first that becomes ESTABLISHED: a request from an
+address where nobody answers our REP never connects, so it can neither
+end a run nor keep the real client out. Flags are
 rping's: ``-s``/``-c``, ``-a ADDR``, ``-I ADDR`` (the client's source),
 ``-p PORT``, ``-C COUNT``, ``-S SIZE``, ``-v``, ``-V``, ``-d``. A server
 needs ``-a``: a soft device is bound to one address. What the peer
@@ -21,6 +27,7 @@ server is asked to read must fit its own ``-S``.
 """
 
 import argparse
+import contextlib
 import ipaddress
 import struct
 import sys
@@ -42,6 +49,7 @@ from rdmakit.engine import (
     WcStatus,
     WrOpcode,
 )
+from rdmakit.engine.cm_events import ACCEPT_CANDIDATES
 from rdmakit.transport.cma import CmaEvent, CmaEventKind, RdmaCm, route_source
 from rdmakit.transport.device import SoftDevice
 
@@ -74,6 +82,8 @@ class Rping:
         self.rdma_mr = pd.register(self.rdma_buf, RDMA_ADDR, rw)
         self.start_mr = pd.register(self.start_buf, START_ADDR, rw)
         self.qp: QueuePair = self.dev.create_qp(send_cq=self.cq, recv_cq=self.cq)
+        self.conn: int | None = None  # this side's connection, once it asked for or connected one
+        self.candidates: dict[int, QueuePair] = {}  # server: accepted requests, not yet connected
         self.disconnected = False
         self.wcs: list[Completion] = []
         self.events: list[CmaEvent] = []
@@ -93,7 +103,15 @@ class Rping:
         self.dev.progress(now)
         while (ev := self.cm.poll_event(now)) is not None:
             self.debug(f"cma_event type {ev.kind.name}")
-            if ev.kind is CmaEventKind.DISCONNECTED:
+            if ev.conn in self.candidates:
+                pass  # the server's accept loop decides
+            elif ev.conn != self.conn:  # another connection's event: not this run's business
+                if ev.kind is not CmaEventKind.CONNECT_REQUEST:
+                    continue
+                if self.conn is not None:  # one connection at a time
+                    self.refuse(ev.conn, now)
+                    continue
+            elif ev.kind is CmaEventKind.DISCONNECTED:
                 print(f"{'server' if self.args.server else 'client'} DISCONNECT EVENT...", file=sys.stderr)
                 self.disconnected = True
             elif ev.kind in (CmaEventKind.REJECTED, CmaEventKind.UNREACHABLE):
@@ -101,11 +119,16 @@ class Rping:
                 raise CliError(f"cma event {ev.kind.name}, error {ev.reason}{f': {why}' if why else ''}")
             self.events.append(ev)
         for wc in self.cq.poll(16):
-            if wc.status is WcStatus.WR_FLUSH_ERR:
+            if wc.status is WcStatus.WR_FLUSH_ERR or (self.conn is not None and wc.qp_num != self.qp.qpn):
                 continue
             if wc.status is not WcStatus.SUCCESS:
                 raise CliError(f"cq completion failed status {wc.status.value} ({wc.status.name})")
             self.wcs.append(wc)
+
+    def refuse(self, conn: int, now: float) -> None:
+        """REJ "consumer reject" (28) to a request this side will not take; one already gone is fine."""
+        with contextlib.suppress(EngineError):
+            self.cm.reject(conn, now)
 
     def wait_for(self, what: str, done: Callable[[], bool], limit: float | None = None) -> bool:
         """Pump until `done`; False if the peer disconnected first."""
@@ -139,8 +162,8 @@ class Rping:
 
     # -- verbs ---------------------------------------------------------------------------------------
 
-    def post_recv(self) -> None:
-        self.qp.post_recv(RecvWR(wr_id=1, sg_list=(SGE(RECV_ADDR, INFO.size, self.recv_mr.lkey),)))
+    def post_recv(self, qp: QueuePair | None = None) -> None:
+        (qp or self.qp).post_recv(RecvWR(wr_id=1, sg_list=(SGE(RECV_ADDR, INFO.size, self.recv_mr.lkey),)))
 
     def send_info(self, addr: int, rkey: int, size: int) -> None:
         self.send_buf[:] = INFO.pack(addr, rkey, size)
@@ -162,12 +185,42 @@ def _cstr(buf: bytearray) -> str:
     return bytes(buf[: end if end >= 0 else len(buf)]).decode("ascii", errors="replace")
 
 
+def _accept(r: Rping) -> None:
+    """Accept requests, each with a QP of its own, until one is ESTABLISHED; that one is the run's."""
+    cands = r.candidates
+    while r.conn is None:
+        events = r.wait_events("a connection request")
+        now = time.monotonic()
+        for ev in events:
+            if ev.kind is CmaEventKind.CONNECT_REQUEST and r.conn is None:
+                if len(cands) >= ACCEPT_CANDIDATES:  # the oldest has had its chance
+                    _drop(r, next(iter(cands)), now)
+                qp = cands[ev.conn] = r.dev.create_qp(send_cq=r.cq, recv_cq=r.cq)
+                r.cm.accept(ev.conn, qp, now)  # RTS now; the REP leaves at the next pump
+                r.post_recv(qp)
+            elif ev.kind is CmaEventKind.CONNECT_REQUEST:
+                r.refuse(ev.conn, now)
+            elif ev.kind is CmaEventKind.ESTABLISHED and r.conn is None:
+                r.debug(f"connected to {ev.peer_ip}")
+                r.dev.destroy_qp(r.qp)
+                r.conn, r.qp = ev.conn, cands.pop(ev.conn)
+                r.wcs = [wc for wc in r.wcs if wc.qp_num == r.qp.qpn]
+            elif ev.conn in cands:  # refused, timed out or gone before it connected
+                r.dev.destroy_qp(cands.pop(ev.conn))
+    for conn in list(cands):
+        _drop(r, conn, time.monotonic())
+
+
+def _drop(r: Rping, conn: int, now: float) -> None:
+    """Forget a request the server accepted but will not serve (a DREQ tells its sender)."""
+    with contextlib.suppress(EngineError):
+        r.cm.disconnect(conn, now)
+    r.dev.destroy_qp(r.candidates.pop(conn))
+
+
 def _server(r: Rping) -> int:
     r.cm.listen(r.args.port)
-    events = r.wait_events("a connection request")
-    req = events[0]
-    r.cm.accept(req.conn, r.qp, time.monotonic())  # RTS now; the REP leaves at the next pump
-    r.post_recv()
+    _accept(r)
     while True:
         if not r.wait_wc(WcOpcode.RECV):
             return 0
@@ -203,7 +256,7 @@ def _fill(buf: bytearray, ping: int, start: int) -> None:
 
 
 def _client(r: Rping, peer: str) -> int:
-    r.cm.connect(peer, r.args.port, r.qp, time.monotonic())  # the QP is in INIT from here
+    r.conn = r.cm.connect(peer, r.args.port, r.qp, time.monotonic())  # the QP is in INIT from here
     r.post_recv()
     events = r.wait_events("the connection", CONNECT_TIMEOUT)
     start, ping = 65, 0

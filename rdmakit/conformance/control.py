@@ -14,7 +14,9 @@ channel's (:mod:`rdmakit.transport.comm_auth`) with this protocol's own hellos::
 Both ends then MAC every message with per-direction keys and sequence
 numbers (``MessageMac``): nothing can be altered, injected, replayed or
 reordered. Before the handshake the agent reads at most one hello of the
-exact size, within `HANDSHAKE_SECONDS`; any mismatch closes the connection.
+exact size, and the whole handshake must end within `HANDSHAKE_SECONDS`
+(the agent runs several side by side, ``target_gate``); any mismatch closes
+the connection.
 After it, each message is one JSON object of at most `MAX_MSG` bytes.
 """
 
@@ -72,17 +74,20 @@ def client_handshake(sock: MessageSocket, secret: bytes) -> None:
     sock.start_mac(MessageMac(c2s, s2c))
 
 
-def server_handshake(sock: MessageSocket, secret: bytes) -> None:
-    """Check the tester's proof (the agent proves first, over a fresh nonce); MACs from then on."""
-    deadline = time.monotonic() + HANDSHAKE_SECONDS
-    hello_c = _recv_exact(sock, HELLO_SIZE, deadline, "tester hello")
-    if not hello_c.startswith(MAGIC_C):
+def server_hello(sock: MessageSocket, secret: bytes, hello_c: bytes) -> bytes:
+    """The agent's half of the handshake, once the tester's hello came: it proves itself over a
+    fresh nonce. Returns the transcript `server_finish` checks the tester's proof against."""
+    if len(hello_c) != HELLO_SIZE or not hello_c.startswith(MAGIC_C):
         raise ControlError("not a conformance tester hello")
     hello_s = MAGIC_S + secrets.token_bytes(NONCE_SIZE)
     transcript = _transcript(hello_c, hello_s, sock, client=False)
     sock.send(hello_s + proof(secret, "server", transcript), timeout=HANDSHAKE_SECONDS)
-    proof_c = _recv_exact(sock, PROOF_SIZE, deadline, "tester proof")
-    if not hmac.compare_digest(proof_c, proof(secret, "client", transcript)):
+    return transcript
+
+
+def server_finish(sock: MessageSocket, secret: bytes, transcript: bytes, proof_c: bytes) -> None:
+    """Check the tester's proof; MACs from then on."""
+    if len(proof_c) != PROOF_SIZE or not hmac.compare_digest(proof_c, proof(secret, "client", transcript)):
         raise ControlError("the tester does not know the shared secret")
     c2s, s2c = session_keys(secret, transcript)
     sock.start_mac(MessageMac(s2c, c2s))

@@ -10,9 +10,11 @@ The control port is hostile until the handshake succeeds: the agent reads one
 hello of the exact size within a few seconds, and only after that does it
 parse anything. Every request is bounded: its size (``control.MAX_MSG``),
 each integer's range, the number of QPs and memory regions and their sizes,
-the bytes read or written per request. One tester at a time.
+the bytes read or written per request. One tester at a time; the handshakes of
+those waiting run side by side, each with its own deadline (`.target_gate`).
 """
 
+import contextlib
 import select
 import time
 from collections import deque
@@ -40,6 +42,7 @@ from rdmakit.transport.port import PeerAddress
 
 from . import control
 from .control import ControlError
+from .target_gate import Gate
 
 MAX_QPS = 64
 MAX_MRS = 64
@@ -114,6 +117,7 @@ class Target:
     def __init__(self) -> None:
         self.qps: dict[int, _Qp] = {}
         self.mrs: dict[int, Region] = {}
+        self.cm_ports: set[int] = set()  # what the session's cm_listen asked for
         self._next_mr = 1
         self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "info": self.info, "create_qp": self.create_qp, "destroy_qp": self.destroy_qp,
@@ -322,7 +326,9 @@ class Target:
 
     # -- the connection manager: listen on a port, accept every request, report what happened --
     def cm_listen(self, msg: dict[str, Any]) -> dict[str, Any]:
-        self._dev_cm_listen(_int(msg, "port", 1, 0x10000))
+        port = _int(msg, "port", 1, 0xFFFF)
+        self._dev_cm_listen(port)
+        self.cm_ports.add(port)
         return {}
 
     def cm_events(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -334,6 +340,9 @@ class Target:
     def _dev_cm_events(self) -> list[dict[str, Any]]:
         raise Refused("this target has no connection manager")
 
+    def _dev_cm_unlisten(self, port: int) -> None:
+        raise NotImplementedError
+
     def cleanup(self, msg: dict[str, Any]) -> dict[str, Any]:
         for q in list(self.qps.values()):
             self._dev_destroy_qp(q.qp)
@@ -341,6 +350,9 @@ class Target:
         for mr in self.mrs.values():
             self._dev_deregister(mr)
         self.mrs.clear()
+        for port in self.cm_ports:  # a session's listens end with it
+            self._dev_cm_unlisten(port)
+        self.cm_ports.clear()
         return {}
 
 
@@ -431,19 +443,45 @@ class SoftTarget(Target):
         out, self._cm_log = self._cm_log, []
         return out
 
+    def _dev_cm_unlisten(self, port: int) -> None:
+        if self.cm is not None:
+            self.cm.unlisten(port)
+
     def _cm_pump(self) -> None:
-        """Accept every request with a fresh QP; note each event for `cm_events`."""
+        """Accept every request with a fresh QP; note each event for `cm_events`.
+
+        The requests come from anyone: what the engine refuses to do with one (a REQ's values
+        it cannot connect a QP to) is noted for that event, and the agent goes on."""
         cm = self.cm
         assert cm is not None
         now = time.monotonic()
-        while (ev := cm.poll_event(now)) is not None:
+        while True:
+            try:
+                ev = cm.poll_event(now)
+            except EngineError as e:
+                self._note({"event": "ERROR", "detail": str(e)[:200]})
+                continue
+            if ev is None:
+                return
+            self._note({"event": ev.kind.name, "peer": ev.peer_ip, "reason": ev.reason})
             if ev.kind is CmaEventKind.CONNECT_REQUEST and len(self._cm_qps) < CM_QPS_MAX:
                 scq = CompletionQueue(CQ_DEPTH)
-                qp = self.dev.create_qp(send_cq=scq, recv_cq=scq)
+                qp = None
+                try:
+                    qp = self.dev.create_qp(send_cq=scq, recv_cq=scq)
+                    cm.accept(ev.conn, qp, now)
+                except EngineError as e:
+                    if qp is not None:
+                        self.dev.destroy_qp(qp)
+                    with contextlib.suppress(EngineError):
+                        cm.reject(ev.conn, now)
+                    self._note({"event": "ACCEPT_FAILED", "peer": ev.peer_ip, "detail": str(e)[:200]})
+                    continue
                 self._cm_qps.append(qp)
-                cm.accept(ev.conn, qp, now)
-            self._cm_log.append({"event": ev.kind.name, "peer": ev.peer_ip, "reason": ev.reason})
-            del self._cm_log[:-CM_LOG_MAX]
+
+    def _note(self, entry: dict[str, Any]) -> None:
+        self._cm_log.append(entry)
+        del self._cm_log[:-CM_LOG_MAX]
 
     def progress(self) -> None:
         self.dev.progress(time.monotonic())
@@ -468,36 +506,36 @@ def serve(
     once: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> None:
-    """Accept testers one at a time and carry out their requests; pump the device all along."""
+    """Serve testers one at a time, their handshakes side by side (`Gate`); pump the device all along."""
     say = log or (lambda _m: None)
-    while True:
-        sock: MessageSocket | None = None
-        while sock is None:
-            r, _, _ = select.select(_fds(listener.fileno(), target), [], [], target.wait())
-            target.progress()
-            if listener.fileno() in r:
-                sock = listener.accept(0)
-        try:
-            control.server_handshake(sock, secret)
-        except (ControlError, OSError) as e:
-            say(f"refused a control connection from {sock.peer}: {e}")
-            sock.close()
-            continue
-        say(f"tester {sock.peer} authenticated")
-        try:
-            _session(target, sock)
-        except (ControlError, OSError) as e:
-            say(f"control connection from {sock.peer} ended: {e}")
-        finally:
-            sock.close()
-            target.cleanup({})
-        if once:
-            return
+    gate = Gate(listener, secret, say)
+    try:
+        while True:
+            sock: MessageSocket | None = None
+            while sock is None:
+                now = time.monotonic()
+                due = gate.wait(now)
+                pause = target.wait() if due is None else min(target.wait(), due)
+                r, _, _ = select.select(_fds(gate.fds(), target), [], [], pause)
+                target.progress()
+                sock = gate.step(set(r), time.monotonic())
+            say(f"tester {sock.peer} authenticated")
+            try:
+                _session(target, sock)
+            except (ControlError, OSError) as e:
+                say(f"control connection from {sock.peer} ended: {e}")
+            finally:
+                sock.close()
+                target.cleanup({})
+            if once:
+                return
+    finally:
+        gate.close()
 
 
-def _fds(fd: int, target: Target) -> list[int]:
+def _fds(fds: list[int], target: Target) -> list[int]:
     dev = target.fileno()
-    return [fd] if dev is None else [fd, dev]
+    return fds if dev is None else [*fds, dev]
 
 
 def _session(target: Target, sock: MessageSocket) -> None:
@@ -514,7 +552,7 @@ def _session(target: Target, sock: MessageSocket) -> None:
             target.progress()
             sock.send(control.encode(reply), timeout=5)
             got = sock.recv(0)
-        select.select(_fds(sock.fileno(), target), [], [], target.wait())
+        select.select(_fds([sock.fileno()], target), [], [], target.wait())
         target.progress()
 
 

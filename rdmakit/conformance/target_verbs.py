@@ -85,6 +85,10 @@ class VerbsTarget(Target):
             self.cm = VerbsCm(self.dev)
         self.cm.listen(port)
 
+    def _dev_cm_unlisten(self, port: int) -> None:
+        if self.cm is not None:
+            self.cm.stop_listen(port)
+
     def _dev_cm_events(self) -> list[dict[str, Any]]:
         if self.cm is None:
             raise Refused("the agent listens on no port")

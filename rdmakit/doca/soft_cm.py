@@ -165,6 +165,7 @@ class SoftBackendCm:
                     peer=(ip_address(ev.peer_ip), peer_port),
                     local_port=ev.listen_port,
                     detail=detail,
+                    peer_guid=ev.peer_guid,
                 )
             )
         return out

@@ -9,7 +9,7 @@ to send (`poll_transmit`: (peer, `CmMad`) pairs, ``peer`` being whatever
 opaque address the transport gave `receive`) and with `CmEvent` s
 (`next_event`). Queue pairs are the user's: the events say when to move them.
 
-The connection states and what each accepts are the table `_ACCEPTS`
+The connection states and what each accepts are the table `ACCEPTS`
 (IBTA §12.9, Figures 138-140):
 
 - active: ``connect`` sends a REQ (REQ_SENT); the REP is reported
@@ -32,134 +32,41 @@ the user decides, the REP again once sent, or a REJ "stale connection" once
 in TIMEWAIT; a repeated REP gets the RTU again; a repeated DREQ the DREP.
 A REQ from a peer QP (CA GUID, QPN) that already has a live connection is
 rejected as stale; one for a service nobody listens to gets REJ "invalid
-service ID" (8, the ``rdma_cm`` "no listener"). Everything from the network
+service ID" (8, the ``rdma_cm`` "no listener"), one naming QP 0 or 1 REJ
+"unsupported request" (5). Everything from the network
 is hostile: a MAD for an unknown communication ID, from another address
 than the connection's peer, or not expected in the connection's state is
-dropped and counted in `stats`, never raised; pending passive connections
-are bounded (`max_pending`: REJ "no resources" past it). Communication IDs
-come from the endpoint's `rng`, so they cannot be guessed when it is a
-system random source.
+dropped and counted in `stats`, never raised. A REJ, DREQ or DREP must
+name both communication IDs once the peer's is known (Linux ``cm.c``
+``cm_acquire_id``; a REJ of our REQ, sent before the peer had an ID, names
+ours alone, or carries the REQ's transaction ID).
+
+No address steers the table for others: pending passive connections are
+bounded (`max_pending` in all, `max_pending_per_peer` from one address: REJ
+"no resources" past either), a REQ the user refused stays in TIMEWAIT for
+`timewait` only (our limit, whatever the REQ's timeout fields say), and one
+address holds at most `max_timewait_per_peer` connections in TIMEWAIT (its
+oldest leaves early). Communication IDs come from the endpoint's `rng`, so
+they cannot be guessed when it is a system random source.
 """
 
 import random
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from rdmakit.wire.cm import CmAttr, CmMad, RejReason
 
+from .cm_states import ACCEPTS, CmConnParams, CmEvent, CmEventKind, CmState, response_timeout
+from .cm_states import Conn as _Conn
 from .errors import EngineError
 
 __all__ = ["CmConnParams", "CmEndpoint", "CmEvent", "CmEventKind", "CmState", "response_timeout"]
 
-_U32 = 0xFFFFFFFF
-
-
-def response_timeout(exponent: int) -> float:
-    """Seconds of a CM response timeout field: 4.096 µs × 2^exponent (IBTA §12.7.24)."""
-    return 4.096e-6 * (1 << (exponent & 0x1F))
-
-
-class CmState(Enum):
-    """Connection states (IBTA §12.9.6, Figures 138 and 139)."""
-
-    REQ_SENT = "REQ_SENT"
-    REP_RCVD = "REP_RCVD"
-    REQ_RCVD = "REQ_RCVD"
-    MRA_REQ_SENT = "MRA_REQ_SENT"
-    REP_SENT = "REP_SENT"
-    ESTABLISHED = "ESTABLISHED"
-    DREQ_SENT = "DREQ_SENT"
-    TIMEWAIT = "TIMEWAIT"
-    CLOSED = "CLOSED"
-
-
-class CmEventKind(Enum):
-    REQ_RECEIVED = "REQ_RECEIVED"  # passive: accept or reject it
-    REP_RECEIVED = "REP_RECEIVED"  # active: move the QP to RTS, then send_rtu (or reject)
-    ESTABLISHED = "ESTABLISHED"
-    REJECTED = "REJECTED"  # the peer's REJ; `reason` says why
-    TIMEOUT = "TIMEOUT"  # the peer never answered
-    DISCONNECTED = "DISCONNECTED"  # a DREQ or DREP: move the QP to ERROR
-
-
-@dataclass(frozen=True, slots=True)
-class CmEvent:
-    kind: CmEventKind
-    comm_id: int  # the local communication ID: the connection's handle
-    peer: Hashable
-    mad: CmMad | None = None  # the REQ, REP, REJ, RTU, DREQ or DREP behind it
-    reason: int | None = None  # REJ reason (REJECTED), or TIMEOUT's
-
-    @property
-    def private_data(self) -> bytes:
-        return self.mad.private_data if self.mad is not None else b""
-
-
-@dataclass(slots=True)
-class CmConnParams:
-    """What a REQ or REP says of this side's QP (IBTA Tables 106 and 110)."""
-
-    qpn: int
-    starting_psn: int
-    responder_resources: int = 1
-    initiator_depth: int = 1
-    retry_count: int = 7
-    rnr_retry_count: int = 7
-    path_mtu: int = 3  # IBTA encoding: 1=256 … 5=4096
-    local_ack_timeout: int = 14
-    pkey: int = 0xFFFF
-    local_gid: int = 0
-    remote_gid: int = 0
-    hop_limit: int = 64
-    traffic_class: int = 0
-    flow_label: int = 0
-    private_data: bytes = b""
-
-
-@dataclass(slots=True)
-class _Conn:
-    local_id: int
-    peer: Hashable
-    active: bool
-    state: CmState
-    tid: int
-    remote_id: int = 0
-    remote_qpn: int = -1
-    remote_guid: int = 0
-    service_id: int = 0
-    last: CmMad | None = None  # what a retransmission or a duplicate gets
-    retries: int = 0
-    deadline: float | None = None
-    span: float = 0.0  # how long the peer may still repeat its last message (REQ or REP)
-    stats: dict[str, int] = field(default_factory=dict)
-
-
-#: (state, attribute) -> handler name; anything else is dropped as unexpected.
-_ACCEPTS: dict[tuple[CmState, CmAttr], str] = {
-    (CmState.REQ_SENT, CmAttr.REP): "_on_rep",
-    (CmState.REQ_SENT, CmAttr.MRA): "_on_mra",
-    (CmState.REQ_SENT, CmAttr.REJ): "_on_rej",
-    (CmState.REP_RCVD, CmAttr.REP): "_ignore",  # the user has not answered yet
-    (CmState.REP_RCVD, CmAttr.REJ): "_on_rej",
-    (CmState.REQ_RCVD, CmAttr.REJ): "_on_rej",
-    (CmState.MRA_REQ_SENT, CmAttr.REJ): "_on_rej",
-    (CmState.REP_SENT, CmAttr.RTU): "_on_rtu",
-    (CmState.REP_SENT, CmAttr.MRA): "_on_mra",
-    (CmState.REP_SENT, CmAttr.REJ): "_on_rej",
-    (CmState.REP_SENT, CmAttr.DREQ): "_on_dreq",  # the RTU was lost: the DREQ implies it
-    (CmState.ESTABLISHED, CmAttr.REP): "_resend",  # our RTU was lost
-    (CmState.ESTABLISHED, CmAttr.RTU): "_ignore",
-    (CmState.ESTABLISHED, CmAttr.DREQ): "_on_dreq",
-    (CmState.ESTABLISHED, CmAttr.REJ): "_on_rej",  # the passive side timed out waiting for our RTU
-    (CmState.DREQ_SENT, CmAttr.DREP): "_on_drep",
-    (CmState.DREQ_SENT, CmAttr.DREQ): "_on_dreq",  # both sides disconnect at once
-    (CmState.TIMEWAIT, CmAttr.DREQ): "_answer_dreq",  # our DREP was lost
-    (CmState.TIMEWAIT, CmAttr.DREP): "_ignore",
-    (CmState.TIMEWAIT, CmAttr.REP): "_resend_rej",  # we refused the REP and the REJ was lost
-}
+#: QP0 (SMI) and QP1 (GSI) are no connected QP's number (IBTA Vol. 1 §3.5.1): a REQ naming one is refused.
+_SPECIAL_QPNS = (0, 1)
+#: A passive connection the user has not answered yet.
+_WAITING = (CmState.REQ_RCVD, CmState.MRA_REQ_SENT)
 
 
 class CmEndpoint:
@@ -175,6 +82,8 @@ class CmEndpoint:
         timewait: float = 1.0,
         max_pending: int = 64,
         max_connections: int = 4096,
+        max_pending_per_peer: int = 8,
+        max_timewait_per_peer: int = 32,
     ) -> None:
         self.rng = rng
         self.ca_guid = ca_guid
@@ -183,10 +92,13 @@ class CmEndpoint:
         self.timewait = timewait
         self.max_pending = max_pending
         self.max_connections = max_connections
+        self.max_pending_per_peer = max_pending_per_peer
+        self.max_timewait_per_peer = max_timewait_per_peer
         self._listening: set[int] = set()
         self._conns: dict[int, _Conn] = {}
         self._by_remote: dict[tuple[Hashable, int], int] = {}  # (peer, remote comm ID) -> local ID
         self._by_qp: dict[tuple[int, int], int] = {}  # (remote CA GUID, remote QPN) -> local ID
+        self._by_peer: dict[Hashable, dict[int, None]] = {}  # peer -> its local IDs, oldest first
         self._out: deque[tuple[Hashable, CmMad]] = deque()
         self._events: deque[CmEvent] = deque()
         self.stats: dict[str, int] = {}
@@ -229,16 +141,33 @@ class CmEndpoint:
     ) -> None:
         self._events.append(CmEvent(kind, conn.local_id, conn.peer, mad, reason))
 
+    def _add(self, conn: _Conn) -> None:
+        self._conns[conn.local_id] = conn
+        self._by_peer.setdefault(conn.peer, {})[conn.local_id] = None
+
+    def _of_peer(self, peer: Hashable, *states: CmState) -> list[_Conn]:
+        """The connections with `peer` in `states`, oldest first."""
+        ids = self._by_peer.get(peer, {})
+        return [c for i in ids if (c := self._conns[i]).state in states]
+
     def _close(self, conn: _Conn) -> None:
         conn.state = CmState.CLOSED
         conn.deadline = None
-        self._conns.pop(conn.local_id, None)
+        if self._conns.pop(conn.local_id, None) is not None:
+            ids = self._by_peer[conn.peer]
+            del ids[conn.local_id]
+            if not ids:
+                del self._by_peer[conn.peer]
         if self._by_remote.get((conn.peer, conn.remote_id)) == conn.local_id:
             del self._by_remote[(conn.peer, conn.remote_id)]
         if self._by_qp.get((conn.remote_guid, conn.remote_qpn)) == conn.local_id:
             del self._by_qp[(conn.remote_guid, conn.remote_qpn)]
 
     def _enter_timewait(self, conn: _Conn, now: float) -> None:
+        waiting = self._of_peer(conn.peer, CmState.TIMEWAIT)
+        for old in waiting[: max(0, len(waiting) + 1 - self.max_timewait_per_peer)]:
+            self._count("timewait_per_peer_full")
+            self._close(old)  # one address cannot keep the table full: its oldest leave early
         conn.state = CmState.TIMEWAIT
         conn.deadline = now + self.timewait
 
@@ -283,7 +212,7 @@ class CmEndpoint:
         conn = _Conn(
             self._new_id(), peer, True, CmState.REQ_SENT, self.rng.getrandbits(64), service_id=service_id
         )
-        self._conns[conn.local_id] = conn
+        self._add(conn)
         t = self.timeout_exponent
         values = {
             "local_comm_id": conn.local_id,
@@ -344,7 +273,8 @@ class CmEndpoint:
             del self._by_qp[(conn.remote_guid, conn.remote_qpn)]
         conn.remote_qpn = -1
         self._enter_timewait(conn, now)
-        conn.deadline = now + max(self.timewait, conn.span if not conn.active else self._longest_span())
+        if conn.active:  # a peer configured as we are repeats its REP this long
+            conn.deadline = now + max(self.timewait, self._longest_span())
 
     def send_rtu(self, comm_id: int, now: float, *, private_data: bytes = b"") -> None:
         """Active side, once its QP is in RTS: send the RTU (ESTABLISHED)."""
@@ -441,10 +371,10 @@ class CmEndpoint:
         if conn.peer != peer:
             self._count("wrong_peer")
             return
-        if conn.remote_id and mad.attr is not CmAttr.REJ and mad["local_comm_id"] != conn.remote_id:
+        if conn.remote_id and mad["local_comm_id"] != conn.remote_id:
             self._count("wrong_remote_comm_id")
             return
-        handler = _ACCEPTS.get((conn.state, mad.attr))
+        handler = ACCEPTS.get((conn.state, mad.attr))
         if handler is None:
             self._count(f"unexpected_{mad.attr.name}_in_{conn.state.name}")
             return
@@ -481,9 +411,7 @@ class CmEndpoint:
         tries = req["max_cm_retries"] + 1
         theirs = response_timeout(req["remote_cm_response_timeout"]) * tries
         conn.deadline = now + max(min(theirs, self._timeout() * (self.max_retries + 1)), self._timeout())
-        # Each of its tries may also wait out an MRA's service timeout.
-        conn.span = min(theirs + response_timeout(self._mra_timeout()) * tries, self._longest_span())
-        self._conns[conn.local_id] = conn
+        self._add(conn)
         self._by_remote[(peer, remote_id)] = conn.local_id
         self._by_qp[(conn.remote_guid, conn.remote_qpn)] = conn.local_id
         self._event(CmEventKind.REQ_RECEIVED, conn, req)
@@ -495,17 +423,22 @@ class CmEndpoint:
             reason = RejReason.INVALID_TRANSPORT_TYPE
         elif req["service_id"] not in self._listening:
             reason = RejReason.INVALID_SERVICE_ID
+        elif req["local_qpn"] in _SPECIAL_QPNS:
+            reason = RejReason.UNSUPPORTED_REQ
         elif (req["local_ca_guid"], req["local_qpn"]) in self._by_qp:
             reason = RejReason.STALE_CONN
-        elif len(self._conns) >= self.max_connections or self._pending() >= self.max_pending:
+        elif (
+            len(self._conns) >= self.max_connections
+            or self._pending() >= self.max_pending
+            or len(self._of_peer(peer, *_WAITING)) >= self.max_pending_per_peer
+        ):
             reason = RejReason.NO_RESOURCES
         else:
             return None
         return self._rej(req.tid, 0, remote_id, reason, 0)
 
     def _pending(self) -> int:
-        waiting = (CmState.REQ_RCVD, CmState.MRA_REQ_SENT)
-        return sum(1 for c in self._conns.values() if c.state in waiting)
+        return sum(1 for c in self._conns.values() if c.state in _WAITING)
 
     def _dup_req(self, conn: _Conn, req: CmMad) -> None:
         self._count("duplicate_REQ")

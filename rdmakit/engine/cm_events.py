@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from ipaddress import IPv4Address, IPv6Address
 
+#: Requests a server that serves one client accepts at once, each with a QP of its own, until
+#: one is ESTABLISHED (its sender received the REP where it claimed to be, and answered): the
+#: oldest is dropped for a new one. One stranger's REQ cannot take the place of the client.
+ACCEPT_CANDIDATES = 4
+
 
 class CmEventKind(StrEnum):
     """What a connection manager reports (``rdma_cm_event_type``, the ones RC uses)."""
@@ -32,4 +37,7 @@ class CmEvent:
     reason: int | None = None  # REJ reason (IBTA Vol. 1 Table 112), REJECTED only
     peer: tuple[IPv4Address | IPv6Address, int] | None = None  # address, port
     local_port: int = 0  # CONNECT_REQUEST: the listened port the REQ named
+    #: CONNECT_REQUEST: the requester's CA GUID (the REQ's Local CA GUID, IBTA Vol. 1 §12.6.5);
+    #: 0 where the backend does not see it (librdmacm does not report it).
+    peer_guid: int = 0
     detail: str = ""  # one line for a person

@@ -71,6 +71,7 @@ class CmaEvent:
     listen_port: int = 0  # CONNECT_REQUEST: the port the REQ asked for
     private_data: bytes = b""  # the user's: after the cma_hdr of a REQ
     reason: int | None = None  # REJECTED: the REJ reason (8: no listener)
+    peer_guid: int = 0  # CONNECT_REQUEST: the requester's CA GUID (the REQ's Local CA GUID)
 
 
 @dataclass(slots=True)
@@ -371,6 +372,7 @@ class RdmaCm:
                 peer_port=hdr.src_port,
                 listen_port=req["service_id"] & 0xFFFF,
                 private_data=req.private_data[CMA_HDR_LEN:],
+                peer_guid=req["local_ca_guid"],
             )
         )
 

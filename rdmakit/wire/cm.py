@@ -47,6 +47,7 @@ __all__ = [
     "Layout",
     "PortSpace",
     "RejReason",
+    "check_cm_header",
     "decode_cm",
     "encode_cm",
     "service_id",
@@ -325,12 +326,12 @@ def encode_cm(mad: CmMad) -> bytes:
     return bytes(buf)
 
 
-def decode_cm(data: bytes | bytearray | memoryview) -> CmMad:
-    """One CM MAD from a UD payload; `WireError` unless it is exactly that."""
-    view = memoryview(data).cast("B")
+def check_cm_header(view: memoryview) -> CmAttr:
+    """The attribute of a CM MAD's common header (IBTA §13.4.2), the cheap part of `decode_cm`:
+    length, base version, class, class version, method; `WireError` for anything else."""
     if len(view) != MAD_LEN:
         raise WireError(f"a MAD is {MAD_LEN} bytes, got {len(view)}")
-    base, mclass, cversion, method, status, _, tid, attr_id, _, attr_mod = _MAD_HDR.unpack_from(view)
+    base, mclass, cversion, method, _, _, _, attr_id, _, _ = _MAD_HDR.unpack_from(view)
     if base != BASE_VERSION:
         raise WireError(f"MAD base version {base} is not {BASE_VERSION}")
     if mclass != CM_CLASS:
@@ -340,9 +341,16 @@ def decode_cm(data: bytes | bytearray | memoryview) -> CmMad:
     if method != METHOD_SEND:
         raise WireError(f"MAD method {method:#04x} is not SEND")
     try:
-        attr = CmAttr(attr_id)
+        return CmAttr(attr_id)
     except ValueError:
         raise WireError(f"CM attribute {attr_id:#06x} is unknown") from None
+
+
+def decode_cm(data: bytes | bytearray | memoryview) -> CmMad:
+    """One CM MAD from a UD payload; `WireError` unless it is exactly that."""
+    view = memoryview(data).cast("B")
+    attr = check_cm_header(view)
+    _, _, _, _, status, _, tid, _, _, attr_mod = _MAD_HDR.unpack_from(view)
     layout = LAYOUTS[attr]
     values = {f.name: v for f in layout.fields if (v := _get(view, f))}
     start = MAD_HDR_LEN + layout.private_offset

@@ -100,6 +100,33 @@ SOLVE_RATE = 1000.0
 SOLVE_BURST = 32
 
 
+class TokenBucket:
+    """``rate`` runs a second, ``burst`` saved up at most: `take` says whether one may run now.
+
+    Sans-IO: ``now`` (seconds) comes from the caller; time going backwards adds nothing.
+    """
+
+    __slots__ = ("_burst", "_rate", "_stamp", "_tokens")
+
+    def __init__(self, rate: float, burst: int, now: float) -> None:
+        self._rate = rate
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._stamp = now
+
+    def take(self, now: float) -> bool:
+        """Whether one run is allowed now (its token is taken if so)."""
+        tokens = self._tokens
+        if now > self._stamp:
+            tokens = min(self._burst, tokens + (now - self._stamp) * self._rate)
+            self._stamp = now
+        if tokens < 1.0:
+            self._tokens = tokens
+            return False
+        self._tokens = tokens - 1.0
+        return True
+
+
 class IdentWindow:
     """The IPv4 IDs one kernel sender uses towards us, and what solving for them may cost.
 
@@ -121,15 +148,14 @@ class IdentWindow:
     lies in the window after it: one packet is lost, and retransmitted.
     """
 
-    __slots__ = ("_at", "_jumped", "_last", "_pending", "_stamp", "_tokens")
+    __slots__ = ("_at", "_bucket", "_jumped", "_last", "_pending")
 
     def __init__(self, now: float) -> None:
         self._last: int | None = None
         self._at = now
         self._jumped = float("-inf")  # when a jump past the window was last believed
         self._pending: int | None = None
-        self._tokens = float(SOLVE_BURST)
-        self._stamp = now
+        self._bucket = TokenBucket(SOLVE_RATE, SOLVE_BURST, now)
 
     @property
     def last(self) -> int | None:
@@ -143,15 +169,7 @@ class IdentWindow:
 
     def may_solve(self, now: float) -> bool:
         """Whether one solver run is allowed now (it is taken from the bucket if so)."""
-        tokens = self._tokens
-        if now > self._stamp:
-            tokens = min(float(SOLVE_BURST), tokens + (now - self._stamp) * SOLVE_RATE)
-            self._stamp = now
-        if tokens < 1.0:
-            self._tokens = tokens
-            return False
-        self._tokens = tokens - 1.0
-        return True
+        return self._bucket.take(now)
 
     def accept(self, ident: int, now: float) -> bool:
         """Whether a packet whose ICRC checks with ID ``ident`` is believed; it becomes the last if so."""

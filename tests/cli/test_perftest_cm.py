@@ -227,6 +227,7 @@ def test_test_qps_are_connected_by_the_exchanges_peer_only(new_ip: Callable[[], 
 
         t = serve(lambda: server.accept(20.0))
         client.connect(a_ip)
+        client.wait(lambda: server.conn is not None, "the server's accept")  # it waits for our RTU
         client_done.set()
         t.join()
         client_done.clear()
