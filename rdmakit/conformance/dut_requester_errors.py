@@ -1,7 +1,5 @@
 """The DUT as requester, continued: RNR, implied NAK, ghost and duplicate ACKs, bad responses, fatal NAKs."""
 
-import time
-
 from . import frames as F
 from .dut_requester import Q, setup, wc_ok
 from .frames import psn_add
@@ -11,8 +9,9 @@ from .harness import Ctx, case, check
 _RNR_CODE, _RNR_SECONDS = 20, 10.24e-3
 
 
-def rnr(ctx: Ctx, psn: int, code: int = _RNR_CODE) -> None:
-    ctx.ack(psn, 0, F.RNR_KIND, code)
+def rnr(ctx: Ctx, psn: int, code: int = _RNR_CODE) -> float:
+    """Send an RNR NAK at ``psn``; return when it left (``time.time()``)."""
+    return ctx.ack(psn, 0, F.RNR_KIND, code)
 
 
 @case(
@@ -26,10 +25,8 @@ def _rnr_wait(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
     ctx.post_send("SEND", mr, 8)
     ctx.expect_request(F.SEND_ONLY, qp.sq_psn)
-    t0 = time.monotonic()
-    rnr(ctx, qp.sq_psn)
-    ctx.expect_request(F.SEND_ONLY, qp.sq_psn)
-    gap = time.monotonic() - t0
+    t0 = rnr(ctx, qp.sq_psn)
+    gap = ctx.expect_request(F.SEND_ONLY, qp.sq_psn).stamp - t0
     check(gap >= _RNR_SECONDS * 0.9, f"resent {gap * 1e3:.2f} ms after the RNR NAK, before its timer")
     ctx.ack(qp.sq_psn)
     wc_ok(ctx)
@@ -47,10 +44,8 @@ def _rnr_order(ctx: Ctx) -> None:
     ctx.post_send("SEND", mr, 8)
     ctx.expect_request(F.SEND_ONLY, qp.sq_psn)
     for code, nominal in ((14, 1.28e-3), (22, 20.48e-3)):
-        t0 = time.monotonic()
-        rnr(ctx, qp.sq_psn, code)
-        ctx.expect_request(F.SEND_ONLY, qp.sq_psn)
-        gap = time.monotonic() - t0
+        t0 = rnr(ctx, qp.sq_psn, code)
+        gap = ctx.expect_request(F.SEND_ONLY, qp.sq_psn).stamp - t0
         check(gap >= nominal * 0.9, f"code {code}: resent after {gap * 1e3:.2f} ms < {nominal * 1e3} ms")
     ctx.ack(qp.sq_psn)
     wc_ok(ctx)

@@ -188,6 +188,16 @@ class Rx:
     imm: int | None = None
     ip_id: int | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    #: The UDP source port, the BTH SE and MigReq bits, the reserved bits (resv6, resv7),
+    #: the IPv4 TOS byte (None when the link did not see the header), the pad bytes.
+    sport: int = 0
+    solicited: bool = False
+    migreq: bool = False
+    reserved: int = 0
+    tos: int | None = None
+    pad: bytes = b""
+    #: When the DUT sent it: the kernel's receive time at the tester (``time.time()`` clock).
+    stamp: float = 0.0
 
     @property
     def name(self) -> str:
@@ -254,6 +264,8 @@ def dissect(src: str, sport: int, dst: str, dport: int, body: bytes, ip_header: 
     rx = Rx(
         opcode=op, dqpn=int(bth.dqpn), psn=int(bth.psn), ackreq=bool(bth.ackreq), pkey=int(bth.pkey),
         version=int(bth.version), padcount=pad, payload=b"", icrc_ok=ok, icrc_method=method, ip_id=ip_id,
+        sport=sport, solicited=bool(bth.solicited), migreq=bool(bth.migreq),
+        reserved=(int(bth.resv6) << 7) | int(bth.resv7), tos=None if ip_header is None else ip_header[1],
     )  # fmt: skip
     if op in _WITH_AETH:
         if len(rest) < 4:
@@ -279,6 +291,7 @@ def dissect(src: str, sport: int, dst: str, dport: int, body: bytes, ip_header: 
     if pad > len(rest):
         return None
     rx.payload = rest[: len(rest) - pad]
+    rx.pad = rest[len(rest) - pad :]
     return rx
 
 

@@ -24,6 +24,9 @@ from . import cm_frames as C
 from . import frames as F
 from .control import TargetClient
 
+#: Bytes one read_mem call moves (the agent's limit, docs/conformance-agent.md).
+MAX_IO = 16 << 10
+
 Role = str  # "requester" | "responder" | "cm" (the active side, MADs to QP1): the tester's role
 
 
@@ -145,7 +148,13 @@ class Ctx:
         self.t.call("write_mem", mr=mr.id, offset=offset, data=data.hex())
 
     def read_mem(self, mr: Mr, offset: int, length: int) -> bytes:
-        return bytes.fromhex(self.t.call("read_mem", mr=mr.id, offset=offset, length=length)["data"])
+        """``length`` bytes of ``mr`` from ``offset``, in pieces the agent moves in one call."""
+        out = b""
+        while len(out) < length:
+            n = min(length - len(out), MAX_IO)
+            r = self.t.call("read_mem", mr=mr.id, offset=offset + len(out), length=n)
+            out += bytes.fromhex(r["data"])
+        return out
 
     def post_recv(self, mr: Mr, offset: int = 0, length: int | None = None, wr_id: int = 1) -> None:
         assert self.qp is not None
@@ -202,11 +211,12 @@ class Ctx:
         check(not got and not pending[side], f"expected no {side} completion, got {got or pending[side]}")
 
     # -- packets --
-    def send(self, opcode: int, psn: int, **kw: Any) -> None:
+    def send(self, opcode: int, psn: int, *, tos: int = 0, **kw: Any) -> float:
+        """Send one packet (IPv4 TOS byte ``tos``); return when it left (``time.time()``)."""
         assert self.qp is not None
         kw.setdefault("dqpn", self.qp.qpn)
         dqpn = kw.pop("dqpn")
-        self.link.send(F.build(self.flow, opcode, dqpn, psn, **kw), (self.dut_ip, F.ROCE_PORT))
+        return self.link.send(F.build(self.flow, opcode, dqpn, psn, **kw), (self.dut_ip, F.ROCE_PORT), tos)
 
     def recv(self, timeout: float = 3.0) -> F.Rx | None:
         """The DUT's next packet to this case's QPN (ICRC checked), or None within `timeout`."""
@@ -223,6 +233,7 @@ class Ctx:
             rx = F.dissect(d.src_ip, d.sport, self.link.ip, self.link.port, d.payload, d.ip_header)
             if rx is None or rx.dqpn != self.tqpn:
                 continue
+            rx.stamp = d.stamp
             self.received += 1
             self.icrc_methods.add(rx.icrc_method)
             self.log.append(f"<- {rx.describe()} at {time.monotonic():.6f}")
@@ -272,8 +283,8 @@ class Ctx:
         return rx
 
     # -- the tester's responses (the DUT is the requester) --
-    def ack(self, psn: int, msn: int = 1, kind: int = F.ACK_KIND, value: int = F.CREDITS_UNLIMITED) -> None:
-        self.send(F.ACKNOWLEDGE, psn, dqpn=self.qpn, aeth=(F.syndrome(kind, value), msn))
+    def ack(self, psn: int, msn: int = 1, kind: int = F.ACK_KIND, value: int = F.CREDITS_UNLIMITED) -> float:
+        return self.send(F.ACKNOWLEDGE, psn, dqpn=self.qpn, aeth=(F.syndrome(kind, value), msn))
 
     @property
     def qpn(self) -> int:
