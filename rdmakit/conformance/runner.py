@@ -44,6 +44,7 @@ class Result:
 def load_cases() -> list[Case]:
     from . import (  # noqa: F401
         dut_cm,
+        dut_ip,
         dut_requester,
         dut_requester_errors,
         dut_requester_format,
