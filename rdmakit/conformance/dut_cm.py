@@ -14,7 +14,7 @@ from .control import TargetError
 from .harness import CaseFail, Ctx, Skip, case, check
 from .scapy_cm import DREP, DREQ, REJ, REP, REQ, RTU
 
-A = "cm"  # the tester's role: the active side
+A = "cm"  # the DUT's role: the passive side of a connection, through its QP1
 TCP_PS = 0x0106
 REJ_NO_LISTENER, REJ_STALE = 8, 10
 

@@ -10,11 +10,11 @@ from . import frames as F
 from .frames import psn_add
 from .harness import Ctx, DutQp, Mr, case, check
 
-Q = "responder"
+Q = "requester"  # the DUT's role: the tester answers its requests
 _NOMINAL = 4.096e-6
 
 
-def setup(ctx: Ctx, *, mtu: int = 1024, timeout: int = 16, retry_cnt: int = 3, rnr_retry: int = 3,
+def setup(ctx: Ctx, *, mtu: int = 1024, timeout: int = 18, retry_cnt: int = 3, rnr_retry: int = 3,
           sq_psn: int | None = None, max_rd_atomic: int = 4) -> tuple[DutQp, Mr]:  # fmt: skip
     qp = ctx.dut_qp(mtu=mtu, timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry, sq_psn=sq_psn,
                     max_rd_atomic=max_rd_atomic)  # fmt: skip
@@ -324,7 +324,7 @@ def _timeout_exceeded(ctx: Ctx) -> None:
     "SUCCESS",
 )
 def _timeout_ok(ctx: Ctx) -> None:
-    qp, mr = setup(ctx, timeout=12, retry_cnt=3)
+    qp, mr = setup(ctx, timeout=14, retry_cnt=7)
     ctx.post_send("SEND", mr, 8)
     for _ in range(2):
         ctx.expect_request(F.SEND_ONLY, qp.sq_psn)

@@ -137,14 +137,18 @@ def _ackreq_periodic(ctx: Ctx) -> None:
     "one non-zero source port for three SENDs and a retransmission",
 )
 def _sport(ctx: Ctx) -> None:
-    qp, mr = setup(ctx, timeout=14)
+    qp, mr = setup(ctx, timeout=16, retry_cnt=7)
     for i in range(3):
         ctx.post_send("SEND", mr, 8, wr_id=i + 1)
-    ports = {ctx.expect_request(F.SEND_ONLY, psn_add(qp.sq_psn, i)).sport for i in range(3)}
-    ports.add(ctx.expect_request(F.SEND_ONLY, qp.sq_psn).sport)  # the local ACK timeout's retry
+    want = {psn_add(qp.sq_psn, i) for i in range(3)}
+    seen: list[int] = []
+    ports = set()
+    while not (want <= set(seen) and len(seen) > len(set(seen))):  # all three, and a retransmission
+        rx = ctx.expect(f"the SENDs at {sorted(want)} and a retransmission; got {seen}")
+        check(rx.opcode == F.SEND_ONLY and rx.psn in want, f"unexpected {rx.describe()}")
+        seen.append(rx.psn)
+        ports.add(rx.sport)
     check(len(ports) == 1 and 0 not in ports, f"source ports {sorted(ports)}")
-    while ctx.recv(0.05) is not None:
-        pass
     ctx.ack(psn_add(qp.sq_psn, 2), 3)
     wc_ok(ctx, 3)
 

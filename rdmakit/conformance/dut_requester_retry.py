@@ -70,7 +70,7 @@ def _timeout_count(ctx: Ctx) -> None:
     "4 transmissions; no 5th; RNR_RETRY_EXC_ERR; QP in ERR",
 )
 def _rnr_count(ctx: Ctx) -> None:
-    qp, mr = setup(ctx, rnr_retry=3, timeout=16)
+    qp, mr = setup(ctx, rnr_retry=3, timeout=18)  # no local ACK timeout while the tester answers
     ctx.post_send("SEND", mr, 8)
     _count_then_silence(ctx, qp.sq_psn, 4, "rnr", 0.6)
     wc_ok(ctx, 1, "RNR_RETRY_EXC_ERR")
@@ -81,15 +81,15 @@ def _rnr_count(ctx: Ctx) -> None:
     "req.timeout.bounds",
     Q,
     "The local ACK timeout lies between 4.096 us x 2^timeout and four times that",
-    "IBTA Vol.1 §9.7.6.1.3, C9-140 (timeout 15: 134 ms .. 537 ms)",
-    "resent at least 134 ms and at most 537 ms after the first transmission (DUT send times)",
+    "IBTA Vol.1 §9.7.6.1.3, C9-140 (timeout 17: 537 ms .. 2.15 s)",
+    "resent at least 537 ms and at most 2.15 s after the first transmission (DUT send times)",
 )
 def _timeout_bounds(ctx: Ctx) -> None:
-    qp, mr = setup(ctx, timeout=15)
+    qp, mr = setup(ctx, timeout=17)
     ctx.post_send("SEND", mr, 8)
     first = ctx.expect_request(F.SEND_ONLY, qp.sq_psn)
-    again = ctx.expect_request(F.SEND_ONLY, qp.sq_psn, timeout=5.0)
-    nominal = _NOMINAL * (1 << 15)
+    again = ctx.expect_request(F.SEND_ONLY, qp.sq_psn, timeout=6.0)
+    nominal = _NOMINAL * (1 << 17)
     gap = again.stamp - first.stamp
     check(
         gap >= nominal * 0.98,
@@ -150,7 +150,7 @@ def _rnr_table(ctx: Ctx) -> None:
     "with max_rd_atomic 1, the second READ leaves only after the first READ's response",
 )
 def _rd_limit(ctx: Ctx) -> None:
-    qp, mr = setup(ctx, max_rd_atomic=1, timeout=18)
+    qp, mr = setup(ctx, max_rd_atomic=1, timeout=20)
     ctx.post_send("RDMA_READ", mr, 8, wr_id=1, remote_addr=0x5000, rkey=3)
     ctx.post_send("RDMA_READ", mr, 8, wr_id=2, remote_addr=0x6000, rkey=3)
     p = qp.sq_psn
@@ -172,7 +172,7 @@ def _rd_limit(ctx: Ctx) -> None:
     "with max_rd_atomic 1, the second FETCH_ADD leaves only after the first's ATOMIC ACK",
 )
 def _atomic_limit(ctx: Ctx) -> None:
-    qp, mr = setup(ctx, max_rd_atomic=1, timeout=18)
+    qp, mr = setup(ctx, max_rd_atomic=1, timeout=20)
     for i in range(2):
         ctx.post_send("ATOMIC_FETCH_AND_ADD", mr, 8, wr_id=i + 1, remote_addr=0x8000, rkey=5, compare_add=1)
     p = qp.sq_psn

@@ -1,9 +1,10 @@
 """Cases, their registry, and the context a case runs in.
 
-A case is a function of a `Ctx` registered with `case`: an id, the tester's
-role (``requester``: the tester sends requests and the DUT responds;
-``responder``: the DUT is the requester; ``cm``: the tester connects to
-the DUT through its QP1), a one-line purpose, what it
+A case is a function of a `Ctx` registered with `case`: an id, the DUT's
+role, what is being tested (``responder``: the tester sends requests and the
+DUT responds; ``requester``: the DUT sends requests and the tester answers;
+``cm``: the DUT is the passive side of a connection the tester makes through
+its QP1), a one-line purpose, what it
 follows (an IBTA Vol. 1 section or rule, Annex A17, else the Linux rxe
 function or datenlord/roce-sim case) and the expected result. It fails by
 raising `CaseFail` and skips with `Skip`.
@@ -27,7 +28,7 @@ from .control import TargetClient
 #: Bytes one read_mem call moves (the agent's limit, docs/conformance-agent.md).
 MAX_IO = 16 << 10
 
-Role = str  # "requester" | "responder" | "cm" (the active side, MADs to QP1): the tester's role
+Role = str  # "responder" | "requester" | "cm" (the passive side, MADs to QP1): the DUT's role
 
 
 class CaseFail(Exception):

@@ -21,7 +21,7 @@ from tests.conformance.mutations import MUTATIONS
 
 pytest.importorskip("scapy")
 
-ROLES = {"requester", "responder", "cm"}  # the tester's role
+ROLES = {"requester", "responder", "cm"}  # the DUT's role
 OUTCOMES = {"PASS", "FAIL", "KNOWN-DEVIATION", "SKIPPED"}
 
 
@@ -54,6 +54,9 @@ def test_junit_matches_the_json(self_run: tuple[int, dict[str, Any], ET.Element,
     cases = junit.findall(".//testcase")
     assert [c.get("name") for c in cases] == [r["id"] for r in doc["results"]]
     assert not junit.findall(".//failure")
+    for c, r in zip(cases, doc["results"], strict=True):
+        props = {e.get("name"): e.get("value") for e in c.iter("property")}
+        assert props == {"conformance.result": r["result"], "conformance.dut_role": r["role"]}, props
     skipped = {c.get("name") for c in cases if c.find("skipped") is not None}
     assert skipped == {r["id"] for r in doc["results"] if r["result"] == "SKIPPED"}
 
@@ -194,10 +197,18 @@ def test_a_known_deviation_is_reported_as_such(tmp_path: Path, new_ip: Callable[
         {"case": "resp.psn.gap_nak", "reason": "NAKs a PSN gap with code 1",
          "source": "IBTA Vol. 1 §9.7.5.2.1 (what it should do)"},
     ]}))  # fmt: skip
+    junit = tmp_path / "junit.xml"
     with agent(new_ip(), secret, mutation="nak-61-for-sequence") as a:
         p = against(a, new_ip(), "-k", "resp.psn.gap_nak", "-k", "resp.send.only", "--deviations",
-                    str(deviations), "--json-out", "-")  # fmt: skip
+                    str(deviations), "--json-out", "-", "--junit", str(junit))  # fmt: skip
     doc = json.loads(p.stdout)
+    # JUnit keeps it visible: a property and a line of output, beside the skip.
+    (tc,) = (t for t in ET.parse(junit).getroot().iter("testcase") if t.get("name") == "resp.psn.gap_nak")
+    props = {e.get("name"): e.get("value") for e in tc.iter("property")}
+    assert props["conformance.result"] == "KNOWN-DEVIATION"
+    assert props["conformance.dut_role"] == "responder"
+    assert "NAKs a PSN gap with code 1" in str(props["conformance.deviation"])
+    assert "KNOWN-DEVIATION: NAKs a PSN gap" in (tc.findtext("system-out") or "")
     assert results(doc) == {"resp.psn.gap_nak": "KNOWN-DEVIATION", "resp.send.only": "PASS"}
     assert p.returncode == 0
     (row,) = (r for r in doc["results"] if r["id"] == "resp.psn.gap_nak")
