@@ -9,6 +9,8 @@ that it notices deliberate engine bugs (``tests.conformance.mutations``).
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.agents import against, agent, conformance, results, write_secret
+from tests.conformance.agents import Agent, against, agent, conformance, results, write_secret
 from tests.conformance.mutations import MUTATIONS
 
 pytest.importorskip("scapy")
@@ -134,6 +136,45 @@ def test_a_fifo_as_deviations_file_does_not_hang(tmp_path: Path) -> None:
 
 
 # -- against agents started here: wrong secrets, known deviations, mutations ----------------
+
+
+MINIMAL_AGENT = Path(__file__).resolve().parents[2] / "scripts" / "conformance-agent-minimal.py"
+
+
+def test_the_protocol_document_is_enough_for_an_agent(tmp_path: Path, new_ip: Callable[[], str]) -> None:
+    """scripts/conformance-agent-minimal.py speaks the control protocol from docs/conformance-agent.md
+    with the standard library alone; the suite drives it in both roles."""
+    secret = write_secret(tmp_path / "secret")
+    dut = new_ip()
+    proc = subprocess.Popen([sys.executable, str(MINIMAL_AGENT), dut, str(secret)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        a = Agent(ready["control"], dut, secret)
+        cases = ("resp.send.only", "resp.write.multi", "resp.read.only", "resp.dup.fadd", "req.send.ack",
+                 "req.read.resp", "req.nak.remote_access")  # fmt: skip
+        p = against(a, new_ip(), *(arg for c in cases for arg in ("-k", c)), "--json-out", "-")
+    finally:
+        proc.kill()
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    got = results(json.loads(p.stdout))
+    assert got == dict.fromkeys(cases, "PASS"), got
+    assert p.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [(("--port", "2"), "port 1 and GID index 0"), (("--gid-index", "300"), "outside [0, 255]")],
+)
+def test_target_port_and_gid_index(args: tuple[str, ...], words: str, new_ip: Callable[[], str]) -> None:
+    p = subprocess.run([sys.executable, "-m", "rdmakit", "conformance-target", "-d", f"soft-udp:{new_ip()}",
+                        *args], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert p.returncode in (1, 2), p.stderr
+    assert words in p.stderr.strip().splitlines()[-1]
 
 
 def test_the_agent_refuses_a_tester_without_its_secret(tmp_path: Path, new_ip: Callable[[], str]) -> None:
