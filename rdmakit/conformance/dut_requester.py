@@ -283,12 +283,12 @@ def _nak_exceeded(ctx: Ctx) -> None:
     "the same request again, at least the nominal timeout later",
 )
 def _timeout(ctx: Ctx) -> None:
-    qp, mr = setup(ctx, timeout=14)
+    qp, mr = setup(ctx, timeout=16, retry_cnt=7)
     ctx.post_send("SEND", mr, 8)
     first = ctx.expect_request(F.SEND_ONLY, qp.sq_psn)
     again = ctx.expect_request(F.SEND_ONLY, qp.sq_psn)
     gap = again.stamp - first.stamp  # between the DUT's two sends
-    check(gap >= _NOMINAL * (1 << 14) * 0.9, f"resent after {gap * 1e3:.2f} ms, before the timeout")
+    check(gap >= _NOMINAL * (1 << 16) * 0.9, f"resent after {gap * 1e3:.2f} ms, before the timeout")
     ctx.ack(qp.sq_psn)
     wc_ok(ctx)
 

@@ -9,7 +9,7 @@ reading a packet.
 from . import frames as F
 from .dut_requester import Q, setup, wc_ok
 from .frames import psn_add
-from .harness import Ctx, case, check
+from .harness import CaseFail, Ctx, case, check
 
 _NOMINAL = 4.096e-6
 #: IBTA §9.7.5.2.8 table 46: RNR NAK timer code -> microseconds (code 0 is the longest).
@@ -133,7 +133,10 @@ def _rnr_table(ctx: Ctx) -> None:
     short = []
     for code in range(1, 32):
         sent = ctx.ack(qp.sq_psn, 0, F.RNR_KIND, code)
-        rx = ctx.expect_request(F.SEND_ONLY, qp.sq_psn)
+        try:
+            rx = ctx.expect_request(F.SEND_ONLY, qp.sq_psn, timeout=6.0)
+        except CaseFail as e:
+            raise CaseFail(f"after the RNR NAK with code {code}: {e}") from None
         gap = rx.stamp - sent
         if gap < TABLE_46[code] * 1e-6:
             short.append(f"code {code}: {gap * 1e6:.0f} us < {TABLE_46[code]} us")

@@ -23,7 +23,9 @@ header the kernel gave it (``inet_gso_segment()``: Identification ``id + i``,
 its own total length). The run may start past stale datagrams (copies of a
 frame paired late, or of a batch the DUT sent again with the same bytes):
 those are dropped. A frame that matches nothing is returned without a
-header, so the tester solves for it.
+header, so the tester solves for it; so is a UDP datagram whose raw copy does
+not come within ``_PAIR_WAIT`` (the raw socket sees every UDP datagram of the
+host and drops some when the host is busy).
 
 Every datagram carries the kernel's receive time (``SO_TIMESTAMPNS``): on
 loopback or a direct link that is when the DUT sent it, not when the tester
@@ -92,6 +94,10 @@ class ProbeLink:
         self._raw: socket.socket | None = None
         self._pending: deque[Datagram] = deque()  # the UDP socket's datagrams, for pairing
         self._ready: deque[Datagram] = deque()
+        #: Payloads returned without their raw frame (`_orphan`): that frame, if it comes, is dropped.
+        self._orphans: deque[bytes] = deque(maxlen=64)
+        #: Payloads of raw frames returned without their UDP copies: those copies, if they come, are dropped.
+        self._unpaired: deque[bytes] = deque(maxlen=64)
         if raw:
             try:
                 r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
@@ -167,6 +173,10 @@ class ProbeLink:
                 break
             select.select([self._udp], [], [], max(0.0, deadline - time.monotonic()))
         if found is None:
+            if whole.payload in self._orphans:  # its UDP copy went out already, without a header
+                self._orphans.remove(whole.payload)
+                return
+            self._unpaired.append(whole.payload)
             self._ready.append(Datagram(whole.src_ip, whole.sport, whole.payload, None, whole.stamp))
             return
         start, k = found
@@ -196,17 +206,34 @@ class ProbeLink:
                     d = self._from_raw(pkt, _stamp(anc))
                     if d is not None:
                         self._segments(d)
-                        return self._ready.popleft()
-                fd = self._raw.fileno()
+                        if self._ready:
+                            return self._ready.popleft()
+                orphan = self._orphan()
+                if orphan is not None:
+                    return orphan
+                fds = [self._raw.fileno(), self._udp.fileno()]
             else:
                 d = self._recv_udp()
                 if d is not None:
                     return d
-                fd = self._udp.fileno()
+                fds = [self._udp.fileno()]
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            select.select([fd], [], [], left)
+            select.select(fds, [], [], min(left, _PAIR_WAIT / 4))
+
+    def _orphan(self) -> Datagram | None:
+        """A UDP datagram whose raw copy has not come in `_PAIR_WAIT` (the raw socket, which
+        sees every UDP datagram of the host, dropped it when full): returned without a header."""
+        pending = self._pending
+        while pending and time.time() - pending[0].stamp >= _PAIR_WAIT:
+            d = pending.popleft()
+            if d.payload in self._unpaired:  # the late copy of a frame returned already
+                self._unpaired.remove(d.payload)
+                continue
+            self._orphans.append(d.payload)
+            return d
+        return None
 
     def close(self) -> None:
         self._udp.close()
