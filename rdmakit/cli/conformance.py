@@ -15,12 +15,13 @@ from rdmakit.cli.publishing import open_output
 EXIT_FAIL = 1
 
 
-def _need_suite() -> Any:
+def _need_suite() -> None:
+    from rdmakit.conformance import need_scapy
+
     try:
-        import rdmakit.conformance as suite
+        need_scapy()
     except ImportError as e:
         raise CliError(str(e)) from None
-    return suite
 
 
 def _write(path: str, data: str | bytes) -> None:
@@ -34,7 +35,6 @@ def _write(path: str, data: str | bytes) -> None:
 
 
 def _conformance(args: argparse.Namespace) -> int:
-    _need_suite()
     from rdmakit.conformance import report, runner
     from rdmakit.conformance.control import ControlError, TargetClient, client_handshake
     from rdmakit.transport.comm import connect, parse_service
@@ -49,6 +49,7 @@ def _conformance(args: argparse.Namespace) -> int:
             for c in cases:
                 print(f"{c.id:<34} {c.role:<9} {c.purpose}  [{c.follows}]")
         return 0
+    _need_suite()  # running cases needs scapy; listing them does not
     try:
         deviations = runner.load_deviations(args.deviations)
     except (OSError, ValueError) as e:
