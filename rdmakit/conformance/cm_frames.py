@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from .frames import Flow, check_icrc, scapy
+from .frames import DREP, DREQ, MRA, QP1_QKEY, REJ, REP, REQ, RTU, UD_SEND_ONLY, Flow, check_icrc, scapy
 
 if TYPE_CHECKING:
     from scapy.packet import Packet as ScapyPacket
 
-__all__ = ["QP1_QKEY", "MadRx", "build_mad", "dissect_mad", "mad"]
+__all__ = ["DREP", "DREQ", "MRA", "QP1_QKEY", "REJ", "REP", "REQ", "RTU", "MadRx", "build_mad", "dissect_mad",
+           "mad"]  # fmt: skip
 
-UD_SEND_ONLY = 0x64  # IBTA Vol. 1 §9.2 table 35: UD SEND Only
-QP1_QKEY = 0x80010000  # IBTA Vol. 1 ch. 13: the GSI's well-known Q_Key
-#: CM attribute IDs (IBTA Vol. 1 ch. 12, the MAD attribute of each CM message).
-REQ, MRA, REJ, REP, RTU, DREQ, DREP = 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16
+
+@lru_cache(maxsize=1)
+def _cm() -> SimpleNamespace:
+    """scapy's layers and the CM layers (:mod:`.scapy_cm`), imported on first use."""
+    from . import scapy_cm
+
+    return SimpleNamespace(**vars(scapy()), DETH=scapy_cm.DETH, MAD=scapy_cm.MAD, MESSAGES=scapy_cm.MESSAGES)
+
 
 NAMES = {0x10: "REQ", 0x11: "MRA", 0x12: "REJ", 0x13: "REP", 0x14: "RTU", 0x15: "DREQ", 0x16: "DREP"}
 
 
 def mad(attr: int, tid: int, **fields: Any) -> ScapyPacket:
     """A CM MAD: the MAD header and the message of attribute `attr` with `fields`."""
-    S = scapy()
+    S = _cm()
     message: ScapyPacket = S.MESSAGES[attr](**fields)
     header: ScapyPacket = S.MAD(attr_id=attr, tid=tid)
     return header / message
@@ -33,7 +40,7 @@ def build_mad(
     corrupt_icrc: bool = False,
 ) -> bytes:  # fmt: skip
     """The UDP payload (BTH .. ICRC) of one UD SEND ONLY carrying `message` to QP `dqpn`."""
-    S = scapy()
+    S = _cm()
     stack = S.BTH(opcode=UD_SEND_ONLY, pkey=pkey, dqpn=dqpn, psn=0) / S.DETH(qkey=qkey, srcqp=1) / message
     ip = S.IP(src=flow.src, dst=flow.dst, id=0, flags="DF")
     pkt = ip / S.UDP(sport=flow.sport, dport=flow.dport) / stack
@@ -74,7 +81,7 @@ def dissect_mad(
     """A received UDP payload as a CM MAD to QP1; None if it is anything else."""
     if len(body) < 12 + 8 + 24 + 4 or body[0] != UD_SEND_ONLY:
         return None
-    S = scapy()
+    S = _cm()
     bth = S.BTH(body)
     if int(bth.dqpn) != 1 or S.DETH not in bth or S.MAD not in bth:
         return None

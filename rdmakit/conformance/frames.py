@@ -33,12 +33,11 @@ def scapy() -> SimpleNamespace:
     from scapy.layers.inet import IP, UDP
     from scapy.packet import Raw
 
-    from . import scapy_cm
     from .scapy_layers import IETH, RETH, AtomicAckETH, AtomicETH, ImmDt
 
     return SimpleNamespace(
         BTH=BTH, IP=IP, UDP=UDP, Raw=Raw, IETH=IETH, RETH=RETH, AtomicAckETH=AtomicAckETH,
-        AtomicETH=AtomicETH, ImmDt=ImmDt, DETH=scapy_cm.DETH, MAD=scapy_cm.MAD, MESSAGES=scapy_cm.MESSAGES,
+        AtomicETH=AtomicETH, ImmDt=ImmDt,
     )  # fmt: skip
 
 
@@ -55,6 +54,10 @@ COMPARE_SWAP = 0x13
 FETCH_ADD = 0x14
 SEND_LAST_INV = 0x16
 SEND_ONLY_INV = 0x17
+UD_SEND_ONLY = 0x64  # the CM's MADs to QP1
+QP1_QKEY = 0x80010000  # IBTA Vol. 1 ch. 13: the GSI's well-known Q_Key
+#: CM attribute IDs (IBTA Vol. 1 ch. 12, the MAD attribute of each CM message).
+REQ, MRA, REJ, REP, RTU, DREQ, DREP = 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16
 
 OPCODE_NAMES = {
     0: "SEND_FIRST", 1: "SEND_MIDDLE", 2: "SEND_LAST", 3: "SEND_LAST_IMM", 4: "SEND_ONLY",

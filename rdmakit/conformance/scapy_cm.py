@@ -11,7 +11,7 @@ from scapy.contrib.roce import BTH
 from scapy.fields import BitField, ByteField, IntField, LongField, ShortField, StrFixedLenField, XIntField
 from scapy.packet import Packet, bind_layers
 
-from .cm_frames import DREP, DREQ, MRA, QP1_QKEY, REJ, REP, REQ, RTU, UD_SEND_ONLY
+from .frames import DREP, DREQ, MRA, QP1_QKEY, REJ, REP, REQ, RTU, UD_SEND_ONLY
 
 CM_MAD_BYTES = 232  # a CM message: 256-byte MAD less its 24-byte header
 
