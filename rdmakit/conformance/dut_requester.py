@@ -230,8 +230,8 @@ def _gobackn(ctx: Ctx) -> None:
     for i, op in enumerate((F.WRITE_FIRST, F.WRITE_MIDDLE, F.WRITE_LAST)):
         ctx.expect_request(op, psn_add(p, i))
     ctx.ack(psn_add(p, 1), 0, F.NAK_KIND, F.NAK_PSN_SEQ)
-    ctx.expect_request(F.WRITE_MIDDLE, psn_add(p, 1))
-    ctx.expect_request(F.WRITE_LAST, psn_add(p, 2))
+    ctx.expect_request(F.WRITE_MIDDLE, psn_add(p, 1), strict=True)
+    ctx.expect_request(F.WRITE_LAST, psn_add(p, 2), strict=True)
     ctx.ack(psn_add(p, 2))
     wc_ok(ctx)
 
@@ -252,7 +252,7 @@ def _nak_acks(ctx: Ctx) -> None:
     ctx.ack(psn_add(qp.sq_psn, 2), 2, F.NAK_KIND, F.NAK_PSN_SEQ)
     wcs = wc_ok(ctx, 2)
     check([w["wr_id"] for w in wcs] == [1, 2], f"completions {wcs}")
-    ctx.expect_request(F.SEND_ONLY, psn_add(qp.sq_psn, 2))
+    ctx.expect_request(F.SEND_ONLY, psn_add(qp.sq_psn, 2), strict=True)
     ctx.ack(psn_add(qp.sq_psn, 2), 3)
     wc_ok(ctx)
 

@@ -100,7 +100,7 @@ def _implied(ctx: Ctx, opname: str, op: int) -> None:
         ctx.send(F.READ_RESP_ONLY, p, dqpn=qp.qpn, aeth=(0x1F, 1), payload=bytes(8))
     else:
         ctx.send(F.ATOMIC_ACKNOWLEDGE, p, dqpn=qp.qpn, aeth=(0x1F, 1), orig=7)
-    rx = ctx.expect_request(F.SEND_ONLY, psn_add(p, 1))
+    rx = ctx.expect_request(F.SEND_ONLY, psn_add(p, 1), strict=True)
     ctx.ack(rx.psn, 2)
     wcs = wc_ok(ctx, 2)
     check([w["wr_id"] for w in wcs] == [1, 2], f"completions {wcs}")
