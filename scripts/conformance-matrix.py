@@ -47,11 +47,14 @@ def render(own: dict[str, Any], rxe: dict[str, Any]) -> str:
         f"- rxe: Linux {kernel}, rxe0 in the lab guest, driven through verbs by",
         f"  `rdmakit conformance-target -d rxe0`; ICRC check: {rxe['icrc_check']}.",
         "",
-        "The tester role is the suite's: as `requester` it sends requests and checks the",
-        "device's responses; as `responder` it answers the device's requests; as `cm` it is",
-        "the active side of a connection, sending CM MADs to the device's QP1.",
+        "Each row names the role of the device under test: `responder` (the suite sends",
+        "requests and checks the device's responses), `requester` (the device sends requests,",
+        "the suite answers them, rightly or wrongly on purpose, and checks what it does), `cm`",
+        "(the device is the passive side of a connection the suite makes through its QP1).",
+        "A KNOWN-DEVIATION is a failure the device's deviations file explains with a public",
+        "source; a SKIPPED case does not apply to the device (the reason is given below).",
         "",
-        "| case | tester | follows | rdmakit | rxe |",
+        "| case | device's role | follows | rdmakit | rxe |",
         "|---|---|---|---|---|",
     ]
     for r in own["results"]:

@@ -9,17 +9,19 @@ from typing import Any
 
 from rdmakit.cli.errors import EXIT_ERROR, CliError
 from rdmakit.cli.lifecycle import run
+from rdmakit.cli.options import int_in
 from rdmakit.cli.publishing import open_output
 
 EXIT_FAIL = 1
 
 
-def _need_suite() -> Any:
+def _need_suite() -> None:
+    from rdmakit.conformance import need_scapy
+
     try:
-        import rdmakit.conformance as suite
+        need_scapy()
     except ImportError as e:
         raise CliError(str(e)) from None
-    return suite
 
 
 def _write(path: str, data: str | bytes) -> None:
@@ -33,7 +35,6 @@ def _write(path: str, data: str | bytes) -> None:
 
 
 def _conformance(args: argparse.Namespace) -> int:
-    _need_suite()
     from rdmakit.conformance import report, runner
     from rdmakit.conformance.control import ControlError, TargetClient, client_handshake
     from rdmakit.transport.comm import connect, parse_service
@@ -48,6 +49,7 @@ def _conformance(args: argparse.Namespace) -> int:
             for c in cases:
                 print(f"{c.id:<34} {c.role:<9} {c.purpose}  [{c.follows}]")
         return 0
+    _need_suite()  # running cases needs scapy; listing them does not
     try:
         deviations = runner.load_deviations(args.deviations)
     except (OSError, ValueError) as e:
@@ -113,8 +115,10 @@ def _target(args: argparse.Namespace) -> int:
             try:
                 ipaddress.ip_address(spec.removeprefix("soft-udp:"))
             except ValueError:
-                agent = _verbs_target(spec, stack)
+                agent = _verbs_target(spec, stack, args.port, args.gid_index)
             else:
+                if args.port not in (None, 1) or args.gid_index not in (None, 0):
+                    raise CliError("a soft device has port 1 and GID index 0 only")
                 agent = target.SoftTarget(stack.enter_context(target.open_soft_device(spec)))
             name = agent.info({})["device"]
             print(json.dumps({"control": str(listener.address), "device": name}), flush=True)
@@ -124,8 +128,8 @@ def _target(args: argparse.Namespace) -> int:
     return 0
 
 
-def _verbs_target(spec: str, stack: contextlib.ExitStack) -> Any:
-    """The agent over the verbs device `spec` (``rxe0``, ``mlx5_0`` ...)."""
+def _verbs_target(spec: str, stack: contextlib.ExitStack, port: int | None, gid_index: int | None) -> Any:
+    """The agent over the verbs device `spec` (``rxe0``, ``mlx5_0`` ...), its `port` and GID `gid_index`."""
     from rdmakit.verbs import VerbsError, pyverbs_missing
 
     missing = pyverbs_missing()
@@ -137,7 +141,7 @@ def _verbs_target(spec: str, stack: contextlib.ExitStack) -> Any:
     from rdmakit.verbs.device import VerbsDevice
 
     try:
-        dev = stack.enter_context(VerbsDevice(spec))
+        dev = stack.enter_context(VerbsDevice(spec, port=port, gid_index=gid_index))
     except VerbsError as e:
         raise CliError(f"{spec[:64]!r}: {e}") from None
     return VerbsTarget(dev)
@@ -172,6 +176,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     t.add_argument("--listen", default="tcp:127.0.0.1:0", help="control address, tcp:HOST:PORT")
     t.add_argument("--secret-file", help="the control channel secret (hex); default as the comm channel's")
     t.add_argument("--once", action="store_true", help="exit after the first tester's session")
+    t.add_argument("--port", type=int_in(1, 255), help="the verbs device's port (default: its first active)")
+    t.add_argument("--gid-index", type=int_in(0, 255), help="the verbs device's GID (default: a RoCEv2 one)")
     t.set_defaults(handler=run(t, _target))
 
 

@@ -1,24 +1,37 @@
 """The tester's CM MADs: UD SEND ONLY to QP1, built and read with scapy (:mod:`.scapy_cm`)."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Any
+from functools import lru_cache
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
-from scapy.contrib.roce import BTH
-from scapy.layers.inet import IP, UDP
-from scapy.packet import Packet as ScapyPacket
+from .frames import DREP, DREQ, MRA, QP1_QKEY, REJ, REP, REQ, RTU, UD_SEND_ONLY, Flow, check_icrc, scapy
 
-from .frames import Flow, check_icrc
-from .scapy_cm import DETH, MAD, MESSAGES, QP1_QKEY, UD_SEND_ONLY
+if TYPE_CHECKING:
+    from scapy.packet import Packet as ScapyPacket
 
-__all__ = ["QP1_QKEY", "MadRx", "build_mad", "dissect_mad", "mad"]
+__all__ = ["DREP", "DREQ", "MRA", "QP1_QKEY", "REJ", "REP", "REQ", "RTU", "MadRx", "build_mad", "dissect_mad",
+           "mad"]  # fmt: skip
+
+
+@lru_cache(maxsize=1)
+def _cm() -> SimpleNamespace:
+    """scapy's layers and the CM layers (:mod:`.scapy_cm`), imported on first use."""
+    from . import scapy_cm
+
+    return SimpleNamespace(**vars(scapy()), DETH=scapy_cm.DETH, MAD=scapy_cm.MAD, MESSAGES=scapy_cm.MESSAGES)
+
 
 NAMES = {0x10: "REQ", 0x11: "MRA", 0x12: "REJ", 0x13: "REP", 0x14: "RTU", 0x15: "DREQ", 0x16: "DREP"}
 
 
 def mad(attr: int, tid: int, **fields: Any) -> ScapyPacket:
     """A CM MAD: the MAD header and the message of attribute `attr` with `fields`."""
-    message: ScapyPacket = MESSAGES[attr](**fields)
-    header: ScapyPacket = MAD(attr_id=attr, tid=tid)
+    S = _cm()
+    message: ScapyPacket = S.MESSAGES[attr](**fields)
+    header: ScapyPacket = S.MAD(attr_id=attr, tid=tid)
     return header / message
 
 
@@ -27,9 +40,11 @@ def build_mad(
     corrupt_icrc: bool = False,
 ) -> bytes:  # fmt: skip
     """The UDP payload (BTH .. ICRC) of one UD SEND ONLY carrying `message` to QP `dqpn`."""
-    stack = BTH(opcode=UD_SEND_ONLY, pkey=pkey, dqpn=dqpn, psn=0) / DETH(qkey=qkey, srcqp=1) / message
-    pkt = IP(src=flow.src, dst=flow.dst, id=0, flags="DF") / UDP(sport=flow.sport, dport=flow.dport) / stack
-    body = bytes(pkt[UDP].payload)
+    S = _cm()
+    stack = S.BTH(opcode=UD_SEND_ONLY, pkey=pkey, dqpn=dqpn, psn=0) / S.DETH(qkey=qkey, srcqp=1) / message
+    ip = S.IP(src=flow.src, dst=flow.dst, id=0, flags="DF")
+    pkt = ip / S.UDP(sport=flow.sport, dport=flow.dport) / stack
+    body = bytes(pkt[S.UDP].payload)
     if corrupt_icrc:
         body = body[:-4] + bytes(b ^ 0xFF for b in body[-4:])
     return body
@@ -66,13 +81,14 @@ def dissect_mad(
     """A received UDP payload as a CM MAD to QP1; None if it is anything else."""
     if len(body) < 12 + 8 + 24 + 4 or body[0] != UD_SEND_ONLY:
         return None
-    bth = BTH(body)
-    if int(bth.dqpn) != 1 or DETH not in bth or MAD not in bth:
+    S = _cm()
+    bth = S.BTH(body)
+    if int(bth.dqpn) != 1 or S.DETH not in bth or S.MAD not in bth:
         return None
-    m = bth[MAD]
+    m = bth[S.MAD]
     attr = int(m.attr_id)
-    if attr not in MESSAGES or MESSAGES[attr] not in m:
+    if attr not in S.MESSAGES or S.MESSAGES[attr] not in m:
         return None
     ok, method, _ = check_icrc(src, sport, dst, dport, body, ip_header)
-    d = bth[DETH]
-    return MadRx(attr, int(m.tid), m[MESSAGES[attr]], int(d.qkey), int(d.srcqp), ok, method)
+    d = bth[S.DETH]
+    return MadRx(attr, int(m.tid), m[S.MESSAGES[attr]], int(d.qkey), int(d.srcqp), ok, method)

@@ -10,11 +10,11 @@ import time
 from typing import Any
 
 from . import cm_frames as C
+from .cm_frames import DREP, DREQ, REJ, REP, REQ, RTU
 from .control import TargetError
 from .harness import CaseFail, Ctx, Skip, case, check
-from .scapy_cm import DREP, DREQ, REJ, REP, REQ, RTU
 
-A = "cm"  # the tester's role: the active side
+A = "cm"  # the DUT's role: the passive side of a connection, through its QP1
 TCP_PS = 0x0106
 REJ_NO_LISTENER, REJ_STALE = 8, 10
 

@@ -4,7 +4,7 @@ from . import frames as F
 from .frames import psn_add
 from .harness import Ctx, DutQp, Mr, case, check
 
-R = "requester"
+R = "responder"  # the DUT's role: the tester sends requests
 NAK_INV, NAK_ACC, NAK_SEQ = F.NAK_INVALID_REQ, F.NAK_REMOTE_ACCESS, F.NAK_PSN_SEQ
 
 

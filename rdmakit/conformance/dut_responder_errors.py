@@ -1,7 +1,9 @@
 """Responder error cases: wrap, RNR, lengths, opcode sequences, header checks, keys (tester = requester)."""
 
+from typing import Any
+
 from . import frames as F
-from .dut_responder import NAK_ACC, NAK_INV, NAK_SEQ, R, alive, setup
+from .dut_responder import NAK_INV, NAK_SEQ, R, alive, setup
 from .frames import psn_add
 from .harness import Ctx, Skip, case, check
 
@@ -128,9 +130,11 @@ def _rnr_recover(ctx: Ctx) -> None:
 )
 def _rnr_wimm(ctx: Ctx) -> None:
     qp, mr = setup(ctx)
+    ctx.write_mem(mr, 0, b"keep")
     ctx.send(F.WRITE_ONLY_IMM, qp.rq_psn, ackreq=True, reth=(mr.addr, mr.rkey, 4), imm=1, payload=b"rnr!")
     rx = ctx.expect("RNR NAK")
     check(rx.is_rnr() and rx.psn == qp.rq_psn, f"got {rx.describe()}")
+    check(ctx.read_mem(mr, 0, 4) == b"keep", "the WRITE with immediate was placed before its RNR NAK")
 
 
 # -- lengths, MTU and pad (IBTA C9-92..C9-94, §9.2 PadCnt) --
@@ -140,7 +144,9 @@ def _bad_len(ctx: Ctx, ops: list[tuple[int, int]], mtu: int = 256, **kw: object)
     qp, mr = setup(ctx, mtu=mtu, recvs=1)
     p = qp.rq_psn
     for i, (op, n) in enumerate(ops):
-        extra = {"reth": (mr.addr, mr.rkey, 4096)} if op in (F.WRITE_FIRST, F.WRITE_ONLY) else {}
+        extra: dict[str, Any] = (
+            {"reth": (mr.addr, mr.rkey, 4096)} if op in (F.WRITE_FIRST, F.WRITE_ONLY) else {}
+        )
         ctx.send(op, psn_add(p, i), ackreq=i == len(ops) - 1, payload=bytes(n), **extra)
     bad = psn_add(p, len(ops) - 1)
     while True:
@@ -424,108 +430,6 @@ def _bad_icrc(ctx: Ctx) -> None:
     ctx.no_wc("recv", 0)
     ctx.send(F.SEND_ONLY, qp.rq_psn, ackreq=True, payload=b"good")
     ctx.expect_ack(qp.rq_psn, 1)
-
-
-# -- keys, ranges, permissions (IBTA §9.7.5.2.4, remote access errors) --
-
-
-def _access_nak(
-    ctx: Ctx, op: int, mr_access: int = 0xF, rkey_xor: int = 0, va_off: int = 0, n: int = 8
-) -> None:
-    qp, mr = setup(ctx, mr_access=mr_access, mr_len=4096)
-    va, rkey = mr.addr + va_off, mr.rkey ^ rkey_xor
-    if op == F.WRITE_ONLY:
-        ctx.send(op, qp.rq_psn, ackreq=True, reth=(va, rkey, n), payload=bytes(n))
-    elif op == F.READ_REQUEST:
-        ctx.send(op, qp.rq_psn, ackreq=True, reth=(va, rkey, n))
-    else:
-        ctx.send(op, qp.rq_psn, ackreq=True, atomic=(va, rkey, 1, 0))
-    ctx.expect_nak(NAK_ACC, qp.rq_psn)
-    st = ctx.state()
-    check(st == "ERR", f"QP state {st} after a remote access error, expected ERR")
-
-
-@case(
-    "resp.key.bad_rkey",
-    R,
-    "A WRITE with an unknown R_Key gets a remote access error NAK",
-    "IBTA Vol.1 §9.7.5.2.4 (R_Key check); roce-sim rkey violation",
-    "NAK remote access error (0x62); QP in ERR",
-)
-def _bad_rkey(ctx: Ctx) -> None:
-    _access_nak(ctx, F.WRITE_ONLY, rkey_xor=0x00A5A500)
-
-
-@case(
-    "resp.key.range",
-    R,
-    "A WRITE past the end of the MR gets a remote access error NAK",
-    "IBTA Vol.1 §9.7.5.2.4 (bounds)",
-    "NAK remote access error; QP in ERR",
-)
-def _range(ctx: Ctx) -> None:
-    _access_nak(ctx, F.WRITE_ONLY, va_off=4092, n=8)
-
-
-@case(
-    "resp.key.no_remote_write",
-    R,
-    "A WRITE to an MR without remote write gets a remote access error NAK",
-    "IBTA Vol.1 §9.7.5.2.4, §10.6.3.1 (access rights)",
-    "NAK remote access error; QP in ERR",
-)
-def _perm_write(ctx: Ctx) -> None:
-    _access_nak(ctx, F.WRITE_ONLY, mr_access=0x1 | 0x4)
-
-
-@case(
-    "resp.key.no_remote_read",
-    R,
-    "A READ of an MR without remote read gets a remote access error NAK",
-    "IBTA Vol.1 §9.7.5.2.4, §10.6.3.1",
-    "NAK remote access error; QP in ERR",
-)
-def _perm_read(ctx: Ctx) -> None:
-    _access_nak(ctx, F.READ_REQUEST, mr_access=0x1 | 0x2)
-
-
-@case(
-    "resp.key.no_remote_atomic",
-    R,
-    "An atomic on an MR without remote atomic gets a remote access error NAK",
-    "IBTA Vol.1 §9.7.5.2.4, §10.6.3.1",
-    "NAK remote access error; QP in ERR",
-)
-def _perm_atomic(ctx: Ctx) -> None:
-    _access_nak(ctx, F.FETCH_ADD, mr_access=0x1 | 0x2 | 0x4)
-
-
-@case(
-    "resp.atomic.unaligned",
-    R,
-    "An atomic at an address not 8-byte aligned is an invalid request",
-    "IBTA Vol.1 §9.4.5 (alignment); rxe check_rkey()",
-    "NAK invalid request",
-)
-def _unaligned(ctx: Ctx) -> None:
-    qp, mr = setup(ctx)
-    ctx.send(F.FETCH_ADD, qp.rq_psn, ackreq=True, atomic=(mr.addr + 4, mr.rkey, 1, 0))
-    ctx.expect_nak(NAK_INV, qp.rq_psn)
-
-
-@case(
-    "resp.err.silent",
-    R,
-    "A QP in ERR after a fatal NAK answers nothing more",
-    "IBTA Vol.1 §10.3.1 (Error state), §9.7.5.2.4",
-    "no response to a later request",
-)
-def _err_silent(ctx: Ctx) -> None:
-    qp, mr = setup(ctx)
-    ctx.send(F.WRITE_ONLY, qp.rq_psn, ackreq=True, reth=(mr.addr, mr.rkey ^ 0x10, 4), payload=b"bad!")
-    ctx.expect_nak(NAK_ACC, qp.rq_psn)
-    ctx.send(F.WRITE_ONLY, psn_add(qp.rq_psn, 1), ackreq=True, reth=(mr.addr, mr.rkey, 4), payload=b"more")
-    ctx.silence()
 
 
 # -- zero-length operations (IBTA §9.4.2, §9.4.3: no R_Key check at length 0) --

@@ -15,15 +15,31 @@ meeting in the middle (256 + 256 candidates: the whole 2^16 space), or proves
 none does (``method="solved-id"``).
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
 from functools import lru_cache
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
-from scapy.contrib.roce import AETH, BTH
-from scapy.layers.inet import IP, UDP
-from scapy.packet import Packet as ScapyPacket
-from scapy.packet import Raw
+if TYPE_CHECKING:
+    from scapy.packet import Packet as ScapyPacket
 
-from .scapy_layers import IETH, RETH, AtomicAckETH, AtomicETH, ImmDt
+
+@lru_cache(maxsize=1)
+def scapy() -> SimpleNamespace:
+    """scapy's layers, imported on first use: listing the cases needs no scapy."""
+    from scapy.contrib.roce import BTH
+    from scapy.layers.inet import IP, UDP
+    from scapy.packet import Raw
+
+    from .scapy_layers import IETH, RETH, AtomicAckETH, AtomicETH, ImmDt
+
+    return SimpleNamespace(
+        BTH=BTH, IP=IP, UDP=UDP, Raw=Raw, IETH=IETH, RETH=RETH, AtomicAckETH=AtomicAckETH,
+        AtomicETH=AtomicETH, ImmDt=ImmDt,
+    )  # fmt: skip
+
 
 ROCE_PORT = 4791
 
@@ -38,6 +54,10 @@ COMPARE_SWAP = 0x13
 FETCH_ADD = 0x14
 SEND_LAST_INV = 0x16
 SEND_ONLY_INV = 0x17
+UD_SEND_ONLY = 0x64  # the CM's MADs to QP1
+QP1_QKEY = 0x80010000  # IBTA Vol. 1 ch. 13: the GSI's well-known Q_Key
+#: CM attribute IDs (IBTA Vol. 1 ch. 12, the MAD attribute of each CM message).
+REQ, MRA, REJ, REP, RTU, DREQ, DREP = 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16
 
 OPCODE_NAMES = {
     0: "SEND_FIRST", 1: "SEND_MIDDLE", 2: "SEND_LAST", 3: "SEND_LAST_IMM", 4: "SEND_ONLY",
@@ -102,36 +122,38 @@ def build(
     ``aeth`` (syndrome, msn). Headers are stacked in IBTA §9.2 order whatever
     the opcode, so a test can put a wrong one on purpose.
     """
+    S = scapy()
     pad = -len(payload) % 4
-    stack: ScapyPacket = BTH(
+    stack: ScapyPacket = S.BTH(
         opcode=opcode, solicited=int(solicited), padcount=pad, version=version, pkey=pkey,
         dqpn=dqpn, ackreq=int(ackreq), psn=psn & PSN_MASK,
     )  # fmt: skip
     if reth is not None:
-        stack = stack / RETH(va=reth[0], rkey=reth[1], dlen=reth[2])
+        stack = stack / S.RETH(va=reth[0], rkey=reth[1], dlen=reth[2])
     if aeth is not None:
-        stack = stack / Raw(bytes([aeth[0]]) + (aeth[1] & PSN_MASK).to_bytes(3, "big"))
+        stack = stack / S.Raw(bytes([aeth[0]]) + (aeth[1] & PSN_MASK).to_bytes(3, "big"))
     if orig is not None:
-        stack = stack / AtomicAckETH(origremdt=orig)
+        stack = stack / S.AtomicAckETH(origremdt=orig)
     if atomic is not None:
-        stack = stack / AtomicETH(va=atomic[0], rkey=atomic[1], swapdt=atomic[2], cmpdt=atomic[3])
+        stack = stack / S.AtomicETH(va=atomic[0], rkey=atomic[1], swapdt=atomic[2], cmpdt=atomic[3])
     if imm is not None:
-        stack = stack / ImmDt(immdt=imm)
+        stack = stack / S.ImmDt(immdt=imm)
     if ieth is not None:
-        stack = stack / IETH(rkey=ieth)
-    stack = stack / Raw(payload + b"\0" * pad)
-    pkt = (
-        IP(src=flow.src, dst=flow.dst, id=ip_id, flags="DF") / UDP(sport=flow.sport, dport=flow.dport) / stack
-    )
-    body = bytes(pkt[UDP].payload)
+        stack = stack / S.IETH(rkey=ieth)
+    stack = stack / S.Raw(payload + b"\0" * pad)
+    ip = S.IP(src=flow.src, dst=flow.dst, id=ip_id, flags="DF")
+    pkt = ip / S.UDP(sport=flow.sport, dport=flow.dport) / stack
+    body = bytes(pkt[S.UDP].payload)
     if corrupt_icrc:
         body = body[:-4] + bytes(b ^ 0xFF for b in body[-4:])
     return body
 
 
 def _icrc_for(src: str, dst: str, sport: int, dport: int, body: bytes, ip_id: int, df: bool) -> bytes:
-    pkt = IP(src=src, dst=dst, id=ip_id, flags="DF" if df else 0) / UDP(sport=sport, dport=dport) / BTH(body)
-    del pkt[BTH].icrc
+    S = scapy()
+    ip = S.IP(src=src, dst=dst, id=ip_id, flags="DF" if df else 0)
+    pkt = ip / S.UDP(sport=sport, dport=dport) / S.BTH(body)
+    del pkt[S.BTH].icrc
     return bytes(pkt)[-4:]
 
 
@@ -188,6 +210,16 @@ class Rx:
     imm: int | None = None
     ip_id: int | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    #: The UDP source port, the BTH SE and MigReq bits, the reserved bits (resv6, resv7),
+    #: the IPv4 TOS byte (None when the link did not see the header), the pad bytes.
+    sport: int = 0
+    solicited: bool = False
+    migreq: bool = False
+    reserved: int = 0
+    tos: int | None = None
+    pad: bytes = b""
+    #: When the DUT sent it: the kernel's receive time at the tester (``time.time()`` clock).
+    stamp: float = 0.0
 
     @property
     def name(self) -> str:
@@ -246,14 +278,17 @@ def dissect(src: str, sport: int, dst: str, dport: int, body: bytes, ip_header: 
     """Dissect one received UDP payload; None when it is not an RC packet scapy can read."""
     if len(body) < 16:
         return None
+    S = scapy()
     ok, method, ip_id = check_icrc(src, sport, dst, dport, body, ip_header)
-    bth = BTH(body)
+    bth = S.BTH(body)
     op = int(bth.opcode)
     pad = int(bth.padcount)
     rest = body[12:-4]
     rx = Rx(
         opcode=op, dqpn=int(bth.dqpn), psn=int(bth.psn), ackreq=bool(bth.ackreq), pkey=int(bth.pkey),
         version=int(bth.version), padcount=pad, payload=b"", icrc_ok=ok, icrc_method=method, ip_id=ip_id,
+        sport=sport, solicited=bool(bth.solicited), migreq=bool(bth.migreq),
+        reserved=(int(bth.resv6) << 7) | int(bth.resv7), tos=None if ip_header is None else ip_header[1],
     )  # fmt: skip
     if op in _WITH_AETH:
         if len(rest) < 4:
@@ -263,23 +298,24 @@ def dissect(src: str, sport: int, dst: str, dport: int, body: bytes, ip_header: 
     if op == ATOMIC_ACKNOWLEDGE:
         if len(rest) < 8:
             return None
-        rx.orig = int(AtomicAckETH(rest[:8]).origremdt)
+        rx.orig = int(S.AtomicAckETH(rest[:8]).origremdt)
         rest = rest[8:]
     if op in _WITH_RETH:
-        r = RETH(rest[:16])
+        r = S.RETH(rest[:16])
         rx.reth = (int(r.va), int(r.rkey), int(r.dlen))
         rest = rest[16:]
     if op in (COMPARE_SWAP, FETCH_ADD):
-        a = AtomicETH(rest[:28])
+        a = S.AtomicETH(rest[:28])
         rx.atomic = (int(a.va), int(a.rkey), int(a.swapdt), int(a.cmpdt))
         rest = rest[28:]
     if op in _WITH_IMM:
-        rx.imm = int(ImmDt(rest[:4]).immdt)
+        rx.imm = int(S.ImmDt(rest[:4]).immdt)
         rest = rest[4:]
     if pad > len(rest):
         return None
     rx.payload = rest[: len(rest) - pad]
+    rx.pad = rest[len(rest) - pad :]
     return rx
 
 
-__all__ = ["AETH", "Flow", "Rx", "build", "dissect", "solve_ip_id"]
+__all__ = ["Flow", "Rx", "build", "dissect", "scapy", "solve_ip_id"]

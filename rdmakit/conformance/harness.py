@@ -1,9 +1,10 @@
 """Cases, their registry, and the context a case runs in.
 
-A case is a function of a `Ctx` registered with `case`: an id, the tester's
-role (``requester``: the tester sends requests and the DUT responds;
-``responder``: the DUT is the requester; ``cm``: the tester connects to
-the DUT through its QP1), a one-line purpose, what it
+A case is a function of a `Ctx` registered with `case`: an id, the DUT's
+role, what is being tested (``responder``: the tester sends requests and the
+DUT responds; ``requester``: the DUT sends requests and the tester answers;
+``cm``: the DUT is the passive side of a connection the tester makes through
+its QP1), a one-line purpose, what it
 follows (an IBTA Vol. 1 section or rule, Annex A17, else the Linux rxe
 function or datenlord/roce-sim case) and the expected result. It fails by
 raising `CaseFail` and skips with `Skip`.
@@ -24,7 +25,10 @@ from . import cm_frames as C
 from . import frames as F
 from .control import TargetClient
 
-Role = str  # "requester" | "responder" | "cm" (the active side, MADs to QP1): the tester's role
+#: Bytes one read_mem call moves (the agent's limit, docs/conformance-agent.md).
+MAX_IO = 16 << 10
+
+Role = str  # "responder" | "requester" | "cm" (the passive side, MADs to QP1): the DUT's role
 
 
 class CaseFail(Exception):
@@ -145,7 +149,13 @@ class Ctx:
         self.t.call("write_mem", mr=mr.id, offset=offset, data=data.hex())
 
     def read_mem(self, mr: Mr, offset: int, length: int) -> bytes:
-        return bytes.fromhex(self.t.call("read_mem", mr=mr.id, offset=offset, length=length)["data"])
+        """``length`` bytes of ``mr`` from ``offset``, in pieces the agent moves in one call."""
+        out = b""
+        while len(out) < length:
+            n = min(length - len(out), MAX_IO)
+            r = self.t.call("read_mem", mr=mr.id, offset=offset + len(out), length=n)
+            out += bytes.fromhex(r["data"])
+        return out
 
     def post_recv(self, mr: Mr, offset: int = 0, length: int | None = None, wr_id: int = 1) -> None:
         assert self.qp is not None
@@ -202,11 +212,12 @@ class Ctx:
         check(not got and not pending[side], f"expected no {side} completion, got {got or pending[side]}")
 
     # -- packets --
-    def send(self, opcode: int, psn: int, **kw: Any) -> None:
+    def send(self, opcode: int, psn: int, *, tos: int = 0, **kw: Any) -> float:
+        """Send one packet (IPv4 TOS byte ``tos``); return when it left (``time.time()``)."""
         assert self.qp is not None
         kw.setdefault("dqpn", self.qp.qpn)
         dqpn = kw.pop("dqpn")
-        self.link.send(F.build(self.flow, opcode, dqpn, psn, **kw), (self.dut_ip, F.ROCE_PORT))
+        return self.link.send(F.build(self.flow, opcode, dqpn, psn, **kw), (self.dut_ip, F.ROCE_PORT), tos)
 
     def recv(self, timeout: float = 3.0) -> F.Rx | None:
         """The DUT's next packet to this case's QPN (ICRC checked), or None within `timeout`."""
@@ -223,6 +234,7 @@ class Ctx:
             rx = F.dissect(d.src_ip, d.sport, self.link.ip, self.link.port, d.payload, d.ip_header)
             if rx is None or rx.dqpn != self.tqpn:
                 continue
+            rx.stamp = d.stamp
             self.received += 1
             self.icrc_methods.add(rx.icrc_method)
             self.log.append(f"<- {rx.describe()} at {time.monotonic():.6f}")
@@ -265,15 +277,27 @@ class Ctx:
         check(rx.is_nak(code) and rx.psn == psn, f"expected {want}, got {rx.describe()}")
         return rx
 
-    def expect_request(self, opcode: int, psn: int, timeout: float = 3.0) -> F.Rx:
+    def expect_request(self, opcode: int, psn: int, timeout: float = 3.0, *, strict: bool = False) -> F.Rx:
+        """The DUT's next request, which must be ``opcode`` at ``psn``.
+
+        Unless ``strict``, a request at a PSN before ``psn`` is passed over: the
+        DUT going back after a packet the path lost (go-back-N, IBTA §9.9.3.1),
+        which a case about something else must not take for its failure. A case
+        about where the DUT goes back to asks for ``strict``.
+        """
         want = f"{F.OPCODE_NAMES[opcode]} at PSN {psn:#x}"
-        rx = self.expect(want, timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            rx = self.expect(want, max(deadline - time.monotonic(), 0.001))
+            if strict or rx.opcode == F.ACKNOWLEDGE or not 0 < (psn - rx.psn) & F.PSN_MASK < 0x800000:
+                break
+            self.log.append(f"passed over a resent {rx.describe()} (a lost packet?) waiting for {want}")
         check(rx.opcode == opcode and rx.psn == psn, f"expected {want}, got {rx.describe()}")
         return rx
 
     # -- the tester's responses (the DUT is the requester) --
-    def ack(self, psn: int, msn: int = 1, kind: int = F.ACK_KIND, value: int = F.CREDITS_UNLIMITED) -> None:
-        self.send(F.ACKNOWLEDGE, psn, dqpn=self.qpn, aeth=(F.syndrome(kind, value), msn))
+    def ack(self, psn: int, msn: int = 1, kind: int = F.ACK_KIND, value: int = F.CREDITS_UNLIMITED) -> float:
+        return self.send(F.ACKNOWLEDGE, psn, dqpn=self.qpn, aeth=(F.syndrome(kind, value), msn))
 
     @property
     def qpn(self) -> int:

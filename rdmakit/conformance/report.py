@@ -1,4 +1,12 @@
-"""The suite's output: a readable table, JSON, and JUnit XML."""
+"""The suite's output: a readable table, JSON, and JUnit XML.
+
+Each row is named by the DUT's role (what is being tested: ``responder``,
+``requester`` or ``cm``). In JUnit a case is a ``testcase`` whose
+``conformance.result`` property holds its outcome; a FAIL is a ``failure``;
+SKIPPED and KNOWN-DEVIATION are ``skipped``, and a KNOWN-DEVIATION also
+carries a ``conformance.deviation`` property and a ``KNOWN-DEVIATION:`` line in
+its ``system-out``, so a CI report that folds skips away still shows it.
+"""
 
 import json
 import xml.etree.ElementTree as ET
@@ -52,12 +60,19 @@ def to_junit(results: list[Result], name: str = "rdmakit-conformance") -> bytes:
     for r in results:
         tc = ET.SubElement(suite, "testcase", classname=f"conformance.{r.case.role}", name=r.case.id,
                            time=f"{r.seconds:.3f}")  # fmt: skip
+        props = ET.SubElement(tc, "properties")
+        ET.SubElement(props, "property", name="conformance.result", value=r.status)
+        ET.SubElement(props, "property", name="conformance.dut_role", value=r.case.role)
+        out = [f"follows: {r.case.follows}", f"expect: {r.case.expect}"]
         if r.status == FAIL:
             f = ET.SubElement(tc, "failure", message=r.detail.splitlines()[0][:500] if r.detail else "")
             f.text = "\n".join([r.detail, *r.log])
         elif r.status in (SKIPPED, DEVIATION):
             ET.SubElement(tc, "skipped", message=f"{r.status}: {r.detail}"[:500])
-        ET.SubElement(tc, "system-out").text = f"follows: {r.case.follows}\nexpect: {r.case.expect}"
+        if r.status == DEVIATION:
+            ET.SubElement(props, "property", name="conformance.deviation", value=r.detail[:1000])
+            out.append(f"KNOWN-DEVIATION: {r.detail}")
+        ET.SubElement(tc, "system-out").text = "\n".join(out)
     xml: bytes = ET.tostring(suite, encoding="utf-8", xml_declaration=True)
     return xml + b"\n"
 

@@ -42,7 +42,18 @@ class Result:
 
 
 def load_cases() -> list[Case]:
-    from . import dut_cm, dut_requester, dut_requester_errors, dut_responder, dut_responder_errors  # noqa: F401
+    from . import (  # noqa: F401
+        dut_cm,
+        dut_ip,
+        dut_requester,
+        dut_requester_errors,
+        dut_requester_format,
+        dut_requester_retry,
+        dut_responder,
+        dut_responder_bounds,
+        dut_responder_errors,
+        dut_responder_recovery,
+    )
 
     return list(CASES)
 

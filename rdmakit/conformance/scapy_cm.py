@@ -11,9 +11,8 @@ from scapy.contrib.roce import BTH
 from scapy.fields import BitField, ByteField, IntField, LongField, ShortField, StrFixedLenField, XIntField
 from scapy.packet import Packet, bind_layers
 
-UD_SEND_ONLY = 0x64
-QP1_QKEY = 0x80010000
-REQ, MRA, REJ, REP, RTU, DREQ, DREP = 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16
+from .frames import DREP, DREQ, MRA, QP1_QKEY, REJ, REP, REQ, RTU, UD_SEND_ONLY
+
 CM_MAD_BYTES = 232  # a CM message: 256-byte MAD less its 24-byte header
 
 

@@ -372,7 +372,7 @@ class SoftTarget(Target):
         self._cqs: dict[int, tuple[CompletionQueue, CompletionQueue]] = {}
         # QP1 answers from the start, as a kernel's CM does: a REQ nobody listens for gets its REJ.
         self.cm: RdmaCm | None = (
-            RdmaCm(dev, timeout_exponent=16, max_retries=4, timewait=1.0)
+            RdmaCm(dev, timeout_exponent=18, max_retries=4, timewait=1.0)  # 1 s: room for a busy tester
             if dev.udp_port is not None
             else None
         )

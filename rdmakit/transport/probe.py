@@ -20,10 +20,20 @@ for the UDP socket (``udp_rcv_segment()``). The link pairs each raw frame with
 the UDP socket's datagrams: a frame that is the concatenation of the next
 ``k`` of them is returned as those ``k`` datagrams, segment ``i`` with the
 header the kernel gave it (``inet_gso_segment()``: Identification ``id + i``,
-its own total length). A frame that matches nothing is returned without a
-header, so the tester solves for it.
+its own total length). The run may start past stale datagrams (copies of a
+frame paired late, or of a batch the DUT sent again with the same bytes):
+those are dropped. A frame that matches nothing is returned without a
+header, so the tester solves for it; so is a UDP datagram whose raw copy does
+not come within ``_PAIR_WAIT`` (the raw socket sees every UDP datagram of the
+host and drops some when the host is busy).
+
+Every datagram carries the kernel's receive time (``SO_TIMESTAMPNS``): on
+loopback or a direct link that is when the DUT sent it, not when the tester
+got round to reading it, so timers measured between two of the DUT's packets
+do not grow or shrink with the tester's own scheduling.
 """
 
+import array
 import select
 import socket
 import struct
@@ -39,6 +49,18 @@ _UDP = struct.Struct(">HHHH")
 _MAX_DATAGRAM = 65535
 _PAIR_WAIT = 0.5  # how long a raw frame waits for the UDP socket's copies of its segments
 _MAX_PENDING = 4096  # UDP datagrams held for pairing, at most
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # linux/asm-generic/socket.h
+_ANC = socket.CMSG_SPACE(16)
+_IP_TOS = socket.IP_TOS
+
+
+def _stamp(anc: list[tuple[int, int, bytes]]) -> float:
+    """The kernel receive time in an ``SO_TIMESTAMPNS`` control message (CLOCK_REALTIME), else now."""
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
+            sec, nsec = array.array("q", data[:16])
+            return sec + nsec * 1e-9
+    return time.time()
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +71,8 @@ class Datagram:
     sport: int
     payload: bytes
     ip_header: bytes | None
+    #: When the kernel received it (seconds, CLOCK_REALTIME like ``time.time()``).
+    stamp: float = 0.0
 
 
 class ProbeLink:
@@ -60,6 +84,7 @@ class ProbeLink:
         self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self._udp.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DO)
+            self._udp.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
             self._udp.bind((ip, port))
             self._udp.setblocking(False)
         except BaseException:
@@ -69,6 +94,10 @@ class ProbeLink:
         self._raw: socket.socket | None = None
         self._pending: deque[Datagram] = deque()  # the UDP socket's datagrams, for pairing
         self._ready: deque[Datagram] = deque()
+        #: Payloads returned without their raw frame (`_orphan`): that frame, if it comes, is dropped.
+        self._orphans: deque[bytes] = deque(maxlen=64)
+        #: Payloads of raw frames returned without their UDP copies: those copies, if they come, are dropped.
+        self._unpaired: deque[bytes] = deque(maxlen=64)
         if raw:
             try:
                 r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
@@ -77,6 +106,7 @@ class ProbeLink:
             if r is not None:
                 r.setblocking(False)
                 r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+                r.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
                 self._raw = r
 
     @property
@@ -84,10 +114,14 @@ class ProbeLink:
         """Whether received datagrams carry their IPv4 header (a raw socket is open)."""
         return self._raw is not None
 
-    def send(self, payload: bytes, dst: tuple[str, int]) -> None:
-        self._udp.sendto(payload, dst)
+    def send(self, payload: bytes, dst: tuple[str, int], tos: int = 0) -> float:
+        """Send one datagram (IPv4 TOS byte ``tos``: DSCP and ECN); return when (``time.time()``)."""
+        anc = [(socket.IPPROTO_IP, _IP_TOS, bytes([tos & 0xFF]))] if tos else []
+        at = time.time()
+        self._udp.sendmsg([payload], anc, 0, dst)
+        return at
 
-    def _from_raw(self, pkt: bytes) -> Datagram | None:
+    def _from_raw(self, pkt: bytes, stamp: float) -> Datagram | None:
         if len(pkt) < 28 or pkt[0] >> 4 != 4:
             return None
         ihl = (pkt[0] & 0xF) * 4
@@ -96,15 +130,37 @@ class ProbeLink:
         sport, dport, ulen, _ = _UDP.unpack_from(pkt, ihl)
         if dport != self.port or ulen < 8 or ihl + ulen > len(pkt):
             return None
-        return Datagram(socket.inet_ntoa(pkt[12:16]), sport, pkt[ihl + 8 : ihl + ulen], pkt[:ihl])
+        return Datagram(socket.inet_ntoa(pkt[12:16]), sport, pkt[ihl + 8 : ihl + ulen], pkt[:ihl], stamp)
+
+    def _recv_udp(self) -> Datagram | None:
+        try:
+            data, anc, _flags, (src, sport) = self._udp.recvmsg(_MAX_DATAGRAM, _ANC)
+        except BlockingIOError:
+            return None
+        return Datagram(src, sport, data, None, _stamp(anc))
 
     def _read_udp(self) -> None:
         while len(self._pending) < _MAX_PENDING:
-            try:
-                data, (src, sport) = self._udp.recvfrom(_MAX_DATAGRAM)
-            except BlockingIOError:
+            d = self._recv_udp()
+            if d is None:
                 return
-            self._pending.append(Datagram(src, sport, data, None))
+            self._pending.append(d)
+
+    def _match(self, payload: bytes) -> tuple[int, int] | None:
+        """(start, count): the first run of pending datagrams whose bytes are ``payload``."""
+        pending = self._pending
+        for start in range(len(pending)):
+            size, k = 0, 0
+            for i in range(start, len(pending)):
+                d = pending[i]
+                if payload[size : size + len(d.payload)] != d.payload:
+                    break
+                size, k = size + len(d.payload), k + 1
+                if size >= len(payload):
+                    break
+            if k and size == len(payload):
+                return start, k
+        return None
 
     def _segments(self, whole: Datagram) -> None:
         """Queue the UDP datagrams `whole` (a raw frame) was split into, each with its own header."""
@@ -112,26 +168,27 @@ class ProbeLink:
         deadline = time.monotonic() + _PAIR_WAIT
         while True:
             self._read_udp()
-            size, k = 0, 0
-            for d in self._pending:
-                if size >= len(whole.payload):
-                    break
-                size, k = size + len(d.payload), k + 1
-            if size >= len(whole.payload) or time.monotonic() >= deadline:
+            found = self._match(whole.payload)
+            if found is not None or time.monotonic() >= deadline:
                 break
             select.select([self._udp], [], [], max(0.0, deadline - time.monotonic()))
-        parts = [self._pending[i] for i in range(k)]
-        if size != len(whole.payload) or b"".join(d.payload for d in parts) != whole.payload:
-            self._ready.append(Datagram(whole.src_ip, whole.sport, whole.payload, None))
+        if found is None:
+            if whole.payload in self._orphans:  # its UDP copy went out already, without a header
+                self._orphans.remove(whole.payload)
+                return
+            self._unpaired.append(whole.payload)
+            self._ready.append(Datagram(whole.src_ip, whole.sport, whole.payload, None, whole.stamp))
             return
-        for _ in range(k):
+        start, k = found
+        for _ in range(start):  # stale copies of frames already returned
             self._pending.popleft()
+        parts = [self._pending.popleft() for _ in range(k)]
         ident = int.from_bytes(whole.ip_header[4:6], "big")
         for i, d in enumerate(parts):
             hdr = bytearray(whole.ip_header)
             hdr[2:4] = (len(hdr) + 8 + len(d.payload)).to_bytes(2, "big")
             hdr[4:6] = ((ident + i) & 0xFFFF).to_bytes(2, "big")
-            self._ready.append(Datagram(whole.src_ip, whole.sport, d.payload, bytes(hdr)))
+            self._ready.append(Datagram(whole.src_ip, whole.sport, d.payload, bytes(hdr), whole.stamp))
 
     def recv(self, timeout: float) -> Datagram | None:
         """The next datagram for (ip, port), or None if none came within `timeout` seconds."""
@@ -143,26 +200,40 @@ class ProbeLink:
                 self._read_udp()
                 while True:
                     try:
-                        pkt = self._raw.recv(_MAX_DATAGRAM)
+                        pkt, anc, _flags, _addr = self._raw.recvmsg(_MAX_DATAGRAM, _ANC)
                     except BlockingIOError:
                         break
-                    d = self._from_raw(pkt)
+                    d = self._from_raw(pkt, _stamp(anc))
                     if d is not None:
                         self._segments(d)
-                        return self._ready.popleft()
-                fd = self._raw.fileno()
+                        if self._ready:
+                            return self._ready.popleft()
+                orphan = self._orphan()
+                if orphan is not None:
+                    return orphan
+                fds = [self._raw.fileno(), self._udp.fileno()]
             else:
-                try:
-                    data, (src, sport) = self._udp.recvfrom(_MAX_DATAGRAM)
-                except BlockingIOError:
-                    pass
-                else:
-                    return Datagram(src, sport, data, None)
-                fd = self._udp.fileno()
+                d = self._recv_udp()
+                if d is not None:
+                    return d
+                fds = [self._udp.fileno()]
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            select.select([fd], [], [], left)
+            select.select(fds, [], [], min(left, _PAIR_WAIT / 4))
+
+    def _orphan(self) -> Datagram | None:
+        """A UDP datagram whose raw copy has not come in `_PAIR_WAIT` (the raw socket, which
+        sees every UDP datagram of the host, dropped it when full): returned without a header."""
+        pending = self._pending
+        while pending and time.time() - pending[0].stamp >= _PAIR_WAIT:
+            d = pending.popleft()
+            if d.payload in self._unpaired:  # the late copy of a frame returned already
+                self._unpaired.remove(d.payload)
+                continue
+            self._orphans.append(d.payload)
+            return d
+        return None
 
     def close(self) -> None:
         self._udp.close()

@@ -1,6 +1,7 @@
 """Run ``rdmakit conformance`` and target agents (plain or mutated) as separate processes."""
 
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -41,7 +42,9 @@ def agent(dut_ip: str, secret_file: Path, mutation: str | None = None, once: boo
         cmd = [sys.executable, "-m", "rdmakit", "conformance-target", *args]
     else:
         cmd = [sys.executable, "-m", "tests.conformance.mutations", mutation, *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A mutant changes Python code the native data plane would bypass.
+    env = dict(os.environ, RDMAKIT_PURE_PYTHON="1") if mutation is not None else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

@@ -9,6 +9,8 @@ that it notices deliberate engine bugs (``tests.conformance.mutations``).
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -16,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.agents import against, agent, conformance, results, write_secret
+from tests.conformance.agents import Agent, against, agent, conformance, results, write_secret
 from tests.conformance.mutations import MUTATIONS
 
 pytest.importorskip("scapy")
 
-ROLES = {"requester", "responder", "cm"}  # the tester's role
+ROLES = {"requester", "responder", "cm"}  # the DUT's role
 OUTCOMES = {"PASS", "FAIL", "KNOWN-DEVIATION", "SKIPPED"}
 
 
@@ -37,7 +39,7 @@ def test_self_passes_every_case_in_both_roles(self_run: tuple[int, dict[str, Any
     status, doc, _junit, out = self_run
     assert status == 0, out
     rows = doc["results"]
-    assert len(rows) >= 60
+    assert len(rows) >= 150
     assert {r["role"] for r in rows} == ROLES
     for r in rows:
         assert all(r[k] for k in ("id", "purpose", "follows", "expect")), r
@@ -54,6 +56,9 @@ def test_junit_matches_the_json(self_run: tuple[int, dict[str, Any], ET.Element,
     cases = junit.findall(".//testcase")
     assert [c.get("name") for c in cases] == [r["id"] for r in doc["results"]]
     assert not junit.findall(".//failure")
+    for c, r in zip(cases, doc["results"], strict=True):
+        props = {e.get("name"): e.get("value") for e in c.iter("property")}
+        assert props == {"conformance.result": r["result"], "conformance.dut_role": r["role"]}, props
     skipped = {c.get("name") for c in cases if c.find("skipped") is not None}
     assert skipped == {r["id"] for r in doc["results"] if r["result"] == "SKIPPED"}
 
@@ -71,7 +76,7 @@ def test_list_plain_and_as_json() -> None:
     p = conformance("--list", "--json-out", "-")
     assert p.returncode == 0
     listed = json.loads(p.stdout)
-    assert len(listed) >= 60
+    assert len(listed) >= 150
     for c in listed:
         assert set(c) == {"id", "role", "purpose", "follows", "expect"}
         assert c["role"] in ROLES
@@ -82,6 +87,22 @@ def test_list_plain_and_as_json() -> None:
     ids = [c["id"] for c in json.loads(only.stdout)]
     assert ids
     assert all(i.startswith(("resp.dup.", "req.rnr.")) for i in ids)
+
+
+def test_list_without_scapy() -> None:
+    """Listing the cases imports no scapy; running them says what to install, in one line."""
+    block = (
+        "import sys; sys.modules['scapy'] = None; from rdmakit.cli.main import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    listed = subprocess.run([sys.executable, "-c", block, "conformance", "--list"], capture_output=True,
+                            text=True, timeout=120, check=False)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.splitlines()) >= 150
+    run = subprocess.run([sys.executable, "-c", block, "conformance", "--self"], capture_output=True,
+                         text=True, timeout=120, check=False)  # fmt: skip
+    assert run.returncode == 1
+    assert "pip install 'rdmakit[conformance]'" in run.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize(
@@ -133,6 +154,45 @@ def test_a_fifo_as_deviations_file_does_not_hang(tmp_path: Path) -> None:
 # -- against agents started here: wrong secrets, known deviations, mutations ----------------
 
 
+MINIMAL_AGENT = Path(__file__).resolve().parents[2] / "scripts" / "conformance-agent-minimal.py"
+
+
+def test_the_protocol_document_is_enough_for_an_agent(tmp_path: Path, new_ip: Callable[[], str]) -> None:
+    """scripts/conformance-agent-minimal.py speaks the control protocol from docs/conformance-agent.md
+    with the standard library alone; the suite drives it in both roles."""
+    secret = write_secret(tmp_path / "secret")
+    dut = new_ip()
+    proc = subprocess.Popen([sys.executable, str(MINIMAL_AGENT), dut, str(secret)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        a = Agent(ready["control"], dut, secret)
+        cases = ("resp.send.only", "resp.write.multi", "resp.read.only", "resp.dup.fadd", "req.send.ack",
+                 "req.read.resp", "req.nak.remote_access")  # fmt: skip
+        p = against(a, new_ip(), *(arg for c in cases for arg in ("-k", c)), "--json-out", "-")
+    finally:
+        proc.kill()
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    got = results(json.loads(p.stdout))
+    assert got == dict.fromkeys(cases, "PASS"), got
+    assert p.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [(("--port", "2"), "port 1 and GID index 0"), (("--gid-index", "300"), "outside [0, 255]")],
+)
+def test_target_port_and_gid_index(args: tuple[str, ...], words: str, new_ip: Callable[[], str]) -> None:
+    p = subprocess.run([sys.executable, "-m", "rdmakit", "conformance-target", "-d", f"soft-udp:{new_ip()}",
+                        *args], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert p.returncode in (1, 2), p.stderr
+    assert words in p.stderr.strip().splitlines()[-1]
+
+
 def test_the_agent_refuses_a_tester_without_its_secret(tmp_path: Path, new_ip: Callable[[], str]) -> None:
     right = write_secret(tmp_path / "right")
     wrong = write_secret(tmp_path / "wrong")
@@ -146,30 +206,44 @@ def test_the_agent_refuses_a_tester_without_its_secret(tmp_path: Path, new_ip: C
         assert results(json.loads(good.stdout)) == {"resp.send.only": "PASS"}
 
 
-#: Each deliberate engine bug, and a case that must catch it.
-CAUGHT_BY = {
-    "no-atomic-replay": "resp.dup.fadd",
-    "nak-61-for-sequence": "resp.psn.gap_nak",
-    "no-rnr-nak": "resp.rnr.nak",
-    "ignore-rnr-retry": "req.rnr.retry_exceeded",
-    "no-implied-nak": "req.implied_nak.read",
-    "accept-bad-middle": "resp.len.middle_short",
+#: What the catalogue must reach: each topic and mutants that plant a bug in it.
+TOPICS = {
+    "mid-range duplicate READ (C9-107)": ("dup-read-from-start", "dup-read-closes-message"),
+    "the responder after an error (§10.3.1)": ("no-error-state", "err-flush-forgets-receives"),
+    "exact retry accounting and timers (§9.9.3.1.2, C9-140)": ("retry-cnt-plus-one", "timeout-eight-times"),
+    "go-back-N inside messages (§9.7.5.2.1)": ("gap-aborts-message", "retry-whole-message"),
+    "initiator depth (§9.7.5.2.2)": ("max-rd-atomic-ignored", "rd-resources-never-freed"),
+    "AckReq before the LAST (§9.7.5.1.1)": ("ackreq-ignored-before-last", "no-periodic-ackreq"),
+    "the AETH's MSN and credits (§9.7.5.1)": ("nak-msn-zero", "credits-count-the-used-wqe"),
+    "R_Key and VA bounds (§9.7.5.2.4)": ("range-end-off-by-one", "range-wraps-64"),
+    "the format of requests (§9.2, §9.3.3)": ("reth-length-of-first-packet", "pad-bytes-not-zero"),
+    "Annex A17 at the IP/UDP layer": ("sport-alternates", "icrc-not-checked"),
 }
+AREAS = {"responder", "requester", "completer", "qp", "memory", "codec", "cm"}
 
 
-def test_every_mutation_has_a_catcher() -> None:
-    assert set(CAUGHT_BY) == set(MUTATIONS)
-    assert len(MUTATIONS) >= 6
+def test_the_mutation_catalogue_spans_the_stack() -> None:
+    assert len(MUTATIONS) >= 40
+    assert {m.area for m in MUTATIONS.values()} == AREAS
+    for topic, names in TOPICS.items():
+        assert set(names) <= set(MUTATIONS), topic
+    listed = {c["id"] for c in json.loads(conformance("--list", "--json-out", "-").stdout)}
+    for name, m in MUTATIONS.items():
+        assert m.catch, name
+        assert set(m.catch) <= listed, name
 
 
-@pytest.mark.parametrize("mutation", sorted(CAUGHT_BY))
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_the_suite_catches_a_broken_engine(mutation: str, tmp_path: Path, new_ip: Callable[[], str]) -> None:
+    """The suite, run on the cases that should notice, FAILs against an agent with the bug planted."""
+    m = MUTATIONS[mutation]
     secret = write_secret(tmp_path / "secret")
+    only = [arg for c in m.catch for arg in ("-k", c)]
     with agent(new_ip(), secret, mutation=mutation) as a:
-        p = against(a, new_ip(), "--json-out", "-")
-    assert p.returncode != 0, f"{mutation}: every case passed"
+        p = against(a, new_ip(), *only, "--json-out", "-")
     got = results(json.loads(p.stdout))
-    assert got[CAUGHT_BY[mutation]] == "FAIL", (mutation, {k: v for k, v in got.items() if v != "PASS"})
+    assert p.returncode != 0, f"{mutation} survived: {got}"
+    assert any(got[c] == "FAIL" for c in m.catch), (mutation, {k: v for k, v in got.items() if v != "PASS"})
 
 
 def test_a_known_deviation_is_reported_as_such(tmp_path: Path, new_ip: Callable[[], str]) -> None:
@@ -180,10 +254,18 @@ def test_a_known_deviation_is_reported_as_such(tmp_path: Path, new_ip: Callable[
         {"case": "resp.psn.gap_nak", "reason": "NAKs a PSN gap with code 1",
          "source": "IBTA Vol. 1 §9.7.5.2.1 (what it should do)"},
     ]}))  # fmt: skip
+    junit = tmp_path / "junit.xml"
     with agent(new_ip(), secret, mutation="nak-61-for-sequence") as a:
         p = against(a, new_ip(), "-k", "resp.psn.gap_nak", "-k", "resp.send.only", "--deviations",
-                    str(deviations), "--json-out", "-")  # fmt: skip
+                    str(deviations), "--json-out", "-", "--junit", str(junit))  # fmt: skip
     doc = json.loads(p.stdout)
+    # JUnit keeps it visible: a property and a line of output, beside the skip.
+    (tc,) = (t for t in ET.parse(junit).getroot().iter("testcase") if t.get("name") == "resp.psn.gap_nak")
+    props = {e.get("name"): e.get("value") for e in tc.iter("property")}
+    assert props["conformance.result"] == "KNOWN-DEVIATION"
+    assert props["conformance.dut_role"] == "responder"
+    assert "NAKs a PSN gap with code 1" in str(props["conformance.deviation"])
+    assert "KNOWN-DEVIATION: NAKs a PSN gap" in (tc.findtext("system-out") or "")
     assert results(doc) == {"resp.psn.gap_nak": "KNOWN-DEVIATION", "resp.send.only": "PASS"}
     assert p.returncode == 0
     (row,) = (r for r in doc["results"] if r["id"] == "resp.psn.gap_nak")

@@ -1,0 +1,243 @@
+"""Requester and completer bugs (IBTA Vol. 1 §9.7.5.1, §9.7.5.2, §9.9.3)."""
+
+from typing import Any
+
+from rdmakit.engine import completer as completer_mod
+from rdmakit.engine import qp as qp_mod
+from rdmakit.engine import requester as req_mod
+from rdmakit.engine import timers
+from rdmakit.engine.types import WcStatus
+from rdmakit.wire import NakCode, Opcode
+
+from . import _MASK, QueuePair, Requester, mutant, patch
+
+# -- the requester (IBTA §9.7.5.2, §9.9.3) ----------------------------------------------------
+
+
+_EXTRA: dict[int, bool] = {}  # id(requester) -> the extra retry was given
+
+
+@mutant("retry-cnt-plus-one", "requester", "req.nak_seq.count", "req.timeout.count")
+def _retry_plus_one() -> None:
+    """retry_cnt counts retries from 0 to retry_cnt inclusive: one transmission too many."""
+    orig = Requester.error_retry
+
+    def error_retry(self: Any, timeout: bool) -> None:
+        if self.retry_left == 0 and not _EXTRA.get(id(self)):
+            _EXTRA[id(self)] = True
+            self.retry_left = 1
+        orig(self, timeout)
+
+    patch(Requester, "error_retry", error_retry)
+
+
+@mutant("rnr-retry-plus-one", "requester", "req.rnr.count")
+def _rnr_plus_one() -> None:
+    """rnr_retry counts from 0 to rnr_retry inclusive: one transmission too many."""
+    orig = Requester.rnr_nak
+
+    def rnr(self: Any, now: float, code: int) -> None:
+        if self.rnr_left == 0 and not _EXTRA.get(id(self)):
+            _EXTRA[id(self)] = True
+            self.rnr_left = 1
+        orig(self, now, code)
+
+    patch(Requester, "rnr_nak", rnr)
+
+
+@mutant("ignore-rnr-retry", "requester", "req.rnr.retry_exceeded")
+def _ignore_rnr_retry() -> None:
+    """rnr_retry never runs out: every RNR NAK is waited out and retried."""
+    orig = Requester.rnr_nak
+
+    def rnr(self: Any, now: float, code: int) -> None:
+        self.rnr_left = 7
+        orig(self, now, code)
+
+    patch(Requester, "rnr_nak", rnr)
+
+
+@mutant("timeouts-not-counted", "requester", "req.timeout.count", "req.timeout.exceeded")
+def _timeouts_not_counted() -> None:
+    """A local ACK timeout retries without counting against retry_cnt."""
+    orig = Requester.error_retry
+
+    def error_retry(self: Any, timeout: bool) -> None:
+        if timeout and 0 < self.retry_left < 7:
+            self.retry_left += 1
+        orig(self, timeout)
+
+    patch(Requester, "error_retry", error_retry)
+
+
+@mutant("timeout-halved", "requester", "req.timeout.retransmit", "req.timeout.bounds")
+def _timeout_halved() -> None:
+    """The local ACK timeout is 4.096 us x 2^(timeout - 1): half what C9-140 asks."""
+
+    def set_timeout(self: Any, t: int) -> None:
+        self.timeout = timers.transport_timeout(max(t - 1, 1)) if t else None
+
+    patch(Requester, "set_timeout", set_timeout)
+
+
+@mutant("timeout-eight-times", "requester", "req.timeout.bounds")
+def _timeout_long() -> None:
+    """The local ACK timeout is 4.096 us x 2^(timeout + 3): past C9-140's upper bound."""
+
+    def set_timeout(self: Any, t: int) -> None:
+        self.timeout = timers.transport_timeout(t + 3) if t else None
+
+    patch(Requester, "set_timeout", set_timeout)
+
+
+@mutant("rnr-table-shifted", "requester", "req.rnr.table46", "req.rnr.wait")
+def _rnr_table_shifted() -> None:
+    """The RNR timer table is read one row early (code n waits what code n - 1 gives)."""
+    patch(req_mod, "rnr_delay", lambda code: timers.rnr_delay(code - 1 if code > 1 else code))
+
+
+@mutant("rnr-code0-no-wait", "requester", "req.rnr.code0")
+def _rnr_code0() -> None:
+    """RNR timer code 0 is taken as no wait instead of the longest, 655.36 ms."""
+    patch(req_mod, "rnr_delay", lambda code: 0.0 if code & 0x1F == 0 else timers.rnr_delay(code))
+
+
+@mutant("retry-whole-message", "requester", "req.nak_seq.gobackn", "req.nak_seq.send_middle")
+def _retry_whole_message() -> None:
+    """A PSN sequence NAK inside a message makes the requester resend it from its FIRST."""
+    orig = Requester.rewind
+
+    def rewind(self: Any) -> None:
+        head = self.sq[0] if self.sq else None
+        if head is not None and head.started and head.kind == req_mod.SEND_WRITE:
+            self.comp_psn = head.first_psn
+        orig(self)
+
+    patch(Requester, "rewind", rewind)
+
+
+@mutant("read-retry-from-start", "requester", "req.resp.missing_last")
+def _read_retry_from_start() -> None:
+    """A READ retried after a lost response asks for all of it again, at the missing PSN."""
+    orig = Requester.rewind
+
+    def rewind(self: Any) -> None:
+        for wqe in self.sq:
+            if wqe.kind == req_mod.READ:
+                wqe.read_done = 0
+        orig(self)
+
+    patch(Requester, "rewind", rewind)
+
+
+@mutant("max-rd-atomic-ignored", "requester", "req.rd_atomic.limit", "req.rd_atomic.atomic_limit")
+def _max_rd_atomic_ignored() -> None:
+    """The requester sends READs and atomics past max_rd_atomic."""
+    orig = Requester.transmit
+
+    def transmit(self: Any, *args: Any, **kw: Any) -> int:
+        self.max_rd_atomic = 1 << 20
+        return orig(self, *args, **kw)
+
+    patch(Requester, "transmit", transmit)
+
+
+@mutant("reth-length-of-first-packet", "requester", "req.write.dmalen_first", "req.write.split")
+def _reth_first_packet() -> None:
+    """A multi-packet WRITE's RETH carries the FIRST packet's length, not the message's."""
+    orig = Requester.transmit
+
+    def transmit(self: Any, out: list[Any], *args: Any, **kw: Any) -> int:
+        start = len(out)
+        n = orig(self, out, *args, **kw)
+        for i in range(start, len(out)):
+            p = out[i]
+            if getattr(p, "opcode", None) is Opcode.RDMA_WRITE_FIRST and p.reth is not None:
+                out[i] = p._replace(reth=p.reth._replace(dma_len=len(p.payload)))
+        return n
+
+    patch(Requester, "transmit", transmit)
+
+
+@mutant("no-periodic-ackreq", "requester", "req.write.ackreq_periodic")
+def _no_periodic_ackreq() -> None:
+    """A long message asks for an ACK only on its LAST packet."""
+    patch(req_mod, "MAX_PKT_PER_ACK", 1 << 30)
+
+
+# -- the completer (IBTA §9.7.5.1, §9.9.3) ----------------------------------------------------
+
+
+@mutant("no-implied-nak", "completer", "req.implied_nak.read", "req.implied_nak.atomic")
+def _no_implied_nak() -> None:
+    """An ACK past an outstanding READ or atomic is ignored instead of starting a retry."""
+    orig = completer_mod.on_response
+
+    def on_response(qp: Any, req: Any, pkt: Any, info: Any, now: float) -> None:
+        sq = req.sq
+        if sq and pkt.opcode is Opcode.ACKNOWLEDGE and sq[0].kind != req_mod.SEND_WRITE:
+            d = (pkt.psn - sq[0].last_psn) & _MASK
+            if 0 < d < 0x800000:
+                return
+        orig(qp, req, pkt, info, now)
+
+    patch(qp_mod, "on_response", on_response)  # where QueuePair calls it
+
+
+@mutant("ghost-ack-completes", "completer", "req.ack.ghost")
+def _ghost_ack() -> None:
+    """An ACK for a PSN never sent is taken as acknowledging everything sent (rxe's check_psn())."""
+    orig = completer_mod.on_response
+
+    def on_response(qp: Any, req: Any, pkt: Any, info: Any, now: float) -> None:
+        if (pkt.psn - req.sent_hwm) & _MASK < 0x800000:
+            pkt = pkt._replace(psn=(req.sent_hwm - 1) & _MASK)
+        orig(qp, req, pkt, info, now)
+
+    patch(qp_mod, "on_response", on_response)
+
+
+@mutant("credit-ack-dropped", "completer", "req.ack.credits")
+def _credit_ack_dropped() -> None:
+    """Only an ACK with syndrome 0x1F is taken as an ACK; one carrying a credit count is dropped."""
+    orig = completer_mod.on_response
+
+    def on_response(qp: Any, req: Any, pkt: Any, info: Any, now: float) -> None:
+        if pkt.opcode is Opcode.ACKNOWLEDGE and pkt.aeth is not None and pkt.aeth.syndrome < 0x1F:
+            return
+        orig(qp, req, pkt, info, now)
+
+    patch(qp_mod, "on_response", on_response)
+
+
+@mutant("nak-status-swapped", "completer", "req.nak.remote_access")
+def _nak_status_swapped() -> None:
+    """A remote access error NAK completes the WR as a remote operational error."""
+    completer_mod.NAK_STATUS[NakCode.REMOTE_ACCESS_ERROR] = WcStatus.REM_OP_ERR
+
+
+@mutant("bad-response-dropped", "completer", "req.resp.unexpected_read")
+def _bad_response_dropped() -> None:
+    """A READ response to a SEND is dropped instead of failing it with BAD_RESP_ERR."""
+    orig = QueuePair.fail_send
+
+    def fail_send(self: Any, status: WcStatus) -> None:
+        if status is not WcStatus.BAD_RESP_ERR:
+            orig(self, status)
+
+    patch(QueuePair, "fail_send", fail_send)
+
+
+@mutant("nak-seq-not-implied-ack", "completer", "req.nak_seq.implied_ack")
+def _nak_not_implied_ack() -> None:
+    """A PSN sequence NAK does not acknowledge the messages before its PSN: they are resent."""
+    orig = completer_mod.on_response
+
+    def on_response(qp: Any, req: Any, pkt: Any, info: Any, now: float) -> None:
+        aeth = pkt.aeth
+        if pkt.opcode is Opcode.ACKNOWLEDGE and aeth is not None and aeth.syndrome == 0x60:
+            req.error_retry(False)
+            return
+        orig(qp, req, pkt, info, now)
+
+    patch(qp_mod, "on_response", on_response)
