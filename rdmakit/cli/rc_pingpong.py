@@ -23,12 +23,12 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from ipaddress import IPv6Address
 
 from rdmakit.cli.bench_qp import Memory, TestQp, oob_timeout, open_device, pump
 from rdmakit.cli.errors import CliError
 from rdmakit.cli.lifecycle import run
 from rdmakit.cli.oob_messages import DONE, PINGPONG_MSG_LEN, OobFormatError, PingpongDest
+from rdmakit.doca._addresses import gid_text
 from rdmakit.doca.backend import BackendDevice
 from rdmakit.engine.types import SGE, Completion, RecvWR, SendWR, WcOpcode, WrOpcode
 from rdmakit.transport.oob import OobError, OobStream
@@ -72,11 +72,6 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "-e", "--events", action="store_true", help="sleep on CQ events (rdmakit always waits when idle)"
     )
     p.add_argument("-g", "--gid-idx", type=_int, help="local port GID index")
-
-
-def gid_text(gid: IPv6Address) -> str:
-    """``inet_ntop(AF_INET6)``: IPv4-mapped GIDs end in dotted quad."""
-    return f"::ffff:{gid.ipv4_mapped}" if gid.ipv4_mapped is not None else str(gid)
 
 
 def _print_dest(side: str, d: PingpongDest) -> None:
@@ -126,7 +121,7 @@ def _run(a: argparse.Namespace, dev: BackendDevice) -> int:
         t = oob_timeout()
         service_fd = tq.dev.pump.fileno() or -1
         if a.server is not None:
-            with OobStream.connect(a.server, a.port, t) as s:
+            with OobStream.connect(a.server, a.port, t, wait=False) as s:
                 s.send(mine.encode())
                 rem = PingpongDest.decode(s.recv_exact(PINGPONG_MSG_LEN, t, "the server's address"))
                 s.send(DONE)
