@@ -213,7 +213,7 @@ def _run(p: Params, dev: BackendDevice) -> int:
             p,
             "\n************************************\n"
             "* Waiting for client to connect... *\n"
-            "************************************"
+            "************************************",
         )
     stream: OobStream | CmLink
     if p.comm_rdma_cm:
