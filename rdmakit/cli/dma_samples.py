@@ -295,7 +295,9 @@ def _add_sample_flags(p: argparse.ArgumentParser, *, remote: bool, dpu: bool) ->
     if remote:
         p.add_argument(
             "-d", "--descriptor-path", default="/tmp/export_desc.txt", metavar="PATH",
-            help="exported descriptor file to save (host) or read (DPU) (default /tmp/export_desc.txt)",
+            help="exported descriptor file to save (host) or read (DPU) (default /tmp/export_desc.txt); "
+            "DOCA's dma_copy samples' -d is this path, not the device that -d names in rdmakit's other "
+            "programs (the device is -p)",
         )  # fmt: skip
         p.add_argument(
             "-b", "--buffer-path", default="/tmp/buffer_info.txt", metavar="PATH",

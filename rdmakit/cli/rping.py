@@ -29,6 +29,8 @@ from collections.abc import Callable
 
 from rdmakit.cli.errors import CliError
 from rdmakit.cli.lifecycle import run
+from rdmakit.cli.options import int_in
+from rdmakit.cli.tool_flags import RPING_FLAGS, add_unimplemented, refuse_given
 from rdmakit.engine import (
     SGE,
     Access,
@@ -235,21 +237,25 @@ def _address(text: str) -> str:
         raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
 
 
+_integer = int_in(-(1 << 31), (1 << 31) - 1)  # rping's atoi() into an int
+
+
 def _size(text: str) -> int:
-    n = int(text)
+    n = _integer(text)
     if not MIN_SIZE <= n <= MAX_SIZE:
         raise argparse.ArgumentTypeError(f"Invalid size {n} (valid range is {MIN_SIZE} to {MAX_SIZE})")
     return n
 
 
 def _count(text: str) -> int:
-    n = int(text)
+    n = _integer(text)
     if n < 0:
         raise argparse.ArgumentTypeError(f"Invalid count {n}")
     return n
 
 
 def run_args(args: argparse.Namespace) -> int:
+    refuse_given(args, RPING_FLAGS)
     if args.server:
         if args.addr is None:
             raise CliError("rping -s needs -a ADDR: the soft device's address to listen on")
@@ -286,7 +292,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument(
         "-I", dest="source", type=_address, metavar="ADDR", help="source address to bind to for client"
     )
-    p.add_argument("-p", dest="port", type=int, default=DEFAULT_PORT, metavar="PORT", help="port (7174)")
+    p.add_argument(
+        "-p", dest="port", type=int_in(0, 65535), default=DEFAULT_PORT, metavar="PORT", help="port (7174)"
+    )
     p.add_argument(
         "-C", dest="count", type=_count, default=0, metavar="COUNT", help="ping count times (0: forever)"
     )
@@ -294,4 +302,5 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("-v", dest="verbose", action="count", default=0, help="display ping data to stdout")
     p.add_argument("-V", dest="validate", action="count", default=0, help="validate ping data")
     p.add_argument("-d", dest="debug", action="count", default=0, help="debug printfs")
+    add_unimplemented(p, RPING_FLAGS)
     p.set_defaults(handler=run(p, run_args))
