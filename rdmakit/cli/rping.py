@@ -21,6 +21,7 @@ server is asked to read must fit its own ``-S``.
 """
 
 import argparse
+import errno
 import ipaddress
 import struct
 import sys
@@ -46,6 +47,8 @@ from rdmakit.engine import (
 )
 from rdmakit.transport.cma import CmaEvent, CmaEventKind, RdmaCm, route_source
 from rdmakit.transport.device import SoftDevice
+from rdmakit.transport.in_use import address_in_use
+from rdmakit.wire import ROCE_UDP_PORT
 
 __all__ = ["register"]
 
@@ -267,6 +270,8 @@ def run_args(args: argparse.Namespace) -> int:
     try:
         r = Rping(args, ip)
     except (EngineError, OSError) as e:
+        if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
+            raise CliError(address_in_use(ip, ROCE_UDP_PORT)) from None
         raise CliError(f"cannot open a soft RoCE device on {ip}: {e}") from None
     try:
         return _server(r) if args.server else _client(r, args.addr)
