@@ -74,16 +74,16 @@ def sweep() -> None:
     big = sizes[-1]
     rtt_big, ping_big = at("sweep_rtt", big), at("sweep_raw_rtt", big)
     bw_big, raw_big = at("sweep_bw", big), at("sweep_raw_bw", big)
+    fi = (
+        f" and {span('sweep_rtt', 'c_baseline')} µs for fi_pingpong"
+        if at("sweep_rtt", 2, "c_baseline")
+        else ""
+    )
     sentence = (
         f"In that sweep the WRITE round trip is {span('sweep_rtt')} µs up to 4 KiB, against "
-        f"{span('sweep_raw_rtt')} µs for a raw ping of the same size"
-        + (
-            f" and {span('sweep_rtt', 'c_baseline')} µs for fi_pingpong"
-            if at("sweep_rtt", 2, "c_baseline")
-            else ""
-        )
-        + f"; at {big >> 20} MiB, WRITE moves {bw_big or 0:.0f} MB/s against the raw stream's {raw_big or 0:.0f}, "
-        f"with a round trip of {rtt_big or 0:.0f} µs against the raw ping's {ping_big or 0:.0f}."
+        f"{span('sweep_raw_rtt')} µs for a raw ping of the same size{fi}; at {big >> 20} MiB, WRITE "
+        f"moves {bw_big or 0:.0f} MB/s against the raw stream's {raw_big or 0:.0f}, with a round trip of "
+        f"{rtt_big or 0:.0f} µs against the raw ping's {ping_big or 0:.0f}."
     )
     text = README.read_text()
     m = SWEEP_MARKS.search(text)

@@ -26,7 +26,8 @@ def test_both_commands_make_and_enter_a_virtual_environment() -> None:
     cmds = _commands()
     install = [c for c in cmds if c.endswith("rdmakit demo")]
     tests = [c for c in cmds if "pytest" in c]
-    assert install and tests, cmds
+    assert install, cmds
+    assert tests, cmds
     for c in (install[0], tests[0]):
         assert c.startswith("python3 -m venv .venv && . .venv/bin/activate && python3 -m pip install -e "), c
 
@@ -47,4 +48,5 @@ def test_ci_finds_and_runs_the_readme_commands() -> None:
     assert "bash scripts/fresh-install-check.sh" in ci
     script = (ROOT / "scripts" / "fresh-install-check.sh").read_text()
     assert DEMO_CMD.search(text) is not None
-    assert "-u PYTHONPATH" in script and "PYTHONNOUSERSITE=1" in script
+    assert "-u PYTHONPATH" in script
+    assert "PYTHONNOUSERSITE=1" in script

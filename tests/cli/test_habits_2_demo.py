@@ -9,7 +9,8 @@ from rdmakit.cli.demo import LEGEND
 
 def test_the_column_is_named_for_what_it_measures(new_ip: Callable[[], str]) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "rdmakit", "demo", "--max-size", "1", "--device-a", new_ip(), "--device-b", new_ip()],
+        [sys.executable, "-m", "rdmakit", "demo", "--max-size", "1",
+         "--device-a", new_ip(), "--device-b", new_ip()],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -18,4 +19,5 @@ def test_the_column_is_named_for_what_it_measures(new_ip: Callable[[], str]) -> 
     assert header.split() == ["operation", "size", "runs", "result", "time/op", "throughput"]
     assert "latency" not in header
     assert LEGEND in lines
-    assert "both ends in this one thread" in LEGEND and "not a round trip" in LEGEND
+    assert "both ends in this one thread" in LEGEND
+    assert "not a round trip" in LEGEND

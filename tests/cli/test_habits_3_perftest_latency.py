@@ -39,7 +39,12 @@ def _fake_clock() -> SimpleNamespace:
 def test_the_pump_polls_before_it_blocks(idle_qp: Qp, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench_qp, "time", _fake_clock())
     blocked: list[float] = []
-    monkeypatch.setattr(bench_qp, "wait_readable", lambda _fd, t: blocked.append(t) or False)
+
+    def wait_readable(_fd: int, timeout: float) -> bool:
+        blocked.append(timeout)
+        return False
+
+    monkeypatch.setattr(bench_qp, "wait_readable", wait_readable)
     turns = itertools.count()
     # Done after 20 idle turns: well inside the 200 µs of polling (a few clock readings a turn).
     pump([idle_qp], lambda _i, _wc: None, lambda: next(turns) >= 20, 60.0, "test")
