@@ -231,9 +231,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 #: What the table's figures are (printed above it).
 LEGEND = (
-    "time/op: wall time per operation, from posting it to checking every byte that landed, with both "
-    "ends in this one thread (not a round trip: 'rdmakit bench' and 'rdmakit perftest' measure those "
-    "between two processes); throughput: bytes moved per second of that time"
+    "time/op: wall time per operation, from posting it to checking every byte that landed,\n"
+    "with both ends in this one thread: not a round trip ('rdmakit bench' and 'rdmakit perftest'\n"
+    "time those between two processes); throughput: bytes moved per second of that time"
 )
 
 

@@ -18,6 +18,6 @@ def test_the_column_is_named_for_what_it_measures(new_ip: Callable[[], str]) -> 
     header = next(line for line in lines if line.startswith("operation"))
     assert header.split() == ["operation", "size", "runs", "result", "time/op", "throughput"]
     assert "latency" not in header
-    assert LEGEND in lines
+    assert LEGEND in out.stdout
     assert "both ends in this one thread" in LEGEND
     assert "not a round trip" in LEGEND
