@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from rdmakit.cli.errors import EXIT_ERROR, CliError
+from rdmakit.cli.errors import EXIT_ERROR, EXIT_USAGE, CliError
 from rdmakit.cli.lifecycle import run
 from rdmakit.cli.options import add_general_flags
 from rdmakit.cli.publishing import open_output
@@ -61,7 +61,7 @@ def _conformance(args: argparse.Namespace) -> int:
             client, dut_ip, tester_ip = target.client, target.dut_ip, target.tester_ip
         else:
             if not (args.target and args.dut_ip and args.tester_ip):
-                raise CliError("give --self, or --target, --dut-ip and --tester-ip")
+                raise CliError("give --self, or --target, --dut-ip and --tester-ip", EXIT_USAGE)
             try:
                 secret = load_secret(secret_file=args.secret_file)
             except SecretError as e:

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from rdmakit.cli.errors import CliError
+from rdmakit.cli.errors import EXIT_USAGE, CliError
 from rdmakit.cli.lifecycle import run
 from rdmakit.cli.options import int_in
 from rdmakit.cli.tool_flags import RPING_FLAGS, add_unimplemented, refuse_given
@@ -261,11 +261,11 @@ def run_args(args: argparse.Namespace) -> int:
     refuse_given(args, RPING_FLAGS)
     if args.server:
         if args.addr is None:
-            raise CliError("rping -s needs -a ADDR: the soft device's address to listen on")
+            raise CliError("rping -s needs -a ADDR: the soft device's address to listen on", EXIT_USAGE)
         ip = args.addr
     else:
         if args.addr is None:
-            raise CliError("rping -c needs -a ADDR: the server's address")
+            raise CliError("rping -c needs -a ADDR: the server's address", EXIT_USAGE)
         ip = args.source or route_source(args.addr)
     try:
         r = Rping(args, ip)

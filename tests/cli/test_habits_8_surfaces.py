@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
         ["rdma-receive", "-d", "127.0.0.2x", "--timeout", "1"],
         ["rping", "-c", "-a", "127.0.0.2", "-C", "x"],
         ["devices", "--bogus"],
+        ["rping", "-s"],
+        ["dma-copy", "--role", "host"],
+        ["conformance"],
     ],
 )
 def test_usage_errors_exit_2(args: list[str]) -> None:
