@@ -21,7 +21,7 @@ from rdmakit.cli.dma_files import close_fds
 from rdmakit.cli.dma_setup import add_service, open_dev, pci_address, started_mmap
 from rdmakit.cli.errors import CliError, doca_timeouts
 from rdmakit.cli.lifecycle import Unwind, run
-from rdmakit.cli.options import add_foreign_flag, add_general_flags, foreign_allowed
+from rdmakit.cli.options import add_foreign_flag, add_general_flags, foreign_allowed, int_in
 from rdmakit.cli.publishing import publish
 from rdmakit.cli.status_files import wait_for_file
 from rdmakit.doca import (
@@ -279,11 +279,7 @@ def _copy_dpu_flow(args: argparse.Namespace, chan: CommChannel, descriptor: byte
         return bytes(local_mem).rstrip(b"\0").decode(errors="replace")
 
 
-def _positive(value: str) -> int:
-    number = int(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not positive")
-    return number
+_positive = int_in(1, 1 << 31)
 
 
 def _add_sample_flags(p: argparse.ArgumentParser, *, remote: bool, dpu: bool) -> None:
