@@ -78,6 +78,7 @@ from rdmakit.cli.perftest_runs import (
     print_test_info,
     run_bw,
     run_lat,
+    spin_of,
 )
 from rdmakit.doca.backend import BackendDevice
 from rdmakit.transport.oob import OobError, OobStream
@@ -106,6 +107,8 @@ class Exchange:
         self.binary = isinstance(stream, CmLink)
         self.timeout = oob_timeout()
         self.qps: list[TestQp] = []
+        #: Seconds the device is polled after the last work (`spin_of`: none with ``-e``).
+        self.spin = SPIN
 
     def _service(self) -> None:
         """Progress the device (every QP of a run is on one), polling it while the peer's run keeps
@@ -119,7 +122,7 @@ class Exchange:
             now = clock()
             if progress():
                 last = now
-            elif now - last >= SPIN or now - start >= SERVICE_SLICE:
+            elif now - last >= self.spin or now - start >= SERVICE_SLICE:
                 return
 
     def xchg(self, mine: bytes, n: int, what: str, timeout: float | None = None) -> bytes:
@@ -230,6 +233,7 @@ def _run(p: Params, dev: BackendDevice) -> int:
         stream = OobStream.accept(p.port, oob_timeout() * RUN_WAIT_FACTOR)
     with stream:
         ex = Exchange(stream, p.client)
+        ex.spin = spin_of(p)
         neg = negotiate(ex, own_mtu)
         mtu = min(own_mtu, neg.mtu_enum_peer)
         res = Resources(p, dev, neg.cycle_buffer)

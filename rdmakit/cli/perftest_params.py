@@ -108,6 +108,8 @@ class Params:
     latency_gap: int = 0
     #: ``--wait_destroy``: seconds to wait before the resources are destroyed.
     wait_destroy: int = 0
+    #: ``-e``: sleep on completion events at once instead of polling first.
+    events: bool = False
 
     @property
     def client(self) -> bool:
@@ -157,6 +159,9 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     p.add_argument("-y", "--limit_msgrate", type=_limit, help="exit 1 when the message rate is below")
     p.add_argument("--latency_gap", type=_int, default=0, help="µs between the posts of a latency test")
     p.add_argument("--wait_destroy", type=_int, default=0, help="seconds to wait before destroying")
+    p.add_argument(
+        "-e", "--events", action="store_true", help="sleep on CQ events (default: poll 200 µs first)"
+    )
     p.add_argument("-s", "--size", type=_int, help="message size")
     p.add_argument("-n", "--iters", type=_int, help="iterations")
     p.add_argument("-a", "--all", action="store_true", help="all sizes from 2 to 2^23")
@@ -287,5 +292,5 @@ def _params(name: str, kind: TestKind, a: argparse.Namespace) -> Params:
         comm_rdma_cm=a.rdma_cm or a.comm_rdma_cm, ib_port=a.ib_port, hop_limit=a.hop_limit,
         no_peak=a.no_peak, histogram=a.histogram, unsorted=a.unsorted, output=a.output,
         limit_bw=a.limit_bw, limit_msgrate=a.limit_msgrate, latency_gap=a.latency_gap,
-        wait_destroy=a.wait_destroy,
+        wait_destroy=a.wait_destroy, events=a.events,
     )  # fmt: skip

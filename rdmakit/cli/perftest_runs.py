@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rdmakit.cli.bench_qp import Memory, TestQp, oob_timeout, pump
+from rdmakit.cli.bench_qp import SPIN, Memory, TestQp, oob_timeout, pump
 from rdmakit.cli.errors import CliError
 from rdmakit.cli.oob_messages import (
     BwReport,
@@ -310,7 +310,7 @@ def run_bw(
 
     if not send:
         t.start = recv_start
-    pump(res.qps, on_wc, finished, oob_timeout(), f"{p.name}", idle=post_more)
+    pump(res.qps, on_wc, finished, oob_timeout(), f"{p.name}", idle=post_more, spin=spin_of(p))
     if t.phases is not None:
         t.start, t.end = t.phases.sample_start, t.phases.sample_end
     elif not send:
@@ -460,10 +460,11 @@ def run_lat(res: Resources, size: int, rem: PerftestDest, *, server: bool) -> La
         return phases is not None and time.perf_counter() >= phases.end
 
     timeout = oob_timeout()
+    spin = spin_of(p)
     gap = p.latency_gap * 1e-6
 
     def wait(cond: Callable[[], bool], what: str) -> None:
-        pump(res.qps, on_wc, lambda: cond() or over(), timeout, f"{p.name}: {what}")
+        pump(res.qps, on_wc, lambda: cond() or over(), timeout, f"{p.name}: {what}", spin=spin)
 
     scnt = rcnt = 0
     # write_lat: the server writes first; send_lat: the client sends first (perftest_resources.c).
@@ -489,6 +490,11 @@ def run_lat(res: Resources, size: int, rem: PerftestDest, *, server: bool) -> La
             scnt += 1
             wait(functools.partial(_reached, state, "send_done", scnt), "waiting for a completion")
     return run
+
+
+def spin_of(p: Params) -> float:
+    """Seconds a pump polls before it sleeps: `SPIN`, as `rdmakit bench`'s ends; none with ``-e``."""
+    return 0.0 if p.events else SPIN
 
 
 def _byte_is(view: memoryview, offset: int, value: int) -> bool:

@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from rdmakit.cli.bench_qp import Memory, TestQp, oob_timeout, open_device, pump
+from rdmakit.cli.bench_qp import SPIN, Memory, TestQp, oob_timeout, open_device, pump
 from rdmakit.cli.errors import EXIT_USAGE, CliError
 from rdmakit.cli.lifecycle import run
 from rdmakit.cli.oob_messages import DONE, PINGPONG_MSG_LEN, OobFormatError, PingpongDest
@@ -73,6 +73,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--iters", type=_int, default=1000, help="number of exchanges (1000)")
     p.add_argument("-g", "--gid-idx", type=_int, help="local port GID index (a soft device: rxe's, 1)")
     p.add_argument("-c", "--chk", action="store_true", help="validate the received buffer")
+    p.add_argument("-e", "--events", action="store_true", help="sleep on CQ events (default: poll first)")
     add_unimplemented(p, RC_PINGPONG_FLAGS)
 
 
@@ -171,7 +172,8 @@ def _run(a: argparse.Namespace, dev: BackendDevice) -> int:
                 state["pending"] = RECV_WRID | SEND_WRID
 
         start = time.perf_counter()
-        pump([tq], on_wc, lambda: state["rcnt"] >= iters and state["scnt"] >= iters, t, "the ping-pong")
+        done = lambda: state["rcnt"] >= iters and state["scnt"] >= iters  # noqa: E731
+        pump([tq], on_wc, done, t, "the ping-pong", spin=0.0 if a.events else SPIN)
         usec = (time.perf_counter() - start) * 1e6
         nbytes = size * iters * 2
         print(f"{nbytes} bytes in {usec / 1e6:.2f} seconds = {nbytes * 8.0 / usec:.2f} Mbit/sec", flush=True)
