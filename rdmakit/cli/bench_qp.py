@@ -16,23 +16,29 @@ import time
 from collections.abc import Callable, Sequence
 from ipaddress import IPv6Address
 
-from rdmakit.cli.errors import CliError
+from rdmakit.cli.errors import EXIT_USAGE, CliError
+from rdmakit.cli.session import no_such_device
 from rdmakit.doca import DocaError, DocaErrorCode
+from rdmakit.doca._addresses import gid_text
 from rdmakit.doca.backend import BackendDevice, BackendQP, MemoryRegistration
-from rdmakit.doca.device import find_devinfo
+from rdmakit.doca.device import DevInfo, devinfo_list, find_devinfo
 from rdmakit.doca.verbs_glue import VerbsBackendDevice
 from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, SendWR, WcStatus
 from rdmakit.transport.driver import wait_readable
 from rdmakit.verbs.buffers import buffer_address
 from rdmakit.wire import ROCE_UDP_PORT
 
-__all__ = ["Memory", "TestQp", "oob_timeout", "open_device", "pump"]
+__all__ = ["Memory", "TestQp", "first_device", "oob_timeout", "open_device", "pump", "soft_gid_problem"]
 
 ALL_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 TCP_REFUSED = (
     "the TCP transport cannot run this program: its out-of-band exchange carries a LID, QPN, PSN and GID "
     "and has no room for the TCP transport's connection secret (use a UDP device or a verbs device)"
 )
+
+
+#: Seconds a pump polls an idle device before it blocks: `rdmakit bench`'s ``--spin-us`` default.
+SPIN = 200e-6
 
 
 def oob_timeout() -> float:
@@ -44,32 +50,64 @@ def oob_timeout() -> float:
 
 
 def open_device(spec: str | None, gid_index: int | None, port: int | None = None) -> BackendDevice:
-    """The device `spec` names (``-d``); `gid_index` and `port` select a verbs device's GID and port."""
+    """The device `spec` names (``-d``; None: the first, as the C tools take); `gid_index` and `port`
+    select a verbs device's GID and port, and a soft device's by rxe's table (`soft_gid_problem`)."""
     if spec is None:
-        raise CliError(
-            "no device given: use -d with a soft device's address (e.g. -d 127.0.0.2) or a verbs device"
-        )
-    if spec.startswith("tcp:"):
+        info = first_device()
+    elif spec.startswith("tcp:"):
         raise CliError(TCP_REFUSED)
-    try:
-        info = find_devinfo(spec)
-    except DocaError as e:
-        if e.code is DocaErrorCode.NOT_FOUND:
-            raise CliError(f"no such device: {spec!r} (see 'rdmakit devices')") from e
-        raise
+    else:
+        try:
+            info = find_devinfo(spec)
+        except DocaError as e:
+            if e.code is DocaErrorCode.NOT_FOUND:
+                raise no_such_device(spec) from e
+            raise
     if info.kind == "soft-tcp":
         raise CliError(TCP_REFUSED)
     if info.kind == "soft-udp":
-        if gid_index not in (None, 0):
-            raise CliError(f"{info.name} has one GID, index 0, not {gid_index}")
+        problem = soft_gid_problem(info.name, info.gids[0], gid_index)
+        if problem:
+            raise CliError(problem, EXIT_USAGE)
         if port not in (None, 1):
-            raise CliError(f"{info.name} has one port, 1, not {port}")
+            raise CliError(f"{info.name} has one port, 1, not {port}", EXIT_USAGE)
         return info.opener()
     if info.kind == "verbs":
         from rdmakit.verbs import VerbsDevice
 
         return VerbsBackendDevice(VerbsDevice(info.name, port=port, gid_index=gid_index))
-    raise CliError(f"{info.name} is a {info.kind} device without RoCE")
+    raise CliError(f"{info.name} is a {info.kind} device without RoCE", EXIT_USAGE)
+
+
+def first_device() -> DevInfo:
+    """What the C tools take without ``-d`` (the first of ``ibv_get_device_list``): the first device
+    of ``rdmakit devices`` that speaks RoCE, a verbs device before the soft ones."""
+    roce = [i for i in devinfo_list() if i.kind in ("verbs", "soft-udp")]
+    verbs = [i for i in roce if i.kind == "verbs"]
+    if not roce:
+        raise CliError("no RDMA device found (see 'rdmakit devices')")
+    return (verbs or roce)[0]
+
+
+#: A soft device's GIDs in rxe's order (``rxe_init_ports`` and the netdev's addresses): index 0 is the
+#: link-local IPv6 GID (from the MAC), then one RoCEv2 GID per address, IPv4 ones as IPv4-mapped.
+SOFT_GID_INDEX = 1
+
+
+def soft_gid_problem(name: str, gid: IPv6Address, gid_index: int | None) -> str | None:
+    """Why `gid_index` (``-x``/``-g``) cannot select a soft device's one GID, or None: as on rxe, index
+    1 is the address and 0 the link-local IPv6 GID, which a soft device on one address does not serve."""
+    if gid_index in (None, SOFT_GID_INDEX) or (gid_index == 0 and gid.is_link_local):
+        return None
+    if gid_index == 0:
+        return (
+            f"GID index 0 is rxe's link-local IPv6 GID (fe80::…); {name} serves only {gid_text(gid)}, "
+            f"which rxe lists at index {SOFT_GID_INDEX}: use -x/-g {SOFT_GID_INDEX} or leave it out"
+        )
+    return (
+        f"{name} has no GID index {gid_index}: its GID {gid_text(gid)} is index {SOFT_GID_INDEX}, as on rxe "
+        f"(0 is rxe's link-local one); use -x/-g {SOFT_GID_INDEX} or leave it out"
+    )
 
 
 def device_gid(qp: BackendQP) -> IPv6Address:
@@ -153,16 +191,20 @@ def pump(
     timeout: float,
     what: str,
     idle: Callable[[], bool] | None = None,
+    spin: float = SPIN,
 ) -> None:
     """Progress `qps` and hand every completion to `on_completion(qp index, wc)` until `done()`.
 
     `idle` (optional) is called on every turn and may post work (True if it
     did). A failed completion ends the test with its status, as the tools'
     ``NOTIFY_COMP_ERROR_*`` do; so does `timeout` seconds without progress.
+    When nothing moves, the device is polled for `spin` seconds before the
+    pump blocks on its descriptor (the C tools poll their CQs without end).
     """
     deadline = time.monotonic() + timeout
     device_pump = qps[0].dev.pump
     fd = device_pump.fileno()
+    idle_since: float | None = None
     while not done():
         busy = device_pump.progress()
         for i, tq in enumerate(qps):
@@ -176,9 +218,14 @@ def pump(
         now = time.monotonic()
         if busy:
             deadline = now + timeout
+            idle_since = None
             continue
         if done():
             return
+        if idle_since is None:
+            idle_since = now
+        if now - idle_since < spin:
+            continue
         if now > deadline:
             raise CliError(f"{what}: no progress for {timeout:g} s", status=3)
         if fd is None:

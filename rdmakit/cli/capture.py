@@ -1,7 +1,8 @@
 """``rdmakit capture``: capture and decode RoCEv2 (UDP 4791) with rdmakit's own codec.
 
 Live from an interface (root), or from a pcap file (``-r``, e.g. from tcpdump).
-One line per packet: time, addresses, the BTH and extension headers, and
+One line per packet: time, addresses, the BTH and extension headers (a UD
+SEND's DETH and the CM MAD it carries to QP1, with its fields), and
 whether the ICRC is right (``icrc ok``, ``icrc BAD``). ``-w FILE`` saves the
 RoCEv2 frames as pcap for Wireshark, which dissects UDP 4791 as InfiniBand.
 The exit status is 1 if any packet had a bad ICRC or did not decode. The
@@ -23,14 +24,19 @@ from rdmakit.cli.options import add_general_flags, float_in, int_in, log
 from rdmakit.cli.publishing import open_output
 from rdmakit.transport.capture import CaptureError, PacketSocket, PcapWriter, read_pcap
 from rdmakit.wire import ROCE_UDP_PORT
-from rdmakit.wire.frames import RoceDatagram, describe, parse_frame
+from rdmakit.wire.frames import RoceDatagram, describe, describe_ud, parse_frame
 
 
 def _line(ts: float, d: RoceDatagram) -> str:
     when = datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")
     ident = f" id={d.ip_id}{' DF' if d.df else ''}" if d.ip_id is not None else ""
     icrc = {True: "icrc ok", False: "icrc BAD", None: "icrc n/a"}[d.icrc_ok]
-    what = describe(d.packet) if d.packet is not None else f"MALFORMED ({d.error})"
+    if d.packet is not None:
+        what = describe(d.packet)
+    elif d.ud is not None:
+        what = describe_ud(d.ud, d.mad, d.mad_error)
+    else:
+        what = f"MALFORMED ({d.error})"
     return f"{when} {d.src}:{d.sport} > {d.dst}:{d.dport}{ident} {what} [{icrc}]"
 
 
@@ -62,7 +68,7 @@ def _capture(args: argparse.Namespace) -> int:
                 if d is None:
                     continue
                 seen += 1
-                bad += d.icrc_ok is False or d.packet is None
+                bad += d.icrc_ok is False or not d.decoded
                 if writer is not None:
                     writer.write(ts, frame)
                 if not args.quiet:

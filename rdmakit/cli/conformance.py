@@ -7,9 +7,9 @@ import json
 import sys
 from typing import Any
 
-from rdmakit.cli.errors import EXIT_ERROR, CliError
+from rdmakit.cli.errors import EXIT_ERROR, EXIT_USAGE, CliError
 from rdmakit.cli.lifecycle import run
-from rdmakit.cli.options import int_in
+from rdmakit.cli.options import add_general_flags, int_in
 from rdmakit.cli.publishing import open_output
 
 EXIT_FAIL = 1
@@ -62,7 +62,7 @@ def _conformance(args: argparse.Namespace) -> int:
             client, dut_ip, tester_ip = target.client, target.dut_ip, target.tester_ip
         else:
             if not (args.target and args.dut_ip and args.tester_ip):
-                raise CliError("give --self, or --target, --dut-ip and --tester-ip")
+                raise CliError("give --self, or --target, --dut-ip and --tester-ip", EXIT_USAGE)
             try:
                 secret = load_secret(secret_file=args.secret_file)
             except SecretError as e:
@@ -148,13 +148,20 @@ def _verbs_target(spec: str, stack: contextlib.ExitStack, port: int | None, gid_
 
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    p = sub.add_parser("conformance", help="RoCEv2 RC conformance suite against a device under test")
+    p = sub.add_parser(
+        "conformance",
+        help="RoCEv2 RC conformance suite against a device under test",
+        description="Play the other end of the wire, packet by packet, against a RoCEv2 device beside "
+        "an agent (conformance-target) and report which IBTA rules it keeps: PASS, FAIL, "
+        "KNOWN-DEVIATION or SKIPPED per case (docs/conformance.md). Exit status 1 on any FAIL.",
+    )
+    add_general_flags(p)
     p.add_argument("--self", action="store_true", help="test rdmakit's own soft device (spawns the agent)")
     p.add_argument("--target", help="the agent's control address, tcp:HOST:PORT")
     p.add_argument("--dut-ip", help="the DUT's RoCE address")
     p.add_argument("--tester-ip", help="this host's address the tester uses (UDP 4791)")
     p.add_argument("--secret-file", help="the control channel secret (hex); default as the comm channel's")
-    p.add_argument("--connect-timeout", type=float, default=10.0)
+    p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to reach the agent (10)")
     p.add_argument("--list", action="store_true", help="list the cases (as JSON with --json-out)")
     p.add_argument("-k", action="append", metavar="PATTERN", help="only cases whose id contains PATTERN")
     p.add_argument(
@@ -166,7 +173,14 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("--no-raw", action="store_true", help="never open a raw socket (solve IPv4 IDs instead)")
     p.set_defaults(handler=run(p, _conformance))
 
-    t = sub.add_parser("conformance-target", help="the conformance suite's agent beside a device under test")
+    t = sub.add_parser(
+        "conformance-target",
+        help="the conformance suite's agent beside a device under test",
+        description="Serve the conformance suite's tester over an authenticated control channel: set "
+        "each case up on the device under test (a soft device or a verbs device). Prints its control "
+        "address as one JSON line, then serves until stopped (--once: one session).",
+    )
+    add_general_flags(t)
     t.add_argument(
         "-d",
         "--device",

@@ -92,5 +92,6 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     add_general_flags(p, json_file=False)
     p.add_argument("name", nargs="?", help="only this device (a name or an address)")
     p.add_argument("--json", dest="json_out", action="store_true", help="machine-readable output")
-    p.add_argument("-V", "--verbose", action="store_true", help="every attribute, one per line")
+    # Long only: -V is version in perftest, validate in rping, and -v version in every rdmakit program.
+    p.add_argument("--verbose", action="store_true", help="every attribute, one per line")
     p.set_defaults(handler=run(p, _devices))

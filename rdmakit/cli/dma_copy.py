@@ -46,7 +46,7 @@ from rdmakit.cli.dma_files import Destination, LocalFile, close_fds, local_file
 from rdmakit.cli.dma_link import HEARTBEAT, Link, ProgressBar
 from rdmakit.cli.dma_protocol import Copied, Direction, Export, PeerFailed, RemoteProtocolError, Role, Status
 from rdmakit.cli.dma_setup import add_service, open_dev, pci_address, started_mmap
-from rdmakit.cli.errors import CliError, doca_timeouts
+from rdmakit.cli.errors import EXIT_USAGE, CliError, doca_timeouts
 from rdmakit.cli.lifecycle import Unwind, run
 from rdmakit.cli.options import add_general_flags
 from rdmakit.doca import (
@@ -75,13 +75,13 @@ _DEPTH = 16  # DMA jobs in flight
 
 def _dma_copy(args: argparse.Namespace) -> int:
     if not args.file:
-        raise CliError("-f/--file is required")
+        raise CliError("-f/--file is required", EXIT_USAGE)
     if args.role not in ("host", "dpu"):
-        raise CliError("--role host|dpu is required")
+        raise CliError("--role host|dpu is required", EXIT_USAGE)
     pci = pci_address(args.pci_addr, "-p/--pci-addr")
     rep = pci_address(args.rep_pci, "-r/--rep-pci")
     if args.chunk_size <= 0:
-        raise CliError("--chunk-size must be positive")
+        raise CliError("--chunk-size must be positive", EXIT_USAGE)
     if args.role == "host" and rep is not None:
         log.debug("-r/--rep-pci is for the DPU side; ignored on the host")
     try:

@@ -21,7 +21,7 @@ from rdmakit.cli.dma_files import close_fds
 from rdmakit.cli.dma_setup import add_service, open_dev, pci_address, started_mmap
 from rdmakit.cli.errors import CliError, doca_timeouts
 from rdmakit.cli.lifecycle import Unwind, run
-from rdmakit.cli.options import add_foreign_flag, add_general_flags, foreign_allowed
+from rdmakit.cli.options import add_foreign_flag, add_general_flags, foreign_allowed, int_in
 from rdmakit.cli.publishing import publish
 from rdmakit.cli.status_files import wait_for_file
 from rdmakit.doca import (
@@ -279,11 +279,7 @@ def _copy_dpu_flow(args: argparse.Namespace, chan: CommChannel, descriptor: byte
         return bytes(local_mem).rstrip(b"\0").decode(errors="replace")
 
 
-def _positive(value: str) -> int:
-    number = int(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not positive")
-    return number
+_positive = int_in(1, 1 << 31)
 
 
 def _add_sample_flags(p: argparse.ArgumentParser, *, remote: bool, dpu: bool) -> None:
@@ -295,7 +291,9 @@ def _add_sample_flags(p: argparse.ArgumentParser, *, remote: bool, dpu: bool) ->
     if remote:
         p.add_argument(
             "-d", "--descriptor-path", default="/tmp/export_desc.txt", metavar="PATH",
-            help="exported descriptor file to save (host) or read (DPU) (default /tmp/export_desc.txt)",
+            help="exported descriptor file to save (host) or read (DPU) (default /tmp/export_desc.txt); "
+            "DOCA's dma_copy samples' -d is this path, not the device that -d names in rdmakit's other "
+            "programs (the device is -p)",
         )  # fmt: skip
         p.add_argument(
             "-b", "--buffer-path", default="/tmp/buffer_info.txt", metavar="PATH",

@@ -51,13 +51,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parser_of(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The subcommand's own parser (the top level's when there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            sub: argparse.ArgumentParser = action.choices[command]
+            return sub
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> int:
         parser = build_parser()
         try:
-            args = parser.parse_args(argv)
+            args, extra = parser.parse_known_args(argv)
+            if extra:  # the subcommand's usage, not the top level's, names what it takes
+                _parser_of(parser, getattr(args, "command", None)).error(
+                    f"unrecognized arguments: {' '.join(extra)}"
+                )
         except SystemExit as e:  # --help, --version (0) or a usage error (2, already printed)
             return e.code if isinstance(e.code, int) else EXIT_USAGE
         handler = getattr(args, "handler", None)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv6Address
 
-from rdmakit.cli.bench_qp import TestQp, oob_timeout, open_device
+from rdmakit.cli.bench_qp import SOFT_GID_INDEX, SPIN, TestQp, oob_timeout, open_device
 from rdmakit.cli.errors import CliError
 from rdmakit.cli.lifecycle import run
 from rdmakit.cli.oob_messages import (
@@ -78,6 +78,7 @@ from rdmakit.cli.perftest_runs import (
     print_test_info,
     run_bw,
     run_lat,
+    spin_of,
 )
 from rdmakit.doca.backend import BackendDevice
 from rdmakit.transport.oob import OobError, OobStream
@@ -87,6 +88,8 @@ __all__ = ["PERFTESTS", "main", "register"]
 
 #: A barrier that waits for the peer's whole run is allowed this many steps' time.
 RUN_WAIT_FACTOR = 10
+#: Seconds the exchange's wait serves the device before it looks at its socket again.
+SERVICE_SLICE = 0.01
 
 
 # -- the out-of-band exchange ------------------------------------------------------------------
@@ -104,10 +107,23 @@ class Exchange:
         self.binary = isinstance(stream, CmLink)
         self.timeout = oob_timeout()
         self.qps: list[TestQp] = []
+        #: Seconds the device is polled after the last work (`spin_of`: none with ``-e``).
+        self.spin = SPIN
 
     def _service(self) -> None:
-        if self.qps:
-            self.qps[0].dev.pump.progress()  # every QP of a run is on one device
+        """Progress the device (every QP of a run is on one), polling it while the peer's run keeps
+        it busy and for `SPIN` seconds after, as `pump` does; at most `SERVICE_SLICE` seconds, so
+        that the exchange's socket and deadline are looked at."""
+        if not self.qps:
+            return
+        progress, clock = self.qps[0].dev.pump.progress, time.monotonic
+        start = last = clock()
+        while True:
+            now = clock()
+            if progress():
+                last = now
+            elif now - last >= self.spin or now - start >= SERVICE_SLICE:
+                return
 
     def xchg(self, mine: bytes, n: int, what: str, timeout: float | None = None) -> bytes:
         t = self.timeout if timeout is None else timeout
@@ -182,9 +198,11 @@ def negotiate(ex: Exchange, own_mtu: int) -> Negotiated:
 
 def main(name: str, argv: Sequence[str]) -> int:
     p = parse(name, argv)
-    dev = open_device(p.device, p.gid_index)
+    dev = open_device(p.device, p.gid_index, p.ib_port)
     try:
-        return _run(p, dev)
+        status = _run(p, dev)
+        time.sleep(p.wait_destroy)  # --wait_destroy: before the resources go
+        return status
     except (OobError, OobFormatError) as e:
         raise CliError(str(e), status=3 if getattr(e, "timeout", False) else 1) from e
     finally:
@@ -195,9 +213,10 @@ def _run(p: Params, dev: BackendDevice) -> int:
     own_mtu = min(p.mtu or dev.mtu, dev.mtu, 4096)
     if not p.client:
         out(
+            p,
             "\n************************************\n"
             "* Waiting for client to connect... *\n"
-            "************************************"
+            "************************************",
         )
     stream: OobStream | CmLink
     if p.comm_rdma_cm:
@@ -209,11 +228,12 @@ def _run(p: Params, dev: BackendDevice) -> int:
             stream.accept(stream.timeout * RUN_WAIT_FACTOR)  # waiting for the client
     elif p.client:
         assert p.server is not None
-        stream = OobStream.connect(p.server, p.port, oob_timeout())
+        stream = OobStream.connect(p.server, p.port, oob_timeout(), wait=False)
     else:
         stream = OobStream.accept(p.port, oob_timeout() * RUN_WAIT_FACTOR)
     with stream:
         ex = Exchange(stream, p.client)
+        ex.spin = spin_of(p)
         neg = negotiate(ex, own_mtu)
         mtu = min(own_mtu, neg.mtu_enum_peer)
         res = Resources(p, dev, neg.cycle_buffer)
@@ -251,7 +271,7 @@ def _attributes(p: Params, q: TestQp, peer_out_reads: int) -> None:
     q.set_options(
         min_rnr_timer=12, rnr_retry=7, max_dest_rd_atomic=p.out_reads,
         max_rd_atomic=max(1, min(peer_out_reads, MAX_OUT_READ)),
-        hop_limit=255,
+        hop_limit=p.hop_limit,
     )  # fmt: skip
     if p.qp_timeout is not None:
         q.set_options(timeout=p.qp_timeout)
@@ -269,6 +289,8 @@ def _test(p: Params, ex: Exchange, res: Resources, mtu: int) -> int:
     verb, nq = p.kind.verb, p.num_qps
     mine = [res.dest(i) for i in range(nq)]
     gid_index = p.gid_index if p.gid_index is not None else res.dev.gid_index
+    if p.gid_index is None and res.dev.kind == "soft-udp":
+        gid_index = SOFT_GID_INDEX  # its one GID, where rxe lists it
     print_test_info(p, res.dev, mtu, gid_index)
     lat_prefix = p.kind.lat and verb != "send"
     if lat_prefix:  # write_lat, read_lat, atomic_lat: one barrier before the keys
@@ -290,8 +312,9 @@ def _test(p: Params, ex: Exchange, res: Resources, mtu: int) -> int:
 
 def _bw(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: list[PerftestDest]) -> int:
     verb = p.kind.verb
+    failed: list[str] = []
     header = RESULT_FMT_G if p.gbits else RESULT_FMT
-    out(f"{RESULT_LINE}\n{header}")
+    out(p, f"{RESULT_LINE}\n{header}")
     if verb != "send":
         if not p.client and not p.duplex:
             # The server of a one-sided test waits for the client's run, then prints the client's report.
@@ -299,10 +322,10 @@ def _bw(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: 
             theirs = ex.reports(
                 BwReport(size=p.sizes[-1], iters=p.iters * p.num_qps, bw_peak=0, bw_avg=0, msg_rate=0)
             )
-            out(bw_line(p, theirs))
+            report(p, theirs, None, failed)
             ex.close_connection(mine[0])
-            out(RESULT_LINE)
-            return 0
+            out(p, RESULT_LINE)
+            return limits_status(failed)
         last: BwReport | None = None
         for size in p.sizes:
             if p.duplex:
@@ -313,16 +336,16 @@ def _bw(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: 
             last = bw_report(p, size, t, peak=True)
             if p.duplex:
                 theirs = ex.reports(last)
-                out(bw_line(p, last, theirs))
+                report(p, last, theirs, failed)
             else:
-                out(bw_line(p, last))
-        out(RESULT_LINE)
+                report(p, last, None, failed)
+        out(p, RESULT_LINE)
         assert last is not None
         if not p.duplex:
             ex.hand_shake(mine[0], long_wait=True)
             ex.send_report(last)
         ex.close_connection(mine[0])
-        return 0
+        return limits_status(failed)
     # send_bw
     for size in p.sizes:
         sends = p.client or p.duplex
@@ -331,16 +354,34 @@ def _bw(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: 
             post_receives(res, size)
         ex.hand_shake(mine[0], long_wait=True)
         t = run_bw(res, size, rem, send=sends, recv=receives, recv_start=time.perf_counter())
-        report = bw_report(p, size, t, peak=sends)
+        mine_report = bw_report(p, size, t, peak=sends)
         if p.duplex:
-            theirs = ex.reports(report)
-            out(bw_line(p, report, theirs))
+            theirs = ex.reports(mine_report)
+            report(p, mine_report, theirs, failed)
         else:
-            out(bw_line(p, report))
+            report(p, mine_report, None, failed)
         if p.run_all:
             ex.hand_shake(mine[0], long_wait=True)
-    out(RESULT_LINE)
+    out(p, RESULT_LINE)
     ex.close_connection(mine[0], long_wait=True)
+    return limits_status(failed)
+
+
+def report(p: Params, rep: BwReport, rem: BwReport | None, failed: list[str]) -> None:
+    """Print a bw report line and note which ``-w``/``-y`` limit it misses (``print_full_bw_report``)."""
+    out(p, bw_line(p, rep, rem), result=True)
+    avg = rep.bw_avg + (rem.bw_avg if rem else 0.0)
+    rate = rep.msg_rate + (rem.msg_rate if rem else 0.0)
+    if p.limit_bw is not None and avg < p.limit_bw:
+        failed.append("BW result is below bw limit")
+    if p.limit_msgrate is not None and rate < p.limit_msgrate:
+        failed.append("Msg rate is below msg_rate limit")
+
+
+def limits_status(failed: list[str]) -> int:
+    """perftest's ``FAILURE`` (1, with its message) when a report missed a ``-w``/``-y`` limit."""
+    if failed:
+        raise CliError(failed[0])
     return 0
 
 
@@ -349,16 +390,20 @@ def _lat(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem:
     if verb in ("read", "atomic") and not p.client:
         # Only the client posts reads and atomics: the server waits for it to close.
         ex.close_connection(mine[0], long_wait=True)
-        out(RESULT_LINE)
+        out(p, RESULT_LINE)
         return 0
-    out(f"{RESULT_LINE}\n{RESULT_FMT_LAT if p.duration is None else RESULT_FMT_LAT_DUR}")
+    out(p, f"{RESULT_LINE}\n{RESULT_FMT_LAT if p.duration is None else RESULT_FMT_LAT_DUR}")
     for size in p.sizes:
         if verb == "send":
             post_receives(res, size)
             ex.hand_shake(mine[0], long_wait=True)
         run = run_lat(res, size, rem[0], server=not p.client)
-        out(lat_report(p, size, run.posted) if p.duration is None else lat_duration_report(p, size, run))
-    out(RESULT_LINE)
+        out(
+            p,
+            lat_report(p, size, run.posted) if p.duration is None else lat_duration_report(p, size, run),
+            result=True,
+        )
+    out(p, RESULT_LINE)
     if verb != "write":  # write_lat ends without a closing barrier
         ex.close_connection(mine[0], long_wait=True)
     return 0

@@ -10,10 +10,12 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rdmakit.cli.errors import CliError
+from rdmakit.cli.errors import EXIT_USAGE, CliError
 from rdmakit.cli.oob_messages import (
     ANNOUNCED_VERSION,
 )
+from rdmakit.cli.options import int_in
+from rdmakit.cli.tool_flags import PERFTEST_FLAGS, add_unimplemented, refuse_given
 
 __all__ = ["PERFTESTS", "Params", "TestKind", "build_parser", "parse"]
 
@@ -88,17 +90,43 @@ class Params:
     #: ``-z`` (or ``-R``): the out-of-band exchange is an RC connection made by RDMA CM, not TCP.
     comm_rdma_cm: bool = False
     sizes: list[int] = field(default_factory=list)
+    #: ``-i``: the device's port (a verbs device's; a soft device has port 1 only).
+    ib_port: int | None = None
+    #: ``-L``: the hop limit (IPv4 TTL) of the test's packets.
+    hop_limit: int = 255
+    #: ``-N``: no peak bandwidth (reported as 0).
+    no_peak: bool = False
+    #: ``-H`` / ``-U``: print every latency sample, sorted / as measured.
+    histogram: bool = False
+    unsorted: bool = False
+    #: ``--output``: print only this figure ("bandwidth", "message_rate" or "latency").
+    output: str | None = None
+    #: ``-w`` / ``-y``: fail when the average bandwidth (MB/s) / message rate (Mpps) is below.
+    limit_bw: float | None = None
+    limit_msgrate: float | None = None
+    #: ``--latency_gap``: µs between a latency test's posts.
+    latency_gap: int = 0
+    #: ``--wait_destroy``: seconds to wait before the resources are destroyed.
+    wait_destroy: int = 0
+    #: ``-e``: sleep on completion events at once instead of polling first.
+    events: bool = False
 
     @property
     def client(self) -> bool:
         return self.server is not None
 
 
-def _int(text: str) -> int:
+_int = int_in(-(1 << 63), (1 << 63) - 1)
+
+
+def _limit(text: str) -> float:
     try:
-        return int(text, 0)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text}: a limit is a number >= 0")
+    return value
 
 
 def build_parser(name: str) -> argparse.ArgumentParser:
@@ -111,8 +139,29 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     p.add_argument(
         "-p", "--port", type=_int, default=DEF_PORT, help="port of the exchange (TCP; rdma_cm: -R/-z)"
     )
-    p.add_argument("-d", "--ib-dev", dest="device", help="device: a soft device's address, or a verbs device")
-    p.add_argument("-x", "--gid-index", type=_int, help="GID index (verbs devices)")
+    p.add_argument(
+        "-d", "--ib-dev", dest="device",
+        help="device: a soft device's address, or a verbs device (default: the first, as 'rdmakit devices')",
+    )  # fmt: skip
+    p.add_argument("-i", "--ib-port", dest="ib_port", type=_int, help="port of the device (1)")
+    p.add_argument("-x", "--gid-index", type=_int, help="GID index (a soft device: rxe's, 1 is its address)")
+    p.add_argument("-c", "--connection", default="RC", help="connection type: RC (the only one rdmakit runs)")
+    p.add_argument("-L", "--hop_limit", type=_int, default=255, help="hop limit (TTL) 0-255 (255)")
+    p.add_argument("-N", "--noPeak", dest="no_peak", action="store_true", help="no peak bandwidth (0)")
+    p.add_argument("-H", "--report-histogrm", dest="histogram", action="store_true", help="print each sample")
+    p.add_argument(
+        "-U", "--report-unsorted", dest="unsorted", action="store_true", help="print every sample unsorted"
+    )
+    p.add_argument(
+        "--output", choices=("bandwidth", "message_rate", "latency"), help="print only this figure"
+    )
+    p.add_argument("-w", "--limit_bw", type=_limit, help="exit 1 when the average bandwidth is below")
+    p.add_argument("-y", "--limit_msgrate", type=_limit, help="exit 1 when the message rate is below")
+    p.add_argument("--latency_gap", type=_int, default=0, help="µs between the posts of a latency test")
+    p.add_argument("--wait_destroy", type=_int, default=0, help="seconds to wait before destroying")
+    p.add_argument(
+        "-e", "--events", action="store_true", help="sleep on CQ events (default: poll 200 µs first)"
+    )
     p.add_argument("-s", "--size", type=_int, help="message size")
     p.add_argument("-n", "--iters", type=_int, help="iterations")
     p.add_argument("-a", "--all", action="store_true", help="all sizes from 2 to 2^23")
@@ -125,7 +174,6 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     p.add_argument("-A", "--atomic_type", choices=("CMP_AND_SWAP", "FETCH_AND_ADD"), default="FETCH_AND_ADD")
     p.add_argument("-o", "--outs", type=_int, help="outstanding reads/atomics (read and atomic tests)")
     p.add_argument("-D", "--duration", type=_int, help="run for this many seconds instead of -n iterations")
-    p.add_argument("-F", "--CPU-freq", dest="cpu_freq", action="store_true", help="accepted; no effect here")
     p.add_argument(
         "-u", "--qp-timeout", dest="qp_timeout", type=_int, help="QP timeout, 4.096 µs * 2^timeout (0..31)"
     )
@@ -138,6 +186,7 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--report_gbits", action="store_true", help="report Gb/sec instead of MB/sec")
     p.add_argument("-V", "--version", action="version", version=f"Version: {ANNOUNCED_VERSION}")
+    add_unimplemented(p, PERFTEST_FLAGS)
     return p
 
 
@@ -145,6 +194,32 @@ def parse(name: str, argv: Sequence[str]) -> Params:
     kind = PERFTESTS[name]
     parser = build_parser(name)
     a = parser.parse_args(list(argv))
+    refuse_given(a, PERFTEST_FLAGS)
+    try:
+        return _params(name, kind, a)
+    except CliError as e:  # every check of a flag's value is a usage error
+        raise CliError(str(e), EXIT_USAGE) from None
+
+
+def _params(name: str, kind: TestKind, a: argparse.Namespace) -> Params:
+    if a.connection.upper() != "RC":
+        raise CliError(
+            f"-c {a.connection}: rdmakit runs RC only (its engine is the RC transport of IBTA Vol. 1 §9; "
+            "UC, UD, XRC, DC and SRD have none)"
+        )
+    if not 0 <= a.hop_limit <= 255:
+        raise CliError(f"hop limit must be 0..255, not {a.hop_limit}")
+    if a.output is not None and (a.output == "latency") != kind.lat:
+        allowed = "latency" if kind.lat else "bandwidth, message_rate"
+        raise CliError(f"Output verbosity level for {'LAT' if kind.lat else 'BW'} can be: {allowed}")
+    if a.latency_gap < 0 or (a.latency_gap and not kind.lat):
+        raise CliError("--latency_gap is a number of µs >= 0, for latency tests only")
+    if (a.histogram or a.unsorted) and not kind.lat:
+        raise CliError("-H/-U: Available only on Latency tests")
+    if a.wait_destroy < 0:
+        raise CliError(f"--wait_destroy must be >= 0 seconds, not {a.wait_destroy}")
+    if a.ib_port is not None and not 1 <= a.ib_port <= 255:
+        raise CliError(f"invalid port number {a.ib_port}")
     duration = a.duration
     if duration is not None:
         if duration < 1:
@@ -214,5 +289,8 @@ def parse(name: str, argv: Sequence[str]) -> Params:
         rx_depth=rx_depth, cq_mod=cq_mod, mtu=a.mtu, num_qps=a.qp, duplex=a.bidirectional,
         atomic_cas=a.atomic_type == "CMP_AND_SWAP", gbits=a.report_gbits, out_reads=out_reads, sizes=sizes,
         duration=duration, qp_timeout=a.qp_timeout, rdma_cm=a.rdma_cm,
-        comm_rdma_cm=a.rdma_cm or a.comm_rdma_cm,
+        comm_rdma_cm=a.rdma_cm or a.comm_rdma_cm, ib_port=a.ib_port, hop_limit=a.hop_limit,
+        no_peak=a.no_peak, histogram=a.histogram, unsorted=a.unsorted, output=a.output,
+        limit_bw=a.limit_bw, limit_msgrate=a.limit_msgrate, latency_gap=a.latency_gap,
+        wait_destroy=a.wait_destroy, events=a.events,
     )  # fmt: skip

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rdmakit.cli.bench_qp import Memory, TestQp, oob_timeout, pump
+from rdmakit.cli.bench_qp import SPIN, Memory, TestQp, oob_timeout, pump
 from rdmakit.cli.errors import CliError
 from rdmakit.cli.oob_messages import (
     BwReport,
@@ -107,7 +107,7 @@ def print_test_info(p: Params, dev: BackendDevice, mtu: int, gid_index: int) -> 
             " Please run the same command with the IB/RoCE interface IP",
         ]
     lines.append(RESULT_LINE)
-    out("\n".join(lines))
+    out(p, "\n".join(lines))
 
 
 def print_dest(p: Params, side: str, d: PerftestDest) -> None:
@@ -117,17 +117,22 @@ def print_dest(p: Params, side: str, d: PerftestDest) -> None:
     if p.kind.verb in ("read", "write"):
         line += f" RKey {_c_hex(d.rkey, 8)} VAddr {_c_hex(d.vaddr, 16)}"
     gid = ":".join(f"{b:02d}" for b in d.gid.packed)
-    out(f"{line}\n GID: {gid}")
+    out(p, f"{line}\n GID: {gid}")
 
 
-def out(text: str) -> None:
-    print(text, flush=True)
+def out(p: Params, text: str, *, result: bool = False) -> None:
+    """Print `text`; with ``--output`` only a `result` (perftest's ``FULL_VERBOSITY`` checks)."""
+    if p.output is None or result:
+        print(text, flush=True)
 
 
 def bw_line(p: Params, rep: BwReport, rem: BwReport | None = None) -> str:
+    """``print_full_bw_report``'s line (with ``--output``, the one figure asked for)."""
     peak, avg, rate = rep.bw_peak, rep.bw_avg, rep.msg_rate
     if rem is not None:
         peak, avg, rate = peak + rem.bw_peak, avg + rem.bw_avg, rate + rem.msg_rate
+    if p.output is not None:
+        return f"{avg if p.output == 'bandwidth' else rate:f}"
     if p.gbits and avg < 0.1:
         return REPORT_FMT_EXT % (rep.size, rep.iters, peak, avg, rate)
     return REPORT_FMT % (rep.size, rep.iters, peak, avg, rate)
@@ -305,7 +310,7 @@ def run_bw(
 
     if not send:
         t.start = recv_start
-    pump(res.qps, on_wc, finished, oob_timeout(), f"{p.name}", idle=post_more)
+    pump(res.qps, on_wc, finished, oob_timeout(), f"{p.name}", idle=post_more, spin=spin_of(p))
     if t.phases is not None:
         t.start, t.end = t.phases.sample_start, t.phases.sample_end
     elif not send:
@@ -328,7 +333,7 @@ def bw_report(p: Params, size: int, t: BwTiming, *, peak: bool) -> BwReport:
     avg = size * n / elapsed / factor
     rate = n / elapsed / 1e6
     bw_peak = 0.0
-    if peak and p.duration is None and t.posted and t.completions:
+    if peak and not p.no_peak and p.duration is None and t.posted and t.completions:
         best = elapsed / n
         step = max(1, len(t.posted) // PEAK_SAMPLES)
         for i in range(0, len(t.posted), step):
@@ -353,10 +358,19 @@ def post_receives(res: Resources, size: int) -> None:
 
 
 def lat_report(p: Params, size: int, posted: list[float]) -> str:
-    """``print_report_lat``: deltas between consecutive posts, halved for round trips."""
+    """``print_report_lat``: deltas between consecutive posts, halved for round trips; with ``-U``
+    and ``-H`` each sample first (unsorted, then sorted less the tail), with ``--output`` the average."""
     rtt = 1 if p.kind.verb in ("read", "atomic") else 2
-    delta = sorted((b - a) * 1e6 / rtt for a, b in itertools.pairwise(posted))
+    samples = [(b - a) * 1e6 / rtt for a, b in itertools.pairwise(posted)]
+    delta = sorted(samples)
     m = len(delta) - LAT_MEASURE_TAIL
+    head = ""
+    if p.unsorted:
+        head += "#, usec\n" + "".join(f"{i + 1}, {d:g}\n" for i, d in enumerate(samples))
+    if p.histogram:
+        head += "#, usec\n" + "".join(f"{i + 1}, {d:g}\n" for i, d in enumerate(delta[: max(m, 0)]))
+    if head and p.output is None:
+        head += f"{RESULT_LINE}\n{RESULT_FMT_LAT}\n"
     if m < 1:
         raise CliError("too few iterations for a latency report")
     median = (delta[m // 2] + delta[m // 2 - 1]) / 2 if (m - 1) % 2 else delta[m // 2]
@@ -364,7 +378,11 @@ def lat_report(p: Params, size: int, posted: list[float]) -> str:
     # perftest squares the integer part of each deviation.
     stdev = math.sqrt(sum(int(avg - d) ** 2 for d in delta[:m]) / m)
     i99, i999 = math.ceil(m * 0.99), math.ceil(m * 0.999)
-    return REPORT_FMT_LAT % (size, p.iters, delta[0], delta[m], median, avg, stdev, delta[i99], delta[i999])
+    if p.output is not None:
+        return f"{head}{avg:f}"
+    return head + REPORT_FMT_LAT % (
+        size, p.iters, delta[0], delta[m], median, avg, stdev, delta[i99], delta[i999]
+    )  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -441,8 +459,12 @@ def run_lat(res: Resources, size: int, rem: PerftestDest, *, server: bool) -> La
     def over() -> bool:
         return phases is not None and time.perf_counter() >= phases.end
 
+    timeout = oob_timeout()
+    spin = spin_of(p)
+    gap = p.latency_gap * 1e-6
+
     def wait(cond: Callable[[], bool], what: str) -> None:
-        pump(res.qps, on_wc, lambda: cond() or over(), oob_timeout(), f"{p.name}: {what}")
+        pump(res.qps, on_wc, lambda: cond() or over(), timeout, f"{p.name}: {what}", spin=spin)
 
     scnt = rcnt = 0
     # write_lat: the server writes first; send_lat: the client sends first (perftest_resources.c).
@@ -457,6 +479,9 @@ def run_lat(res: Resources, size: int, rem: PerftestDest, *, server: bool) -> La
             else:
                 wait(functools.partial(_reached, state, "recv_done", rcnt), "waiting for the peer's send")
         if scnt < iters and not over():
+            if gap and posted:
+                while time.perf_counter() - posted[-1] < gap:
+                    pass  # perftest spins on the cycle counter for --latency_gap
             if verb == "write":
                 view[post_byte] = (scnt + 1) & 0xFF
             if phases is None:
@@ -465,6 +490,11 @@ def run_lat(res: Resources, size: int, rem: PerftestDest, *, server: bool) -> La
             scnt += 1
             wait(functools.partial(_reached, state, "send_done", scnt), "waiting for a completion")
     return run
+
+
+def spin_of(p: Params) -> float:
+    """Seconds a pump polls before it sleeps: `SPIN`, as `rdmakit bench`'s ends; none with ``-e``."""
+    return 0.0 if p.events else SPIN
 
 
 def _byte_is(view: memoryview, offset: int, value: int) -> bool:

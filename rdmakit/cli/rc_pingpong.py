@@ -20,15 +20,18 @@ device's only one, a verbs device's IPv4-mapped RoCEv2 GID).
 """
 
 import argparse
+import mmap
 import sys
 import time
 from collections.abc import Sequence
-from ipaddress import IPv6Address
 
-from rdmakit.cli.bench_qp import Memory, TestQp, oob_timeout, open_device, pump
-from rdmakit.cli.errors import CliError
+from rdmakit.cli.bench_qp import SPIN, Memory, TestQp, oob_timeout, open_device, pump
+from rdmakit.cli.errors import EXIT_USAGE, CliError
 from rdmakit.cli.lifecycle import run
 from rdmakit.cli.oob_messages import DONE, PINGPONG_MSG_LEN, OobFormatError, PingpongDest
+from rdmakit.cli.options import int_in
+from rdmakit.cli.tool_flags import RC_PINGPONG_FLAGS, add_unimplemented, refuse_given
+from rdmakit.doca._addresses import gid_text
 from rdmakit.doca.backend import BackendDevice
 from rdmakit.engine.types import SGE, Completion, RecvWR, SendWR, WcOpcode, WrOpcode
 from rdmakit.transport.oob import OobError, OobStream
@@ -36,15 +39,13 @@ from rdmakit.transport.oob import OobError, OobStream
 __all__ = ["main", "register"]
 
 DEF_PORT = 18515
+#: The page size ``-c`` marks and checks one byte of (``sysconf(_SC_PAGESIZE)``).
+PAGE = mmap.PAGESIZE
 RECV_WRID = 1
 SEND_WRID = 2
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+_int = int_in(-(1 << 63), (1 << 63) - 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,22 +62,19 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     """ibv_rc_pingpong's flags (its ``-l`` is the service level, as in the original)."""
     p.add_argument("server", nargs="?", help="the server's address (client); none: be the server")
     p.add_argument("-p", "--port", type=_int, default=DEF_PORT, help="listen on/connect to this port (18515)")
-    p.add_argument("-d", "--ib-dev", dest="device", help="device: a soft device's address, or a verbs device")
+    p.add_argument(
+        "-d", "--ib-dev", dest="device",
+        help="device: a soft device's address, or a verbs device (default: the first, as 'rdmakit devices')",
+    )  # fmt: skip
     p.add_argument("-i", "--ib-port", type=_int, default=1, help="port of the device (1)")
     p.add_argument("-s", "--size", type=_int, default=4096, help="message size (4096)")
     p.add_argument("-m", "--mtu", type=_int, default=1024, help="path MTU (1024)")
     p.add_argument("-r", "--rx-depth", type=_int, default=500, help="receives to post at a time (500)")
     p.add_argument("-n", "--iters", type=_int, default=1000, help="number of exchanges (1000)")
-    p.add_argument("-l", "--sl", type=_int, default=0, help="service level (no effect on RoCE)")
-    p.add_argument(
-        "-e", "--events", action="store_true", help="sleep on CQ events (rdmakit always waits when idle)"
-    )
-    p.add_argument("-g", "--gid-idx", type=_int, help="local port GID index")
-
-
-def gid_text(gid: IPv6Address) -> str:
-    """``inet_ntop(AF_INET6)``: IPv4-mapped GIDs end in dotted quad."""
-    return f"::ffff:{gid.ipv4_mapped}" if gid.ipv4_mapped is not None else str(gid)
+    p.add_argument("-g", "--gid-idx", type=_int, help="local port GID index (a soft device: rxe's, 1)")
+    p.add_argument("-c", "--chk", action="store_true", help="validate the received buffer")
+    p.add_argument("-e", "--events", action="store_true", help="sleep on CQ events (default: poll first)")
+    add_unimplemented(p, RC_PINGPONG_FLAGS)
 
 
 def _print_dest(side: str, d: PingpongDest) -> None:
@@ -93,14 +91,16 @@ def main(argv: Sequence[str]) -> int:
 
 
 def run_args(a: argparse.Namespace) -> int:
+    refuse_given(a, RC_PINGPONG_FLAGS)
     if a.mtu not in (256, 512, 1024, 2048, 4096):
-        raise CliError(f"invalid MTU {a.mtu}")
+        raise CliError(f"invalid MTU {a.mtu}", EXIT_USAGE)
     if not 1 <= a.size <= 1 << 30 or not 1 <= a.iters <= 1 << 31 or not 1 <= a.rx_depth <= 16384:
         raise CliError(
-            "size, iterations and rx depth must be positive (size up to 1 GiB, rx depth up to 16384)"
+            "size, iterations and rx depth must be positive (size up to 1 GiB, rx depth up to 16384)",
+            EXIT_USAGE,
         )
     if not 1 <= a.port <= 65535:
-        raise CliError(f"invalid port {a.port}")
+        raise CliError(f"invalid port {a.port}", EXIT_USAGE)
     dev = open_device(a.device, a.gid_idx, a.ib_port)
     try:
         return _run(a, dev)
@@ -113,6 +113,10 @@ def run_args(a: argparse.Namespace) -> int:
 def _run(a: argparse.Namespace, dev: BackendDevice) -> int:
     size, iters, rx_depth = a.size, a.iters, a.rx_depth
     mem = Memory(dev, size)
+    mem.view[:size] = b"\x7b" * size  # pp_init_ctx
+    if a.chk and a.server is not None:
+        for i in range(0, size, PAGE):
+            mem.view[i] = 0  # i / page_size % sizeof(char)
     tq = TestQp(dev, send_depth=1, recv_depth=rx_depth)
     try:
         tq.set_options(max_dest_rd_atomic=1, max_rd_atomic=1, min_rnr_timer=12, rnr_retry=7, hop_limit=1)
@@ -126,7 +130,7 @@ def _run(a: argparse.Namespace, dev: BackendDevice) -> int:
         t = oob_timeout()
         service_fd = tq.dev.pump.fileno() or -1
         if a.server is not None:
-            with OobStream.connect(a.server, a.port, t) as s:
+            with OobStream.connect(a.server, a.port, t, wait=False) as s:
                 s.send(mine.encode())
                 rem = PingpongDest.decode(s.recv_exact(PINGPONG_MSG_LEN, t, "the server's address"))
                 s.send(DONE)
@@ -168,11 +172,16 @@ def _run(a: argparse.Namespace, dev: BackendDevice) -> int:
                 state["pending"] = RECV_WRID | SEND_WRID
 
         start = time.perf_counter()
-        pump([tq], on_wc, lambda: state["rcnt"] >= iters and state["scnt"] >= iters, t, "rc-pingpong")
+        done = lambda: state["rcnt"] >= iters and state["scnt"] >= iters  # noqa: E731
+        pump([tq], on_wc, done, t, "the ping-pong", spin=0.0 if a.events else SPIN)
         usec = (time.perf_counter() - start) * 1e6
         nbytes = size * iters * 2
         print(f"{nbytes} bytes in {usec / 1e6:.2f} seconds = {nbytes * 8.0 / usec:.2f} Mbit/sec", flush=True)
         print(f"{iters} iters in {usec / 1e6:.2f} seconds = {usec / iters:.2f} usec/iter", flush=True)
+        if a.chk and a.server is None:
+            for i in range(0, size, PAGE):
+                if mem.view[i] != 0:
+                    print(f"invalid data in page {i // PAGE}", flush=True)
         return 0
     finally:
         tq.close()
@@ -183,8 +192,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p = sub.add_parser(
         "rc-pingpong",
         help="ibv_rc_pingpong: SEND ping-pong over an RC QP, wire-compatible with rdma-core's",
-        description="ibv_rc_pingpong with its flags (-p -d -i -g -s -m -r -n -l -e); "
-        "'rdmakit rc-pingpong -h' lists them.",
+        description="ibv_rc_pingpong with its flags (-p -d -i -g -s -m -r -n -l -e -c; the others are "
+        "accepted or refused with the reason); 'rdmakit rc-pingpong -h' lists them.",
         allow_abbrev=False,
     )
     add_flags(p)

@@ -28,14 +28,17 @@ server is asked to read must fit its own ``-S``.
 
 import argparse
 import contextlib
+import errno
 import ipaddress
 import struct
 import sys
 import time
 from collections.abc import Callable
 
-from rdmakit.cli.errors import CliError
+from rdmakit.cli.errors import EXIT_USAGE, CliError
 from rdmakit.cli.lifecycle import run
+from rdmakit.cli.options import int_in
+from rdmakit.cli.tool_flags import RPING_FLAGS, add_unimplemented, refuse_given
 from rdmakit.engine import (
     SGE,
     Access,
@@ -52,6 +55,8 @@ from rdmakit.engine import (
 from rdmakit.engine.cm_events import ACCEPT_CANDIDATES
 from rdmakit.transport.cma import CmaEvent, CmaEventKind, RdmaCm, route_source
 from rdmakit.transport.device import SoftDevice
+from rdmakit.transport.in_use import address_in_use
+from rdmakit.wire import ROCE_UDP_PORT
 
 __all__ = ["register"]
 
@@ -288,32 +293,38 @@ def _address(text: str) -> str:
         raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
 
 
+_integer = int_in(-(1 << 31), (1 << 31) - 1)  # rping's atoi() into an int
+
+
 def _size(text: str) -> int:
-    n = int(text)
+    n = _integer(text)
     if not MIN_SIZE <= n <= MAX_SIZE:
         raise argparse.ArgumentTypeError(f"Invalid size {n} (valid range is {MIN_SIZE} to {MAX_SIZE})")
     return n
 
 
 def _count(text: str) -> int:
-    n = int(text)
+    n = _integer(text)
     if n < 0:
         raise argparse.ArgumentTypeError(f"Invalid count {n}")
     return n
 
 
 def run_args(args: argparse.Namespace) -> int:
+    refuse_given(args, RPING_FLAGS)
     if args.server:
         if args.addr is None:
-            raise CliError("rping -s needs -a ADDR: the soft device's address to listen on")
+            raise CliError("rping -s needs -a ADDR: the soft device's address to listen on", EXIT_USAGE)
         ip = args.addr
     else:
         if args.addr is None:
-            raise CliError("rping -c needs -a ADDR: the server's address")
+            raise CliError("rping -c needs -a ADDR: the server's address", EXIT_USAGE)
         ip = args.source or route_source(args.addr)
     try:
         r = Rping(args, ip)
     except (EngineError, OSError) as e:
+        if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
+            raise CliError(address_in_use(ip, ROCE_UDP_PORT)) from None
         raise CliError(f"cannot open a soft RoCE device on {ip}: {e}") from None
     try:
         return _server(r) if args.server else _client(r, args.addr)
@@ -339,7 +350,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument(
         "-I", dest="source", type=_address, metavar="ADDR", help="source address to bind to for client"
     )
-    p.add_argument("-p", dest="port", type=int, default=DEFAULT_PORT, metavar="PORT", help="port (7174)")
+    p.add_argument(
+        "-p", dest="port", type=int_in(0, 65535), default=DEFAULT_PORT, metavar="PORT", help="port (7174)"
+    )
     p.add_argument(
         "-C", dest="count", type=_count, default=0, metavar="COUNT", help="ping count times (0: forever)"
     )
@@ -347,4 +360,5 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("-v", dest="verbose", action="count", default=0, help="display ping data to stdout")
     p.add_argument("-V", dest="validate", action="count", default=0, help="validate ping data")
     p.add_argument("-d", dest="debug", action="count", default=0, help="debug printfs")
+    add_unimplemented(p, RPING_FLAGS)
     p.set_defaults(handler=run(p, run_args))

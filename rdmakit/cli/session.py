@@ -8,10 +8,11 @@ events on the work queue's event handle (event-driven mode), with a deadline.
 
 import contextlib
 import ipaddress
+import re
 import time
 from collections.abc import Callable, Iterable
 
-from rdmakit.cli.errors import CliError
+from rdmakit.cli.errors import EXIT_USAGE, CliError
 from rdmakit.doca import (
     AccessFlag,
     Buf,
@@ -46,14 +47,21 @@ def _soft_spec(device: str) -> bool:
     return True
 
 
+#: What a verbs device's name looks like (``rxe0``, ``mlx5_0``, ``siw_eth0``): letters, then a number.
+_VERBS_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*[0-9]")
+
+
 def no_such_device(device: str) -> CliError:
-    """The error for a device that did not open: for a verbs name, why verbs may be missing."""
+    """The error for a device that did not open (a usage error): for a verbs device's name, why verbs
+    may be missing; for an address, that it is not one of this machine's."""
     hint = ""
-    if not _soft_spec(device):
+    if _soft_spec(device):
+        hint = ": not an address of this machine"
+    elif _VERBS_NAME.fullmatch(device):
         missing = pyverbs_missing()
         if missing is not None:
             hint = f"; verbs devices need pyverbs: {missing}"
-    return CliError(f"no such device: {device!r} (see 'rdmakit devices'){hint}")
+    return CliError(f"no such device: {device!r} (see 'rdmakit devices'){hint}", EXIT_USAGE)
 
 
 class ConnectionBroke(CliError):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from rdmakit.cli.errors import EXIT_TIMEOUT, CliError
+from rdmakit.cli.errors import EXIT_TIMEOUT, EXIT_USAGE, CliError
 from rdmakit.cli.peer_files import FOREIGN_FLAG, MAX_PEER_FILE, read_peer, trust
 from rdmakit.cli.publishing import hold, publish, writable_target
 from rdmakit.transport.user_files import UserFile, UserFileError, opened, read_bounded
@@ -89,6 +89,7 @@ class StatusFile:
         self.broke = False
         self.files: list[tuple[int, int]] = []
         self._fd: int | None = None
+        _refuse_live_owner(descriptor, run)
         self._write()
         hold(self)
 
@@ -155,6 +156,18 @@ class StatusFile:
         finally:
             os.close(self._fd)
             self._fd = None
+
+
+def _refuse_live_owner(descriptor: str | os.PathLike[str], run: Run) -> None:
+    """A descriptor path whose run still lives (it holds its status file's lock) is that run's: a
+    second program given the same ``-ld`` would take its peer over, so it stops before it writes."""
+    owner = read_status(descriptor, allow_foreign=True)
+    if owner.state == "running" and owner.run != run.run and (not owner.boot or owner.boot == run.boot):
+        raise CliError(
+            f"{descriptor} is the descriptor of a run still going ({owner.who()}): give this one another "
+            "path, or end that run first",
+            EXIT_USAGE,
+        )
 
 
 @dataclass(frozen=True, slots=True)

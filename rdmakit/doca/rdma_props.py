@@ -267,7 +267,8 @@ class RdmaPropsApi(RdmaCmApi):
         if dev.backend.gid_at(gid_index) is None:
             raise DocaError(
                 DocaErrorCode.INVALID_VALUE,
-                f"{dev.name} has no RoCE v2 GID at index {gid_index} (its GIDs: {len(dev.backend.gids)})",
+                f"{dev.name} has no RoCE v2 GID at index {gid_index} "
+                f"(it has {len(dev.backend.gids)}, at index 0 to {len(dev.backend.gids) - 1})",
             )
 
     @property

@@ -17,6 +17,7 @@ Mersenne Twister, whose state 624 consecutive outputs give away. The sans-IO
 engine takes whatever source it is handed, so tests still replay from a seed.
 """
 
+import errno
 import ipaddress
 import itertools
 import random
@@ -45,6 +46,7 @@ from rdmakit.engine.types import SGE
 from rdmakit.transport.connect import ConnectOptions, Endpoint, connect_qp, init_qp, local_endpoint
 from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
+from rdmakit.transport.in_use import address_in_use
 from rdmakit.transport.port import TransportName
 from rdmakit.wire import PSN_MASK, ROCE_UDP_PORT
 
@@ -84,6 +86,8 @@ def _acquire(transport: TransportName, ip: str, port: int) -> SoftDevice:
     try:
         dev = SoftDevice(ip, transport=transport, port=port, rng=random.SystemRandom())
     except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise DocaError(DocaErrorCode.IN_USE, address_in_use(ip, port), Fault.CALLER) from e
         raise error_from_os(e, f"cannot open a {transport} soft device on {ip}:{port}") from e
     with _lock:
         _shared[key] = (dev, 1)

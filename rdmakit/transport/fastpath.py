@@ -121,7 +121,7 @@ CODEC: SegmentCodec = NATIVE if NATIVE is not None else PYTHON
 
 
 def describe() -> str:
-    """One line for ``rdmakit devices -V`` and the benchmark header."""
+    """One line for ``rdmakit devices --verbose`` and the benchmark header."""
     if native is None:
         why = "switched off" if os.environ.get("RDMAKIT_PURE_PYTHON", "") not in ("", "0") else "not built"
         return f"pure Python ({why})"

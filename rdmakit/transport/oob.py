@@ -34,8 +34,9 @@ class OobStream:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     @classmethod
-    def connect(cls, host: str, port: int, timeout: float) -> "OobStream":
-        """Connect to `host`:`port`, retrying while refused until `timeout` (the server may start later)."""
+    def connect(cls, host: str, port: int, timeout: float, *, wait: bool = True) -> "OobStream":
+        """Connect to `host`:`port`, retrying while refused until `timeout` (the server may start
+        later); without `wait`, a refusal ends it at once, as the C tools' single ``connect()``."""
         deadline = time.monotonic() + timeout
         last: OSError | None = None
         while True:
@@ -46,6 +47,11 @@ class OobStream:
             try:
                 sock = socket.create_connection((host, port), timeout=left)
             except (ConnectionRefusedError, TimeoutError) as e:
+                if not wait and isinstance(e, ConnectionRefusedError):
+                    raise OobError(
+                        f"Couldn't connect to {host}:{port}: {e.strerror or e} "
+                        "(no server listens there: start the server first)"
+                    ) from e
                 last = e
                 time.sleep(min(0.05, max(left, 0)))
                 continue

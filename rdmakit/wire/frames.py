@@ -4,16 +4,21 @@
 Linux cooked v1/v2, raw IP, BSD loopback) and returns the RoCEv2 datagram it
 carries, with everything the ICRC covers, or None for other traffic. IPv4
 packets with options are returned with ``icrc_ok`` None: rxe assumes a
-20-byte header, so their ICRC is undefined.
+20-byte header, so their ICRC is undefined. A UD SEND ONLY (the connection
+manager's QP1 traffic) is decoded with its DETH (`rdmakit.wire.ud`) and, when
+its payload is a CM MAD, the MAD (`rdmakit.wire.cm`); `describe_ud` prints
+both with every field the message sets.
 """
 
 import struct
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
 
+from .cm import CmaHeader, CmAttr, CmMad, RejReason, decode_cm
 from .errors import WireError
 from .icrc import IP_PROTO_UDP, ROCE_UDP_PORT, icrc_of_ip_packet, unpack_icrc
 from .packet import BTH_LEN, ICRC_LEN, Packet, decode
+from .ud import GSI_QPN, UD_SEND_ONLY, UdSend, decode_ud_send
 
 LINKTYPE_NULL = 0
 LINKTYPE_ETHERNET = 1
@@ -33,10 +38,17 @@ class RoceDatagram:
     dport: int
     ip_id: int | None  # IPv4 only
     df: bool | None
-    packet: Packet | None  # None when the BTH and what follows do not decode
-    error: str  # why ``packet`` is None
+    packet: Packet | None  # None when the BTH and what follows do not decode (or a UD SEND)
+    error: str  # why neither ``packet`` nor ``ud`` is there
     icrc: int
     icrc_ok: bool | None  # None when the ICRC is undefined (IPv4 options)
+    ud: UdSend | None = None  # a UD SEND ONLY with its DETH
+    mad: CmMad | None = None  # the CM MAD a UD SEND to QP1 carries
+    mad_error: str = ""  # why a QP1 payload is not a CM MAD
+
+    @property
+    def decoded(self) -> bool:
+        return self.packet is not None or self.ud is not None
 
 
 def _ip_offset(linktype: int, frame: bytes) -> int | None:
@@ -106,13 +118,67 @@ def parse_frame(linktype: int, frame: bytes, port: int = ROCE_UDP_PORT) -> RoceD
     icrc_ok: bool | None = None
     if version == 6 or ihl == 20:
         icrc_ok = icrc_of_ip_packet(frame[off : end - ICRC_LEN]) == icrc
+    pkt: Packet | None = None
+    ud: UdSend | None = None
+    mad: CmMad | None = None
+    error = mad_error = ""
     try:
-        pkt: Packet | None = decode(body[:-ICRC_LEN])
-        error = ""
+        if body[0] == UD_SEND_ONLY:
+            ud = decode_ud_send(body[:-ICRC_LEN])
+            if ud.dest_qp == GSI_QPN:
+                try:
+                    mad = decode_cm(ud.payload)
+                except WireError as e:
+                    mad_error = str(e)
+        else:
+            pkt = decode(body[:-ICRC_LEN])
     except WireError as e:
-        pkt, error = None, str(e)
+        error = str(e)
     return RoceDatagram(src=src, dst=dst, sport=sport, dport=dport, ip_id=ip_id, df=df, packet=pkt,
-                        error=error, icrc=icrc, icrc_ok=icrc_ok)  # fmt: skip
+                        error=error, icrc=icrc, icrc_ok=icrc_ok, ud=ud, mad=mad,
+                        mad_error=mad_error)  # fmt: skip
+
+
+def describe_ud(ud: UdSend, mad: CmMad | None, mad_error: str = "") -> str:
+    """One line of a UD SEND ONLY: BTH, DETH and, to QP1, the CM MAD with every field it sets
+    (IBTA §9.3.3 DETH; §12.6 the CM messages, their fields named as in `rdmakit.wire.cm`)."""
+    parts = [
+        f"UD_SEND_ONLY QP={ud.dest_qp:#08x} PSN={ud.psn}",
+        f"DETH(qkey={ud.qkey:#010x} src_qp={ud.src_qp:#08x})",
+    ]
+    if mad is None:
+        if mad_error:
+            parts.append(f"MAD?({mad_error})")
+        parts.append(f"payload={len(ud.payload)}")
+        return " ".join(parts)
+    fields = [f"tid={mad.tid:#x}"] + [
+        f"{name}={_field_text(mad.attr, name, value)}" for name, value in mad.values.items()
+    ]
+    if mad.attr is CmAttr.REQ:
+        try:
+            h = CmaHeader.decode(mad.private_data)
+            fields.append(f"cma_hdr(src={h.src}:{h.src_port} dst={h.dst})")
+        except WireError:
+            pass
+    used = len(mad.private_data.rstrip(b"\0"))
+    if used:
+        fields.append(f"private_data={used}")
+    parts.append(f"CM {mad.attr.name}({' '.join(fields)})")
+    return " ".join(parts)
+
+
+def _field_text(attr: CmAttr, name: str, value: int) -> str:
+    if attr is CmAttr.REJ and name == "reason":
+        try:
+            return f"{value}({RejReason(value).name})"
+        except ValueError:
+            return str(value)
+    if name.endswith("_gid"):
+        gid = IPv6Address(value)
+        return f"::ffff:{gid.ipv4_mapped}" if gid.ipv4_mapped is not None else str(gid)
+    if name.endswith(("guid", "service_id", "comm_id", "qpn", "qkey", "psn")):
+        return f"{value:#x}"
+    return str(value)
 
 
 def describe(pkt: Packet) -> str:

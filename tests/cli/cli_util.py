@@ -73,3 +73,23 @@ def env_without_pythonpath() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     return env
+
+
+def tcp_listening(port: int) -> bool:
+    """Whether some socket of this machine listens on TCP `port` (``/proc/net/tcp``, ``tcp6``)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # TCP_LISTEN
+                return True
+    return False
+
+
+def wait_listening(port: int, proc: subprocess.Popen[str], timeout: float = 120.0) -> None:
+    """Until `proc` (a server) listens on TCP `port`, or exits: the C tools' clients, and rdmakit's,
+    connect once and fail at once when nothing listens."""
+    wait_until(lambda: tcp_listening(port) or proc.poll() is not None, timeout, f"a server on TCP {port}")

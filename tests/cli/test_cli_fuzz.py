@@ -177,7 +177,12 @@ def command_table(ips: list[str]) -> dict[str, tuple[list[Option], list[str]]]:
         name: (sample_options(name, ips), []) for name in SAMPLES
     }
     table["devices"] = (
-        [flag("--json"), flag("-V"), valued("-l", LEVELS), ("name", lambda _p: TEXT.map(lambda t: [t]))],
+        [
+            flag("--json"),
+            flag("--verbose"),
+            valued("-l", LEVELS),
+            ("name", lambda _p: TEXT.map(lambda t: [t])),
+        ],
         [],
     )
     table["capture"] = (

@@ -177,7 +177,7 @@ def test_a_closed_stdout_is_not_an_error() -> None:
     os.close(r)
     try:
         p = subprocess.run(
-            [sys.executable, "-m", "rdmakit", "devices", "-V"],
+            [sys.executable, "-m", "rdmakit", "devices", "--verbose"],
             stdout=w, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
         )  # fmt: skip
     finally:
@@ -190,7 +190,7 @@ def test_version_names_the_data_plane() -> None:
     rc, out, _err = run_once("--version")
     assert rc == 0
     assert "UDP data plane: " in out
-    rc, out, _err = run_once("devices", "-V")
+    rc, out, _err = run_once("devices", "--verbose")
     assert "UDP data plane: " in out
 
 

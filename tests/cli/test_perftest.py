@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.cli.cli_util import wait_listening
 from tests.cli.perftest_output import PP_ADDR, PP_BYTES, PP_ITERS, parse_perftest
 
 
@@ -46,6 +47,7 @@ def run_pair(
     port = str(free_port())
     server_ip, client_ip = new_ip(), new_ip()
     server = rdmakit(*command, "-d", server_ip, "-p", port, *flags)
+    wait_listening(int(port), server)
     client = rdmakit(*command, "-d", client_ip, "-p", port, *flags, "127.0.0.1")
     c = finish(client)
     s = finish(server)

@@ -55,7 +55,7 @@ def test_flags_are_checked() -> None:
     assert rc == 2
     assert "Invalid size 5" in err
     rc, _, err = run_once("rping", "-s")
-    assert rc == 1
+    assert rc == 2
     assert err == "rdmakit rping: rping -s needs -a ADDR: the soft device's address to listen on"
 
 

@@ -193,7 +193,7 @@ def test_garbage_descriptor_is_one_line_naming_file_and_field(
 @pytest.mark.parametrize("device", ["10.250.1.1", "mlx5_42", "tcp:nowhere"])
 def test_a_device_that_does_not_exist(device: str) -> None:
     rc, _out, err = run_once("rdma-receive", "-d", device, "--timeout", "1")
-    assert rc == 1
+    assert rc == 2
     assert err.startswith(f"rdmakit rdma-receive: no such device: {device!r} (see 'rdmakit devices')")
     assert len(err.splitlines()) == 1
 
@@ -204,7 +204,7 @@ def test_a_verbs_device_without_pyverbs_names_the_install_script() -> None:
     if pyverbs_missing() is None:
         pytest.skip("pyverbs is installed here")
     rc, _out, err = run_once("rdma-receive", "-d", "rxe0", "--timeout", "1")
-    assert rc == 1
+    assert rc == 2
     assert "pyverbs" in err
     assert "scripts/install-verbs-deps.sh" in err
 

@@ -108,7 +108,7 @@ def test_list_without_scapy() -> None:
 @pytest.mark.parametrize(
     ("args", "status", "words"),
     [
-        ((), 1, "give --self, or --target"),
+        ((), 2, "give --self, or --target"),
         (("--seed", "x"), 2, "invalid int value"),
         (("--self", "--deviations", "/nonexistent/dev.json"), 1, "deviations file"),
         (("--target", "tcp:127.0.0.1:1", "--dut-ip", "127.0.0.1", "--tester-ip", "127.0.0.1",

@@ -122,6 +122,17 @@ def _wait_listening(guest: LabGuest, port: int, proc: subprocess.Popen[str]) -> 
     raise AssertionError(f"the host server never listened on {port}")
 
 
+def _wait_guest_listening(guest: LabGuest, port: int) -> None:
+    """Until the C server in the guest listens on `port`: rdmakit's client, as the C tools', connects
+    once and fails at once when nothing listens."""
+    for _ in range(300):
+        out = guest.run("ss", "-Hltn", f"sport = :{port}", timeout=60).stdout
+        if out.strip():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the guest's server never listened on {port}")
+
+
 class ClockFitFailed(Exception):
     """The C tool could not fit its clock (TCG on a busy host): the run says nothing about rdmakit."""
 
@@ -160,6 +171,8 @@ def _run_pair(guest: LabGuest, tool: str, flags: list[str], role: str) -> tuple[
     else:
         job = guest.start(*c_cmd, timeout=600)
         try:
+            if "-R" not in flags:
+                _wait_guest_listening(guest, port)
             h = subprocess.run(
                 [*host_cmd, *host_args, GUEST_ADDR],
                 capture_output=True,
