@@ -9,6 +9,7 @@ the QPs produced. Connection set-up is :mod:`rdmakit.transport.connect`.
 
 import ipaddress
 import random
+import time
 from collections.abc import Iterable
 
 from rdmakit.engine import CompletionQueue, EngineError, ProtectionDomain, QpCaps, QpState, QueuePair
@@ -161,10 +162,14 @@ class SoftDevice:
     def fileno(self) -> int:
         return self._port.fileno()
 
-    def close(self) -> None:
+    def close(self, now: float | None = None) -> None:
+        """Close the device; its connected CM connections send their DREQ first (``now``: the
+        pump's clock, ``time.monotonic()`` by default)."""
         if self.closed:
             return
         self.closed = True
+        if self.gsi is not None:
+            self.gsi.close(time.monotonic() if now is None else now)
         for qp in list(self._qps.values()):
             if qp.state is not QpState.RESET:
                 qp.modify(QpState.ERR)
