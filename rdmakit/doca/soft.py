@@ -284,6 +284,7 @@ class SoftBackendDevice:
             caps = QpCaps(
                 max_send_wr=caps.max_send_wr, max_recv_wr=caps.max_recv_wr, max_send_sge=caps.max_send_sge,
                 max_recv_sge=caps.max_recv_sge, large_mtu=True, max_unacked_psns=caps.max_unacked_psns,
+                congestion_control=False,  # TCP's own
             )  # fmt: skip
         qp = SoftBackendQP(self, caps)
         self._qps.append(qp)

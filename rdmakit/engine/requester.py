@@ -34,6 +34,7 @@ from enum import IntEnum
 
 from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet, Train
 
+from .congestion import PACKET_OVERHEAD, Dcqcn, RttEstimator, Window
 from .context import QpContext
 from .timers import INFINITE_RETRY, MAX_PKT_PER_ACK, rnr_delay, transport_timeout
 from .types import SendWR, WcOpcode, WcStatus, WrOpcode
@@ -183,17 +184,20 @@ class Requester:
     """Send-side state of one QP; transmit, rewind and the retry counters."""
 
     __slots__ = (
-        "comp_opcode", "comp_psn", "draining", "fast", "max_rd_atomic", "mtu", "need_retry", "next_idx",
-        "noack", "qp", "rd_out", "req_off", "req_psn", "retry_cnt", "retry_left", "rexmit_deadline",
-        "rnr_deadline", "rnr_left", "rnr_retry", "sent_hwm", "sq", "started_retry", "timeout",
+        "acked_mark", "cc", "cc_on", "comp_opcode", "comp_psn", "draining", "fast", "max_rd_atomic",
+        "mtu", "need_retry", "next_idx", "noack", "pace_deadline", "qp", "rate", "rd_out", "req_off",
+        "req_psn", "retry_cnt", "retry_left", "rexmit_deadline", "rnr_deadline", "rnr_left",
+        "rnr_retry", "rtt", "rtt_psn", "rtt_sent", "sent_hwm", "sq", "started_retry", "timeout",
         "window",
     )  # fmt: skip
 
-    def __init__(self, qp: QpContext, window: int, fast: bool = True) -> None:
+    def __init__(self, qp: QpContext, window: int, fast: bool = True, congestion: bool = True) -> None:
         self.qp = qp
         self.window = window
         #: Runs of MIDDLE packets take the tight loop (``QpCaps.fast_paths``).
         self.fast = fast
+        #: The congestion window and the DCQCN rate apply (``QpCaps.congestion_control``).
+        self.cc_on = congestion
         self.sq: deque[SendWqe] = deque()
         self.reset()
 
@@ -218,6 +222,21 @@ class Requester:
         self.draining = False
         self.rexmit_deadline: float | None = None
         self.rnr_deadline: float | None = None
+        #: While the DCQCN rate holds the next packet back: when it may leave.
+        self.pace_deadline: float | None = None
+        self.cc = Window(self.window)
+        self.rtt = RttEstimator()
+        self.rate = Dcqcn()
+        #: ``comp_psn`` as the window last counted it (PSNs past it are newly acknowledged).
+        self.acked_mark = 0
+        #: The PSN being timed for a round-trip sample and when it first left (Karn's rule).
+        self.rtt_psn: int | None = None
+        self.rtt_sent = 0.0
+
+    def set_psn(self, psn: int) -> None:
+        """The send queue's first PSN (``sq_psn``)."""
+        self.req_psn = self.comp_psn = self.sent_hwm = self.acked_mark = psn
+        self.rtt_psn = None
 
     def set_timeout(self, timeout: int) -> None:
         self.timeout = transport_timeout(timeout)
@@ -231,13 +250,38 @@ class Requester:
     def deadline(self) -> float | None:
         r, t = self.rnr_deadline, self.rexmit_deadline
         if r is None:
-            return t
-        return r if t is None or r < t else t
+            best = t
+        else:
+            best = r if t is None or r < t else t
+        p = self.pace_deadline
+        if p is not None and (best is None or p < best):
+            return p
+        return best
+
+    def rexmit_timeout(self) -> float | None:
+        """The retransmit timer: the local ACK timeout, or the measured path's RFC 6298
+        timeout where that is longer (``congestion`` explains why), None when disabled."""
+        t = self.timeout
+        if t is None:
+            return None
+        rto = self.rtt.rto()
+        return rto if rto is not None and rto > t else t
 
     def restart_timer(self, now: float) -> None:
-        """Progress was made: time the oldest unacknowledged PSN afresh, or stop the timer."""
-        if self.timeout is not None and self.req_psn != self.comp_psn and self.rnr_deadline is None:
-            self.rexmit_deadline = now + self.timeout
+        """Progress was made: count what was acknowledged, time the oldest unacknowledged PSN
+        afresh, or stop the timer."""
+        comp = self.comp_psn
+        acked = (comp - self.acked_mark) & _MASK
+        if acked and acked < _HALF:
+            self.acked_mark = comp
+            if self.cc_on:
+                self.cc.on_ack(acked)
+            timed = self.rtt_psn
+            if timed is not None and 0 < (comp - timed) & _MASK < _HALF:
+                self.rtt.sample(now - self.rtt_sent)
+                self.rtt_psn = None
+        if self.timeout is not None and self.req_psn != comp and self.rnr_deadline is None:
+            self.rexmit_deadline = now + (self.rexmit_timeout() or self.timeout)
         else:
             self.rexmit_deadline = None
 
@@ -262,6 +306,13 @@ class Requester:
                 self.need_retry = True
                 self.started_retry = True
                 self.qp.stats.retries += 1
+                self.rtt_psn = None  # Karn: no sample across a retransmission
+                if self.cc_on:
+                    in_flight = (self.sent_hwm - self.comp_psn) & _MASK
+                    if timeout:
+                        self.cc.on_timeout(in_flight)
+                    else:
+                        self.cc.on_loss(in_flight)
         else:
             self.qp.fail_send(WcStatus.RETRY_EXC_ERR)
 
@@ -272,11 +323,15 @@ class Requester:
                 self.rnr_left -= 1
             self.rnr_deadline = now + rnr_delay(code)
             self.rexmit_deadline = None
+            self.rtt_psn = None
             self.need_retry = True
         else:
             self.qp.fail_send(WcStatus.RNR_RETRY_EXC_ERR)
 
     def on_timer(self, now: float) -> None:
+        p = self.pace_deadline
+        if p is not None and now >= p:
+            self.pace_deadline = None
         r = self.rnr_deadline
         if r is not None and now >= r:
             self.rnr_deadline = None
@@ -316,14 +371,30 @@ class Requester:
         as one :class:`~rdmakit.wire.Train` (the same packets, see
         ``Train.packets``); the count still counts packets.
         """
-        if self.rnr_deadline is not None:
+        if self.rnr_deadline is not None or self.pace_deadline is not None:
             return 0
+        mtu = self.mtu
+        window = self.window
+        # AckReq at least every ``per_ack + 2`` packets: rxe's 66, or half the congestion
+        # window, so that acknowledgements keep a small window open (RFC 5681 §4.2).
+        per_ack = MAX_PKT_PER_ACK
+        rate = self.rate
+        if self.cc_on:
+            cwnd = self.cc.packets()
+            if cwnd < window:
+                window = cwnd
+                if cwnd < 2 * MAX_PKT_PER_ACK + 4:
+                    per_ack = max(cwnd // 2, 1) - 2
+            if rate.rate is not None and (self.next_idx < len(self.sq) or self.need_retry):
+                allowed = int(rate.allowance(now) // (mtu + PACKET_OVERHEAD))
+                if allowed < 1:
+                    self.pace_deadline = rate.next_send(now, mtu + PACKET_OVERHEAD)
+                    return 0
+                budget = min(budget, allowed)
         if self.need_retry:
             self.rewind()
         sq = self.sq
         nsq = len(sq)
-        mtu = self.mtu
-        window = self.window
         dqpn = self.qp.dest_qpn
         psn = self.req_psn
         comp = self.comp_psn
@@ -348,8 +419,8 @@ class Requester:
                             ops = wqe.ops
                             assert ops is not None
                             noack = self.noack
-                            every = MAX_PKT_PER_ACK + 2
-                            first = max(MAX_PKT_PER_ACK + 1 - noack, 0)
+                            every = per_ack + 2
+                            first = max(per_ack + 1 - noack, 0)
                             if first < m:
                                 noack = m - 1 - (first + (m - 1 - first) // every * every)
                             else:
@@ -384,7 +455,7 @@ class Requester:
                         if window <= d < _HALF:
                             blocked = True
                             break
-                        ackreq = noack > MAX_PKT_PER_ACK
+                        ackreq = noack > per_ack
                         noack = 0 if ackreq else noack + 1
                         out.append(_new_packet(Packet, (
                             op, dqpn, psn, ackreq, False, False, 0xFFFF, False, False,
@@ -434,7 +505,7 @@ class Requester:
                 else:
                     last = False
                     size = mtu
-                    ackreq = self.noack > MAX_PKT_PER_ACK
+                    ackreq = self.noack > per_ack
                     self.noack += 1
                 ops = wqe.ops
                 assert ops is not None
@@ -499,9 +570,14 @@ class Requester:
         if n:
             self.next_idx = idx
             self.req_psn = psn
-            self.sent_hwm = hwm
+            if hwm != self.sent_hwm:
+                if self.rtt_psn is None:
+                    self.rtt_psn, self.rtt_sent = self.sent_hwm, now  # its first new PSN
+                self.sent_hwm = hwm
             if retrans:
                 self.qp.stats.retransmits += retrans
             if self.rexmit_deadline is None and self.timeout is not None:
-                self.rexmit_deadline = now + self.timeout
+                self.rexmit_deadline = now + (self.rexmit_timeout() or self.timeout)
+            if self.cc_on:
+                rate.sent(n * (mtu + PACKET_OVERHEAD), now)
         return n

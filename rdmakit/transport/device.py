@@ -113,7 +113,8 @@ class SoftDevice:
         while qpn < 2 or qpn in self._qps:  # QPN 0 and 1 are special (IBTA §3.5.3)
             qpn = self.rng.getrandbits(24)
         if caps is None:
-            caps = QpCaps(large_mtu=self.transport == "tcp")
+            tcp = self.transport == "tcp"
+            caps = QpCaps(large_mtu=tcp, congestion_control=not tcp)  # TCP controls its own
         qp = QueuePair(pd or self.pd, qpn=qpn, send_cq=send_cq, recv_cq=recv_cq, caps=caps, rng=self.rng)
         self._qps[qpn] = qp
         return qp
