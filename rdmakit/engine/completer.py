@@ -30,7 +30,8 @@ from rdmakit.wire import (
 )
 
 from .context import QpContext
-from .requester import ATOMIC, POSTED, READ, SEND_WRITE, Requester, SendWqe, scatter
+from .memory import scatter
+from .requester import ATOMIC, POSTED, READ, SEND_WRITE, Requester, SendWqe
 from .types import WcStatus
 
 _MASK = PSN_MASK
@@ -143,7 +144,7 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
             # The response to this READ/atomic was lost: the responder has
             # already answered later requests (implied NAK, IBTA §9.7.5.1.4).
             stats.implied_naks += 1
-            req.error_retry(False)
+            req.error_retry(now, False)
             return
         req.reset_retry_counters()
         if psn_diff(wqe.last_psn, req.comp_psn) >= 0:
@@ -202,7 +203,7 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
                     req.comp_psn = psn
                     req.comp_opcode = None
                     req.restart_timer(now)
-                req.error_retry(False)
+                req.error_retry(now, False)
             else:
                 qp.fail_send(NAK_STATUS.get(code, WcStatus.REM_OP_ERR))  # type: ignore[call-overload]
         else:

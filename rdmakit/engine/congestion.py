@@ -43,6 +43,9 @@ K_LOSS_REDUCTION_FACTOR = 0.5
 
 # -- the round trip (RFC 6298 §2) --
 
+#: The delivery rate's maximum keeps this much of itself per round trip without a higher sample.
+K_RATE_DECAY = 0.9
+
 #: RFC 6298 alpha: the gain of the smoothed round trip.
 K_RTT_ALPHA = 1 / 8
 #: RFC 6298 beta: the gain of the round-trip variation.
@@ -51,6 +54,8 @@ K_RTT_BETA = 1 / 4
 K_RTO_VARIANCE = 4
 #: RFC 9002 kGranularity: the least variation term, seconds.
 K_GRANULARITY = 0.001
+#: RFC 6298 §2.5: a maximum may be placed on the timer, provided it is at least 60 s.
+K_MAX_RTO = 60.0
 
 # -- DCQCN (Zhu et al. 2015, §3 and the parameters of §5) --
 
@@ -86,7 +91,7 @@ _RECOVERED = 0.99
 class Window:
     """A NewReno congestion window in packets (RFC 5681 §3.1, RFC 6582), at most ``limit``."""
 
-    __slots__ = ("cwnd", "limit", "recovery_end", "ssthresh")
+    __slots__ = ("cwnd", "limit", "recovery_until", "slow_restart", "ssthresh")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -94,9 +99,12 @@ class Window:
         # before the first loss, so a clean path sends exactly what rxe sends.
         self.cwnd = float(limit)
         self.ssthresh = math.inf
-        #: While a recovery period runs: the PSN distance, from the cut's ``comp_psn``, that
-        #: ends it (the requester counts it down as PSNs are acknowledged).
-        self.recovery_end = 0
+        #: A recovery period: losses before this time belong to the window already cut. Go-back-N
+        #: resends the same PSNs, so the period is one round trip, not "until a packet sent
+        #: after the cut is acknowledged" (RFC 9002 §7.3.2).
+        self.recovery_until = -math.inf
+        #: The period began with a timeout: slow start runs in it (RFC 5681 §3.1).
+        self.slow_restart = False
 
     def set_limit(self, limit: int) -> None:
         """The spec's window changed; before any loss the congestion window follows it."""
@@ -107,14 +115,9 @@ class Window:
     def packets(self) -> int:
         return max(int(self.cwnd), 1)
 
-    @property
-    def in_recovery(self) -> bool:
-        return self.recovery_end > 0
-
-    def on_ack(self, acked: int) -> None:
+    def on_ack(self, acked: int, now: float) -> None:
         """``acked`` PSNs were newly acknowledged (RFC 9002 §7.3.1-§7.3.3)."""
-        if self.recovery_end > 0:
-            self.recovery_end = max(self.recovery_end - acked, 0)
+        if now < self.recovery_until and not self.slow_restart:
             return  # no growth while recovering (RFC 9002 OnPacketsAcked)
         if self.cwnd < self.ssthresh:
             self.cwnd += acked
@@ -123,41 +126,78 @@ class Window:
         if self.cwnd > self.limit:
             self.cwnd = float(self.limit)
 
-    def on_loss(self, in_flight: int) -> bool:
-        """A NAK-sequence error or implied NAK: halve once per window (RFC 9002 §7.3.2).
-
-        ``in_flight``: PSNs sent and not acknowledged, the extent of this recovery
-        period. False if a recovery period already covers this loss.
-        """
-        if self.recovery_end > 0:
+    def on_loss(self, now: float, rtt: float, floor: float = 0.0) -> bool:
+        """A NAK-sequence error or implied NAK: halve once per round trip (RFC 9002 §7.3.2),
+        never below ``floor``, the path's measured bandwidth-delay product
+        (``DeliveryRate.bdp``). False if a recovery period already covers this loss."""
+        if now < self.recovery_until:
             return False
-        self.cwnd = max(self.cwnd * K_LOSS_REDUCTION_FACTOR, K_MINIMUM_WINDOW)
+        self.cwnd = min(max(self.cwnd * K_LOSS_REDUCTION_FACTOR, floor, K_MINIMUM_WINDOW), self.cwnd)
         self.ssthresh = self.cwnd
-        self.recovery_end = max(in_flight, 1)
+        self.recovery_until = now + rtt
+        self.slow_restart = False
         return True
 
-    def on_timeout(self, in_flight: int) -> None:
+    def on_timeout(self, now: float, rtt: float, floor: float = 0.0) -> None:
         """The retransmit timer expired: restart from the minimum (RFC 5681 §3.1, eq. 4; RFC 9002
-        §7.6.2 persistent congestion)."""
-        self.ssthresh = max(self.cwnd * K_LOSS_REDUCTION_FACTOR, K_MINIMUM_WINDOW)
+        §7.6.2 persistent congestion); slow start climbs back to half the window, or to
+        ``floor`` (the measured bandwidth-delay product) where that is more."""
+        self.ssthresh = max(self.cwnd * K_LOSS_REDUCTION_FACTOR, min(floor, self.cwnd), K_MINIMUM_WINDOW)
         self.cwnd = float(K_MINIMUM_WINDOW)
-        self.recovery_end = max(in_flight, 1)
+        self.recovery_until = now + rtt
+        self.slow_restart = True
+
+
+class DeliveryRate:
+    """PSNs acknowledged per second, a decaying maximum over round trips (as BBR's filter,
+    Cardwell et al., ACM Queue 14(5), 2016); ``bdp`` is that rate times the least round trip.
+
+    Random loss leaves the delivery rate as it was: the window is not cut below the pipe
+    it fills, and go-back-N with a window near the bandwidth-delay product keeps its
+    efficiency (Mittal et al. 2018). A queue that overflows bounds the delivery rate at
+    the bottleneck's: the window then comes down to what the path holds.
+    """
+
+    __slots__ = ("acked", "best", "start")
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.acked = 0
+        self.best = 0.0
+
+    def on_ack(self, acked: int, now: float, rtt: float | None) -> None:
+        start = self.start
+        if start is None:
+            self.start, self.acked = now, 0
+            return
+        self.acked += acked
+        span = now - start
+        if rtt is not None and span >= rtt and span > 0:
+            rate = self.acked / span
+            self.best = max(rate, self.best * K_RATE_DECAY)
+            self.start, self.acked = now, 0
+
+    def bdp(self, min_rtt: float) -> float:
+        """Packets in flight that keep the path full, 0 while unknown."""
+        return self.best * min_rtt if min_rtt < math.inf else 0.0
 
 
 class RttEstimator:
     """RFC 6298's round-trip estimate; ``rto()`` is None before the first sample."""
 
-    __slots__ = ("latest", "smoothed", "variation")
+    __slots__ = ("latest", "minimum", "smoothed", "variation")
 
     def __init__(self) -> None:
         self.smoothed: float | None = None
         self.variation = 0.0
         self.latest = 0.0
+        self.minimum = math.inf
 
     def sample(self, rtt: float) -> None:
         if rtt < 0:
             return
         self.latest = rtt
+        self.minimum = min(self.minimum, rtt)
         s = self.smoothed
         if s is None:
             self.smoothed = rtt
@@ -222,12 +262,13 @@ class Dcqcn:
         self.bytes_since = 0
 
     def _measured(self, now: float) -> float:
-        start = self.sample_at
         if self.sample_rate:
             return self.sample_rate
-        if start is not None and now > start and self.sample_bytes:
-            return self.sample_bytes / (now - start)
-        return DCQCN_MIN_RATE
+        start = self.sample_at
+        if start is None:
+            return DCQCN_MIN_RATE
+        # Less than a whole sample period: what it sent, over at least a period.
+        return max(self.sample_bytes / max(now - start, RATE_SAMPLE_PERIOD), DCQCN_MIN_RATE)
 
     def _decay_alpha(self, now: float) -> None:
         periods = int((now - self.alpha_at) / DCQCN_ALPHA_PERIOD)
@@ -276,7 +317,7 @@ class Dcqcn:
         rate = self.rate
         if rate is None:
             return math.inf
-        t = self.tokens + (now - self.tokens_at) * rate
+        t = self.tokens + max(now - self.tokens_at, 0.0) * rate
         self.tokens = min(t, float(DCQCN_BURST))
         self.tokens_at = now
         return self.tokens
@@ -286,7 +327,9 @@ class Dcqcn:
         rate = self.rate
         if rate is None:
             return now
-        return now + max(size - self.tokens, 0.0) / rate
+        # At least a microsecond on: a deadline equal to ``now`` in floating point would
+        # find the same fraction of a packet missing again, forever.
+        return now + max((size - self.tokens) / rate, 1e-6)
 
     def sent(self, nbytes: int, now: float) -> None:
         """``nbytes`` left: spend tokens, count the byte counter, measure the rate."""

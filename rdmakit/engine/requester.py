@@ -34,14 +34,17 @@ from enum import IntEnum
 
 from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet, Train
 
-from .congestion import PACKET_OVERHEAD, Dcqcn, RttEstimator, Window
+from .congestion import K_MAX_RTO, PACKET_OVERHEAD, Dcqcn, DeliveryRate, RttEstimator, Window
 from .context import QpContext
+from .memory import gather
 from .timers import INFINITE_RETRY, MAX_PKT_PER_ACK, rnr_delay, transport_timeout
 from .types import SendWR, WcOpcode, WcStatus, WrOpcode
 
 _MASK = PSN_MASK
 _HALF = PSN_HALF
 _new_packet = tuple.__new__
+#: A timer that fired a hair before a whole local ACK timeout (floating point) still counts.
+_NEARLY = 1 - 1e-9
 
 
 class WqeKind(IntEnum):
@@ -146,49 +149,15 @@ class SendWqe:
         self.read_done = 0
 
 
-def gather(segs: list[memoryview], off: int, n: int) -> bytes:
-    """``n`` bytes at ``off`` of the concatenated segments (a packet spanning SGEs: one copy)."""
-    parts = []
-    for seg in segs:
-        size = len(seg)
-        if off >= size:
-            off -= size
-            continue
-        take = min(size - off, n)
-        parts.append(seg[off : off + take])
-        n -= take
-        off = 0
-        if n == 0:
-            break
-    return b"".join(parts)
-
-
-def scatter(segs: list[memoryview], off: int, data: bytes | bytearray | memoryview) -> None:
-    """Store ``data`` at ``off`` of the concatenated segments; the caller checked the bounds."""
-    n = len(data)
-    pos = 0
-    for seg in segs:
-        size = len(seg)
-        if off >= size:
-            off -= size
-            continue
-        take = min(size - off, n - pos)
-        seg[off : off + take] = data[pos : pos + take]
-        pos += take
-        off = 0
-        if pos == n:
-            return
-
-
 class Requester:
     """Send-side state of one QP; transmit, rewind and the retry counters."""
 
     __slots__ = (
-        "acked_mark", "cc", "cc_on", "comp_opcode", "comp_psn", "draining", "fast", "max_rd_atomic",
-        "mtu", "need_retry", "next_idx", "noack", "pace_deadline", "qp", "rate", "rd_out", "req_off",
-        "req_psn", "retry_cnt", "retry_left", "rexmit_deadline", "rnr_deadline", "rnr_left",
-        "rnr_retry", "rtt", "rtt_psn", "rtt_sent", "sent_hwm", "sq", "started_retry", "timeout",
-        "window",
+        "acked_mark", "cc", "cc_on", "comp_opcode", "comp_psn", "delivery", "draining", "fast",
+        "max_rd_atomic", "mtu", "need_retry", "next_idx", "noack", "pace_deadline", "progress_at",
+        "qp", "rate", "rd_out", "req_off", "req_psn", "retry_cnt", "retry_left", "rexmit_deadline",
+        "rnr_deadline", "rnr_left", "rnr_retry", "rto_backoff", "rtt", "rtt_psn", "rtt_sent",
+        "sent_hwm", "sq", "started_retry", "timeout", "window",
     )  # fmt: skip
 
     def __init__(self, qp: QpContext, window: int, fast: bool = True, congestion: bool = True) -> None:
@@ -226,12 +195,18 @@ class Requester:
         self.pace_deadline: float | None = None
         self.cc = Window(self.window)
         self.rtt = RttEstimator()
+        self.delivery = DeliveryRate()
         self.rate = Dcqcn()
         #: ``comp_psn`` as the window last counted it (PSNs past it are newly acknowledged).
         self.acked_mark = 0
         #: The PSN being timed for a round-trip sample and when it first left (Karn's rule).
         self.rtt_psn: int | None = None
         self.rtt_sent = 0.0
+        #: Timeouts since the last progress (RFC 6298 §5.5 doubles the timer for each), and
+        #: when the last progress was (a retry counts against ``retry_cnt`` only once a local
+        #: ACK timeout has passed since).
+        self.rto_backoff = 0
+        self.progress_at = 0.0
 
     def set_psn(self, psn: int) -> None:
         """The send queue's first PSN (``sq_psn``)."""
@@ -259,13 +234,17 @@ class Requester:
         return best
 
     def rexmit_timeout(self) -> float | None:
-        """The retransmit timer: the local ACK timeout, or the measured path's RFC 6298
-        timeout where that is longer (``congestion`` explains why), None when disabled."""
+        """The retransmit timer (:mod:`.congestion`, "The retransmit timer"), None when disabled."""
         t = self.timeout
         if t is None:
             return None
         rto = self.rtt.rto()
-        return rto if rto is not None and rto > t else t
+        if rto is None:
+            return t
+        backed = min(rto * (1 << min(self.rto_backoff, 16)), K_MAX_RTO)
+        if rto > t:
+            return backed if backed > t else t  # a path slower than the timeout: wait for it
+        return backed if backed < t else t
 
     def restart_timer(self, now: float) -> None:
         """Progress was made: count what was acknowledged, time the oldest unacknowledged PSN
@@ -274,8 +253,11 @@ class Requester:
         acked = (comp - self.acked_mark) & _MASK
         if acked and acked < _HALF:
             self.acked_mark = comp
+            self.rto_backoff = 0
+            self.progress_at = now
             if self.cc_on:
-                self.cc.on_ack(acked)
+                self.cc.on_ack(acked, now)
+                self.delivery.on_ack(acked, now, self.rtt.smoothed)
             timed = self.rtt_psn
             if timed is not None and 0 < (comp - timed) & _MASK < _HALF:
                 self.rtt.sample(now - self.rtt_sent)
@@ -287,7 +269,7 @@ class Requester:
 
     # -- retries (rxe rxe_comp.c COMPST_ERROR_RETRY / COMPST_RNR_RETRY) --
 
-    def error_retry(self, timeout: bool) -> None:
+    def error_retry(self, now: float, timeout: bool, counted: bool = True) -> None:
         """Start a go-back-N retry after a timeout, NAK-sequence error or implied NAK.
 
         All three count against ``retry_cnt`` (7 never runs out). Without a
@@ -299,8 +281,8 @@ class Requester:
             return
         if self.started_retry and not timeout:
             return
-        if self.retry_left > 0:
-            if self.retry_left != INFINITE_RETRY:
+        if self.retry_left > 0 or not counted:
+            if self.retry_left != INFINITE_RETRY and counted:
                 self.retry_left -= 1
             if self.req_psn != self.comp_psn:
                 self.need_retry = True
@@ -308,11 +290,12 @@ class Requester:
                 self.qp.stats.retries += 1
                 self.rtt_psn = None  # Karn: no sample across a retransmission
                 if self.cc_on:
-                    in_flight = (self.sent_hwm - self.comp_psn) & _MASK
+                    floor = self.delivery.bdp(self.rtt.minimum)
+                    rtt = self.rtt.smoothed or 0.0
                     if timeout:
-                        self.cc.on_timeout(in_flight)
+                        self.cc.on_timeout(now, rtt, floor)
                     else:
-                        self.cc.on_loss(in_flight)
+                        self.cc.on_loss(now, rtt, floor)
         else:
             self.qp.fail_send(WcStatus.RETRY_EXC_ERR)
 
@@ -339,7 +322,16 @@ class Requester:
         if t is not None and now >= t:
             self.rexmit_deadline = None
             self.qp.stats.timeouts += 1
-            self.error_retry(True)
+            # Early (the measured round trip's timer, shorter than the local ACK timeout): a
+            # retry that does not use up retry_cnt. A whole local ACK timeout without progress
+            # counts, as rxe counts every timeout.
+            timeout = self.timeout
+            since = now - self.progress_at  # negative: a caller's clock went back; count it
+            counted = timeout is None or since >= timeout * _NEARLY or since < 0
+            if counted:
+                self.progress_at = now
+            self.rto_backoff += 1
+            self.error_retry(now, True, counted)
 
     def rewind(self) -> None:
         """Go back to ``comp_psn`` (rxe ``req_retry()``)."""
@@ -373,6 +365,7 @@ class Requester:
         """
         if self.rnr_deadline is not None or self.pace_deadline is not None:
             return 0
+        idle = self.req_psn == self.comp_psn and not self.need_retry
         mtu = self.mtu
         window = self.window
         # AckReq at least every ``per_ack + 2`` packets: rxe's 66, or half the congestion
@@ -386,11 +379,13 @@ class Requester:
                 if cwnd < 2 * MAX_PKT_PER_ACK + 4:
                     per_ack = max(cwnd // 2, 1) - 2
             if rate.rate is not None and (self.next_idx < len(self.sq) or self.need_retry):
-                allowed = int(rate.allowance(now) // (mtu + PACKET_OVERHEAD))
-                if allowed < 1:
-                    self.pace_deadline = rate.next_send(now, mtu + PACKET_OVERHEAD)
-                    return 0
-                budget = min(budget, allowed)
+                allowance = rate.allowance(now)  # infinite once the rate has recovered
+                if allowance < budget * (mtu + PACKET_OVERHEAD):
+                    allowed = int(allowance // (mtu + PACKET_OVERHEAD))
+                    if allowed < 1:
+                        self.pace_deadline = rate.next_send(now, mtu + PACKET_OVERHEAD)
+                        return 0
+                    budget = allowed
         if self.need_retry:
             self.rewind()
         sq = self.sq
@@ -568,15 +563,21 @@ class Requester:
             if (psn - hwm) & _MASK < _HALF:
                 hwm = psn
         if n:
+            if self.rtt_psn is None:
+                # Time the first PSN of this call, even a resent one: after a NAK-sequence error
+                # the responder answers nothing past it before the resent copy arrives, and after
+                # a timeout the first copy had a whole timeout to be answered (Karn's ambiguity
+                # is only the sample that was under way, dropped at the retry).
+                self.rtt_psn, self.rtt_sent = self.req_psn, now
             self.next_idx = idx
             self.req_psn = psn
             if hwm != self.sent_hwm:
-                if self.rtt_psn is None:
-                    self.rtt_psn, self.rtt_sent = self.sent_hwm, now  # its first new PSN
                 self.sent_hwm = hwm
             if retrans:
                 self.qp.stats.retransmits += retrans
             if self.rexmit_deadline is None and self.timeout is not None:
+                if idle:
+                    self.progress_at = now
                 self.rexmit_deadline = now + (self.rexmit_timeout() or self.timeout)
             if self.cc_on:
                 rate.sent(n * (mtu + PACKET_OVERHEAD), now)
