@@ -236,8 +236,8 @@ class Requester:
     def rexmit_timeout(self) -> float | None:
         """The retransmit timer (:mod:`.congestion`, "The retransmit timer"), None when disabled."""
         t = self.timeout
-        if t is None:
-            return None
+        if t is None or not self.cc_on:
+            return t
         rto = self.rtt.rto()
         if rto is None:
             return t

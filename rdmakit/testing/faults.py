@@ -10,7 +10,7 @@ derive variants with `dataclasses.replace`.
 a time and then all at once. The ``BOTTLENECK_*`` profiles are one 1 Gbit/s
 link with a queue: deep, shallow (64 KB, tail drop) or marking ECN as DCQCN
 sets a switch (Kmin 5 KB, Kmax 200 KB, Pmax 1 %, Zhu et al. 2015, §5); ``WAN``
-is a 100 ms round trip with jitter.
+is a 100 ms round trip.
 """
 
 from rdmakit.transport.simnet import Faults
@@ -66,8 +66,8 @@ BOTTLENECK_SHALLOW = Faults(rate=GIGABIT, queue_limit=64 * 1024, delay=50e-6)
 BOTTLENECK_ECN = Faults(
     rate=GIGABIT, queue_limit=256 * 1024, ecn_kmin=5 * 1024, ecn_kmax=200 * 1024, ecn_pmax=0.01, delay=50e-6
 )
-#: A 100 ms round trip with up to 2 ms of jitter each way.
-WAN = Faults(delay=50e-3, jitter=2e-3)
+#: A 100 ms round trip (no reordering: a WAN path keeps a flow's packets in order).
+WAN = Faults(delay=50e-3)
 
 #: The sweep's profiles by name: each fault alone, then all of them at once.
 PROFILES: dict[str, Faults] = {
