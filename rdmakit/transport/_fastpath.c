@@ -578,7 +578,7 @@ out:
 
 /*
  * recv_runs(fd, buf, v6, src, states, op, qpn, psn, mtu, dst, dst_off, max_count, max_reads)
- *     -> (placed, last_ackreq, reads, datagrams, gro_batches, errno, pending)
+ *     -> (placed, last_ackreq, reads, datagrams, gro_batches, errno, pending, ce_reads)
  *
  * Read the socket (non-blocking, up to max_reads reads into buf) while what
  * arrives continues the run: datagrams from src (the (ip, port) the ICRC
@@ -588,14 +588,17 @@ out:
  * (nbytes, seg, k, (ip, port)): segments before k were placed, the rest are
  * the caller's. pending is None otherwise. datagrams counts every datagram
  * read, pending ones included; last_ackreq is relative to psn (-1: none);
- * errno is that of a failed read other than EAGAIN (0: none).
+ * errno is that of a failed read other than EAGAIN (0: none); ce_reads counts the
+ * reads whose IP header carried CE (RFC 3168; RoCEv2 Annex A17.9), pending one included.
  */
 /* One non-blocking recvmsg into buf[:len] (EINTR retried): the bytes read, or -1 with errno
- * set; *seg is the GRO segment size (the whole read without GRO), *from the source. */
+ * set; *seg is the GRO segment size (the whole read without GRO), *from the source, *ecn the
+ * ECN field of its IP header (IP_RECVTOS / IPV6_RECVTCLASS; 0 when the socket does not ask:
+ * GRO merges only datagrams whose TOS agrees, so one value holds for the whole read). */
 static ssize_t read_gro(int fd, void *buf, size_t len, struct sockaddr_storage *from, socklen_t *from_len,
-                        Py_ssize_t *seg) {
+                        Py_ssize_t *seg, int *ecn) {
     union {
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(sizeof(int)) * 2];
         struct cmsghdr align;
     } ctrl;
     struct iovec iov = {buf, len};
@@ -615,11 +618,19 @@ static ssize_t read_gro(int fd, void *buf, size_t len, struct sockaddr_storage *
         return r;
     *from_len = msg.msg_namelen;
     Py_ssize_t n = r, s = 0;
+    *ecn = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
         if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO && cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
             int v;
             memcpy(&v, CMSG_DATA(cm), sizeof v);
             s = v;
+        } else if (cm->cmsg_level == IPPROTO_IP && cm->cmsg_type == IP_TOS && cm->cmsg_len >= CMSG_LEN(1)) {
+            *ecn = *(unsigned char *)CMSG_DATA(cm) & 3;
+        } else if (cm->cmsg_level == IPPROTO_IPV6 && cm->cmsg_type == IPV6_TCLASS &&
+                   cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int v;
+            memcpy(&v, CMSG_DATA(cm), sizeof v);
+            *ecn = v & 3;
         }
     }
     *seg = s > 0 && s < n ? s : 0;
@@ -657,7 +668,7 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
         goto out;
     if (check_place_args(0, b.len, 1, 0, mtu, dst_off, dst.len, max_count, qpn, psn, op) < 0)
         goto out;
-    Py_ssize_t placed = 0, last_ack = -1, reads = 0, datagrams = 0, gro = 0;
+    Py_ssize_t placed = 0, last_ack = -1, reads = 0, datagrams = 0, gro = 0, ce = 0;
     Py_ssize_t p_nbytes = 0, p_seg = 0, p_k = 0;
     int pending = 0, err = 0;
     struct sockaddr_storage from;
@@ -665,13 +676,16 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     while (reads < max_reads && placed < max_count) {
         Py_ssize_t seg;
-        ssize_t r = read_gro(fd, b.buf, (size_t)b.len, &from, &from_len, &seg);
+        int ecn;
+        ssize_t r = read_gro(fd, b.buf, (size_t)b.len, &from, &from_len, &seg, &ecn);
         if (r < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 err = errno;
             break;
         }
         reads++;
+        if (ecn == 3)
+            ce++;
         Py_ssize_t n = r;
         if (seg) {
             gro++;
@@ -708,14 +722,14 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     if (!pending) {
-        result = Py_BuildValue("nnnnniO", placed, last_ack, reads, datagrams, gro, err, Py_None);
+        result = Py_BuildValue("nnnnniOn", placed, last_ack, reads, datagrams, gro, err, Py_None, ce);
         goto out;
     }
     char host[INET6_ADDRSTRLEN];
     int port;
     format_addr(&from, host, &port);
-    result = Py_BuildValue("nnnnni(nnn(si))", placed, last_ack, reads, datagrams, gro, err, p_nbytes, p_seg, p_k,
-                           host, port);
+    result = Py_BuildValue("nnnnni(nnn(si))n", placed, last_ack, reads, datagrams, gro, err, p_nbytes, p_seg, p_k,
+                           host, port, ce);
 out:
     PyBuffer_Release(&b);
     PyBuffer_Release(&st);
@@ -724,7 +738,7 @@ out:
 }
 
 /*
- * recv_raw(fd, buf) -> (nbytes, seg, (ip, port), errno) | None
+ * recv_raw(fd, buf) -> (nbytes, seg, (ip, port), errno, ecn) | None
  *
  * One non-blocking read into buf, as UdpLink.recv_raw: the datagrams are
  * buf[k*seg : min((k+1)*seg, nbytes)] (one of nbytes without GRO). None: the
@@ -740,13 +754,14 @@ static PyObject *fp_recv_raw(PyObject *Py_UNUSED(self), PyObject *args) {
     struct sockaddr_storage from;
     socklen_t from_len;
     Py_ssize_t seg;
-    ssize_t r = read_gro(fd, b.buf, (size_t)b.len, &from, &from_len, &seg);
+    int ecn;
+    ssize_t r = read_gro(fd, b.buf, (size_t)b.len, &from, &from_len, &seg, &ecn);
     int err = r < 0 ? errno : 0;
     PyBuffer_Release(&b);
     if (r < 0) {
         if (err == EAGAIN || err == EWOULDBLOCK)
             Py_RETURN_NONE;
-        return Py_BuildValue("nn(si)i", (Py_ssize_t)0, (Py_ssize_t)0, "", 0, err);
+        return Py_BuildValue("nn(si)ii", (Py_ssize_t)0, (Py_ssize_t)0, "", 0, err, 0);
     }
     Py_ssize_t n = r;
     if (!seg)
@@ -754,7 +769,7 @@ static PyObject *fp_recv_raw(PyObject *Py_UNUSED(self), PyObject *args) {
     char host[INET6_ADDRSTRLEN];
     int port;
     format_addr(&from, host, &port);
-    return Py_BuildValue("nn(si)i", n, seg, host, port, 0);
+    return Py_BuildValue("nn(si)ii", n, seg, host, port, 0, ecn);
 }
 
 /* -- single packets: codec, ICRC and send/check in one call ------------------------------ */

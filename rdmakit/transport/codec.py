@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from 3.12
 
 #: ``recv_runs``' answer: (placed, last AckReq index or -1, reads, datagrams, GRO
-#: batches, errno, the read the run did not take whole: (nbytes, seg, k, source)).
-RecvRunsResult = tuple[int, int, int, int, int, int, tuple[int, int, int, tuple[str, int]] | None]
+#: batches, errno, the read the run did not take whole: (nbytes, seg, k, source), reads marked CE).
+RecvRunsResult = tuple[int, int, int, int, int, int, tuple[int, int, int, tuple[str, int]] | None, int]
 
 
 class RecvRuns(Protocol):
@@ -58,7 +58,7 @@ class RecvRuns(Protocol):
 
 
 class RecvRaw(Protocol):
-    def __call__(self, fd: int, buf: Buffer, /) -> tuple[int, int, tuple[str, int], int] | None: ...
+    def __call__(self, fd: int, buf: Buffer, /) -> tuple[int, int, tuple[str, int], int, int] | None: ...
 
 
 #: What ``QueuePair.rx_small`` says a one-packet request must match.
@@ -98,7 +98,7 @@ class SegmentCodec(Protocol):
     #: Reads the socket while what arrives continues a run (native only); None: not offered.
     recv_runs: RecvRuns | None
     #: One non-blocking read of the socket into ``buf`` (native only; None: not offered):
-    #: ``(nbytes, GRO segment size, source, errno)``, None when the socket is empty.
+    #: ``(nbytes, GRO segment size, source, errno, ECN field)``, None when the socket is empty.
     #: It takes ``UdpLink.recv_raw``'s place and needs no readiness check first.
     recv_raw: RecvRaw | None
     #: Checks a segment against ``QueuePair.rx_small``'s ticket and, if it is such a
