@@ -174,8 +174,8 @@ def test_cnps_are_one_per_interval() -> None:
 
 
 def test_a_cnp_without_congestion_control_changes_nothing() -> None:
-    """A peer that sends CNPs to a QP without congestion control (or to kernel rxe, which ignores
-    them): counted, and the run is the same packet for packet."""
+    """A QP without congestion control that receives CNPs (as kernel rxe does, which drops them):
+    they are counted, nothing is paced, and every WRITE completes."""
     faults = replace(BOTTLENECK_ECN, ecn_kmin=0, ecn_pmax=1.0)
     r = run(faults, False)
     assert r.ok
