@@ -174,7 +174,7 @@ class UdpPort:
         size = mtu + BTH_LEN + ICRC_LEN
         placed, last_ack, reads, datagrams, gro, err, pending = recv_runs(
             link.fileno(), link.view, self._v6, (src_ip, sport), flow.seg_states(size, GSO_MAX_SEGMENTS),
-            op, qp.qpn, psn, mtu, mem, off, most, max_reads,
+            op, qp.qpn, psn, mtu, mem, off, most, max_reads, flow.id_shifts(size),
         )  # fmt: skip
         c, lc = self.counters, link.counters
         c.packets_in += datagrams
@@ -270,7 +270,7 @@ class UdpPort:
                 if run is not None and n == run[4] + BTH_LEN + ICRC_LEN:
                     got_n, last_ack = codec.place_run(
                         view, nbytes, segsize, idx, rx.icrc.seg_states(n, nsegs), op, qp.qpn,
-                        run[0], run[4], run[1], run[2], run[3],
+                        run[0], run[4], run[1], run[2], run[3], rx.icrc.id_shifts(n),
                     )  # fmt: skip
                     if got_n:
                         qp.rx_run_done(op, got_n, last_ack, now)
@@ -286,7 +286,8 @@ class UdpPort:
                 c.icrc_ok += 1
                 ours = True
                 continue
-            # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx), then decode.
+            # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx, or another
+            # below SEGMENT_IDS where the network split or merged batches), then decode.
             got = codec.check_decode(seg, idx, rx.states, rx.icrc)
             if type(got) is Packet:
                 c.icrc_ok += 1
