@@ -15,7 +15,7 @@ import os
 import struct
 from collections.abc import Callable
 
-from rdmakit.engine import EngineError, QueuePair
+from rdmakit.engine import EngineError, QueuePair, WcStatus
 from rdmakit.wire import (
     BTH_LEN,
     ICRC_LEN,
@@ -35,6 +35,7 @@ from .codec import SegmentCodec
 from .codec_py import headers
 from .fastpath import PYTHON
 from .gsi import Gsi
+from .netmtu import too_big_message
 from .port import DeviceCounters, PeerAddress, addr_bytes
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .small_ops import OFFERED, take_small
@@ -84,6 +85,8 @@ class UdpPort:
         self._tx_flows: dict[tuple[str, int], IcrcFlow] = {}
         #: QP1: the connection manager's datagrams (``rdmakit.transport.gsi``), when attached.
         self.gsi: Gsi | None = None
+        #: Why a QP was failed here: its datagrams did not fit the path (EMSGSIZE).
+        self._faults: dict[int, str] = {}
 
     @property
     def codec(self) -> SegmentCodec:
@@ -94,7 +97,10 @@ class UdpPort:
         self._codec = self.sources.codec = codec
 
     def forget(self, qp: QueuePair) -> None:
-        pass  # the receive state is per source, not per QP
+        self._faults.pop(qp.qpn, None)  # the receive state is per source, not per QP
+
+    def fault(self, qpn: int) -> str | None:
+        return self._faults.get(qpn)
 
     def deadline(self) -> float | None:
         return None
@@ -333,8 +339,21 @@ class UdpPort:
                 self.counters.dropped_state += n
                 continue
             self.counters.packets_out += n
+            too_big = self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0)
             self._send_udp(pkts, remote)
+            if self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0) != too_big:
+                self._too_big(qp, remote)
         return busy
+
+    def _too_big(self, qp: QueuePair, remote: PeerAddress) -> None:
+        """The path refused a datagram of ``qp`` (EMSGSIZE: the route's MTU, or what path-MTU
+        discovery learned from an ICMP error, is below it). A QP's path MTU cannot change
+        in RTS (IBTA §11.2.5.3 sets it at RTR), so the QP fails at once, saying why, rather
+        than resending what can never arrive."""
+        mtu = qp.attrs.path_mtu or 0
+        overhead = BTH_LEN + 20 + ICRC_LEN  # BTH, RETH and ImmDt at most, ICRC
+        self._faults[qp.qpn] = too_big_message(remote.ip, mtu + overhead, mtu, self.link.ip)
+        qp.fail_send(WcStatus.LOC_QP_OP_ERR)
 
     def _flush_backlog(self) -> bool:
         link = self.link
