@@ -13,17 +13,28 @@ its ``BW average``, which both divide by 2^20, shown here in MB/s (10^6).
 
 import argparse
 import json
+import os
 import re
 import shutil
 import statistics
 import sys
 from dataclasses import asdict, dataclass
 
-from .netbed import GBIT_DEEP, GBIT_SHALLOW, SEGMENTING, BedSpec, NetBed, Side, unavailable
+from .netbed import (
+    GBIT_DEEP,
+    GBIT_DEEP_SEGMENTING,
+    GBIT_SHALLOW,
+    SEGMENTING,
+    BedSpec,
+    NetBed,
+    Side,
+    unavailable,
+)
 
 #: name -> (what the path is, the bed, IP version)
 PATHS: dict[str, tuple[str, BedSpec, int]] = {
     "gbit-deep": ("1 Gbit/s, deep buffer (tbf limit 4 MB), MTU 1500", BedSpec(shaping=GBIT_DEEP), 4),
+    "gbit-deep-seg": ("the same, R segmenting (burst 64 KB)", BedSpec(shaping=GBIT_DEEP_SEGMENTING), 4),
     "gbit-shallow": ("1 Gbit/s, shallow buffer (64 KB), MTU 1500", BedSpec(shaping=GBIT_SHALLOW), 4),
     "gbit-deep-v6": ("the same deep path over IPv6", BedSpec(shaping=GBIT_DEEP), 6),
     "segmenting": ("R segments GSO batches (tbf 20 Gbit/s, burst 16 KB)", BedSpec(shaping=SEGMENTING), 4),
@@ -45,6 +56,9 @@ class Row:
     ratio: float | None
     failures: int
     note: str
+    #: The host's 1-minute load average after the runs: rdmakit is a userspace
+    #: data path, so on a shared host its figure falls with its CPU share.
+    load: float
 
 
 def _iperf3(bed: NetBed, version: int, seconds: int) -> float:
@@ -90,7 +104,8 @@ def measure(names: list[str], runs: int, seconds: int) -> list[Row]:
                 med = statistics.median(figures) if figures else None
                 ratio = med / base if med is not None and base > 0 else None
                 note = "; ".join(sorted(set(notes)))
-                rows.append(Row(name, what, test, med, base, ratio, len(notes), note))
+                load = os.getloadavg()[0]
+                rows.append(Row(name, what, test, med, base, ratio, len(notes), note, load))
                 print(_line(rows[-1]), flush=True)
     return rows
 
@@ -99,7 +114,8 @@ def _line(r: Row) -> str:
     got = f"{r.rdmakit_mbs:8.1f}" if r.rdmakit_mbs is not None else "  failed"
     ratio = f"{r.ratio:5.2f}x" if r.ratio is not None else "    - "
     fail = f"  ({r.failures} failed: {r.note})" if r.failures else ""
-    return f"{r.path:<14} {r.test:<12} {got} MB/s  iperf3 {r.iperf3_mbs:8.1f} MB/s  {ratio}{fail}"
+    tcp = f"iperf3 {r.iperf3_mbs:8.1f} MB/s"
+    return f"{r.path:<14} {r.test:<12} {got} MB/s  {tcp}  {ratio}  load {r.load:4.1f}{fail}"
 
 
 def main(argv: list[str] | None = None) -> int:

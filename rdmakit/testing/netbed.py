@@ -52,8 +52,11 @@ class Shaping:
 
 #: R segments GSO batches (burst below 64 KiB) without throttling them.
 SEGMENTING = Shaping(rate="20gbit", burst="16kb", limit="4mb")
-#: A 1 Gbit/s bottleneck with a deep buffer, and with a shallow one (64 KB).
-GBIT_DEEP = Shaping(rate="1gbit", burst="64kb", limit="4mb")
+#: A 1 Gbit/s bottleneck with a deep buffer (4 MB) and a burst above a GSO batch (R
+#: forwards batches whole); the same where R segments them (burst 64 KB, below a batch
+#: with its headers); and a shallow buffer (64 KB), where R must segment.
+GBIT_DEEP = Shaping(rate="1gbit", burst="256kb", limit="4mb")
+GBIT_DEEP_SEGMENTING = Shaping(rate="1gbit", burst="64kb", limit="4mb")
 GBIT_SHALLOW = Shaping(rate="1gbit", burst="64kb", limit="64kb")
 
 
