@@ -80,6 +80,7 @@ from rdmakit.cli.perftest_runs import (
     run_lat,
 )
 from rdmakit.doca.backend import BackendDevice
+from rdmakit.transport.netmtu import route_mtu
 from rdmakit.transport.oob import OobError, OobStream
 
 __all__ = ["PERFTESTS", "main", "register"]
@@ -213,6 +214,10 @@ def _run(p: Params, dev: BackendDevice) -> int:
     else:
         stream = OobStream.accept(p.port, oob_timeout() * RUN_WAIT_FACTOR)
     with stream:
+        if dev.kind == "soft-udp" and isinstance(stream, OobStream):
+            # Both ends fold in the route to the other (its MTU, as path-MTU discovery knows
+            # it), then take the smaller offer: one path MTU for both.
+            own_mtu = route_mtu(stream.peer_ip, own_mtu)
         ex = Exchange(stream, p.client)
         neg = negotiate(ex, own_mtu)
         mtu = min(own_mtu, neg.mtu_enum_peer)

@@ -45,7 +45,9 @@ from rdmakit.engine.types import SGE
 from rdmakit.transport.connect import ConnectOptions, Endpoint, connect_qp, init_qp, local_endpoint
 from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
+from rdmakit.transport.netmtu import port_mtu
 from rdmakit.transport.port import TransportName
+from rdmakit.transport.tcp_port import TCP_MTU
 from rdmakit.wire import PSN_MASK, ROCE_UDP_PORT
 
 __all__ = ["SOFT_CAPS", "SoftBackendDevice", "SoftBackendQP", "soft_devinfo"]
@@ -338,7 +340,7 @@ def soft_devinfo(transport: TransportName, ip: str, port: int = ROCE_UDP_PORT) -
         opener=lambda: SoftBackendDevice(transport, str(addr), port),
         ip_addrs=(addr,),
         gids=(IPv6Address(gid),),
-        mtu=4096 if transport == "roce-udp" else 1 << 20,
+        mtu=port_mtu(str(addr)) if transport == "roce-udp" else TCP_MTU,
         caps=SOFT_CAPS,
     )
 

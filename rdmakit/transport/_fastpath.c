@@ -482,21 +482,31 @@ out:
 /* -- place_run -------------------------------------------------------------------------- */
 
 /*
- * place_run(buf, nbytes, seg, k0, states, op, qpn, psn, mtu, dst, dst_off, max_count)
+ * place_run(buf, nbytes, seg, k0, states, op, qpn, psn, mtu, dst, dst_off, max_count[, shifts])
  *     -> (count, last_ackreq)
  *
  * buf[:nbytes] holds received segments of seg bytes each (a GRO batch; the last
  * may be shorter); segment k starts at k * seg. Starting at segment k0, accept
  * segments while each is a MIDDLE of opcode op with TVer 0, no pad, a valid
  * P_Key, destination qpn, PSN psn + i, exactly BTH + mtu + ICRC bytes, and an
- * ICRC that matches when continued from states[k] (k: the index in the batch);
- * copy each payload to dst[dst_off + i*mtu]. At most max_count. Returns how many
+ * ICRC that matches when continued from states[k] (k: the index in the batch) or
+ * differs from that by one of shifts[1:] (optional: IcrcFlow.id_shifts); copy each payload to dst[dst_off + i*mtu]. At most max_count. Returns how many
  * were accepted and the index of the last accepted one that asked for an ACK
  * (-1 if none). Nothing is written for a segment that is not accepted.
  */
+/* 1 if diff is one of shifts[1:] (IcrcFlow.id_shifts: the segment carried another IPv4 ID
+ * below SEGMENT_IDS, its batch split or merged on the way); a nonzero diff is checked. */
+static int other_ident(const unsigned char *shifts, Py_ssize_t nshifts, uint32_t diff) {
+    for (Py_ssize_t d = 1; d < nshifts; d++)
+        if (get_ne32(shifts + 4 * d) == diff)
+            return 1;
+    return 0;
+}
+
 /* The checks and copies of place_run; no Python objects (runs without the GIL). */
 static Py_ssize_t place_core(const unsigned char *base, Py_ssize_t nbytes, Py_ssize_t seg, Py_ssize_t k0,
-                             const unsigned char *states, Py_ssize_t nstates, int op, unsigned long qpn,
+                             const unsigned char *states, Py_ssize_t nstates, const unsigned char *shifts,
+                             Py_ssize_t nshifts, int op, unsigned long qpn,
                              unsigned long psn, Py_ssize_t mtu, unsigned char *out, Py_ssize_t out_len,
                              Py_ssize_t dst_off, Py_ssize_t max_count, Py_ssize_t *last_ack) {
     Py_ssize_t size = BTH_LEN + mtu + ICRC_LEN;
@@ -524,8 +534,8 @@ static Py_ssize_t place_core(const unsigned char *base, Py_ssize_t nbytes, Py_ss
         memcpy(masked, s, BTH_LEN);
         masked[4] = 0xFF;
         uint32_t c = crc32_update(get_ne32(states + 4 * k), masked, BTH_LEN);
-        c = crc32_update(c, s + BTH_LEN, (size_t)mtu);
-        if (c != get_le32(s + BTH_LEN + mtu))
+        c = crc32_update(c, s + BTH_LEN, (size_t)mtu) ^ get_le32(s + BTH_LEN + mtu);
+        if (c && !other_ident(shifts, nshifts, c))
             break;
         memmove(out + at, s + BTH_LEN, (size_t)mtu); /* out may be the buffer itself */
         if (s[8] & 0x80)
@@ -551,33 +561,35 @@ static int check_place_args(Py_ssize_t nbytes, Py_ssize_t blen, Py_ssize_t seg, 
 }
 
 static PyObject *fp_place_run(PyObject *Py_UNUSED(self), PyObject *args) {
-    Py_buffer b, st, dst;
+    Py_buffer b, st, dst, sh = {0};
     Py_ssize_t nbytes, seg, k0, mtu, dst_off, max_count;
     int op;
     Py_ssize_t qpn, psn;
-    if (!PyArg_ParseTuple(args, "y*nnny*innnw*nn:place_run", &b, &nbytes, &seg, &k0, &st, &op, &qpn, &psn,
-                          &mtu, &dst, &dst_off, &max_count))
+    if (!PyArg_ParseTuple(args, "y*nnny*innnw*nn|y*:place_run", &b, &nbytes, &seg, &k0, &st, &op, &qpn, &psn,
+                          &mtu, &dst, &dst_off, &max_count, &sh))
         return NULL;
     PyObject *result = NULL;
     if (check_place_args(nbytes, b.len, seg, k0, mtu, dst_off, dst.len, max_count, qpn, psn, op) < 0)
         goto out;
     Py_ssize_t count, last_ack = -1;
     Py_BEGIN_ALLOW_THREADS
-    count = place_core(b.buf, nbytes, seg, k0, st.buf, st.len / 4, op, (unsigned long)qpn, (unsigned long)psn, mtu,
-                       dst.buf, dst.len, dst_off, max_count, &last_ack);
+    count = place_core(b.buf, nbytes, seg, k0, st.buf, st.len / 4, sh.buf, sh.len / 4, op, (unsigned long)qpn,
+                       (unsigned long)psn, mtu, dst.buf, dst.len, dst_off, max_count, &last_ack);
     Py_END_ALLOW_THREADS
     result = Py_BuildValue("nn", count, last_ack);
 out:
     PyBuffer_Release(&b);
     PyBuffer_Release(&st);
     PyBuffer_Release(&dst);
+    if (sh.obj != NULL)
+        PyBuffer_Release(&sh);
     return result;
 }
 
 /* -- recv_runs -------------------------------------------------------------------------- */
 
 /*
- * recv_runs(fd, buf, v6, src, states, op, qpn, psn, mtu, dst, dst_off, max_count, max_reads)
+ * recv_runs(fd, buf, v6, src, states, op, qpn, psn, mtu, dst, dst_off, max_count, max_reads[, shifts])
  *     -> (placed, last_ackreq, reads, datagrams, gro_batches, errno, pending, ce_reads)
  *
  * Read the socket (non-blocking, up to max_reads reads into buf) while what
@@ -655,11 +667,11 @@ static void format_addr(const struct sockaddr_storage *from, char host[INET6_ADD
 static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     int fd, v6, op;
     PyObject *src;
-    Py_buffer b, st, dst;
+    Py_buffer b, st, dst, sh = {0};
     Py_ssize_t qpn, psn;
     Py_ssize_t mtu, dst_off, max_count, max_reads;
-    if (!PyArg_ParseTuple(args, "iw*pOy*innnw*nnn:recv_runs", &fd, &b, &v6, &src, &st, &op, &qpn, &psn, &mtu,
-                          &dst, &dst_off, &max_count, &max_reads))
+    if (!PyArg_ParseTuple(args, "iw*pOy*innnw*nnn|y*:recv_runs", &fd, &b, &v6, &src, &st, &op, &qpn, &psn, &mtu,
+                          &dst, &dst_off, &max_count, &max_reads, &sh))
         return NULL;
     PyObject *result = NULL;
     struct sockaddr_storage want;
@@ -705,7 +717,7 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
         }
         if (same && n > 0) {
             Py_ssize_t last = -1;
-            k = place_core(b.buf, n, seg, 0, st.buf, st.len / 4, op, (unsigned long)qpn,
+            k = place_core(b.buf, n, seg, 0, st.buf, st.len / 4, sh.buf, sh.len / 4, op, (unsigned long)qpn,
                            ((unsigned long)psn + (unsigned long)placed) & PSN_MASK, mtu, dst.buf, dst.len,
                            dst_off + placed * mtu, max_count - placed, &last);
             if (last >= 0)
@@ -734,6 +746,8 @@ out:
     PyBuffer_Release(&b);
     PyBuffer_Release(&st);
     PyBuffer_Release(&dst);
+    if (sh.obj != NULL)
+        PyBuffer_Release(&sh);
     return result;
 }
 
@@ -1130,7 +1144,8 @@ static int header_layout(const unsigned char *p, Py_ssize_t m, Py_ssize_t *off, 
     return lay;
 }
 
-/* 1: the ICRC of the n-byte segment idx matches; 0: it does not; -1: an exception is set. */
+/* 1: the ICRC of the n-byte segment idx matches (with its IPv4 ID or another below
+ * SEGMENT_IDS); 0: it does not; -1: an exception is set. */
 static int icrc_matches(const unsigned char *p, Py_ssize_t n, Py_ssize_t idx, PyObject *states, PyObject *flow) {
     int64_t st = icrc_state(states, flow, n, idx);
     if (st < 0)
@@ -1140,8 +1155,16 @@ static int icrc_matches(const unsigned char *p, Py_ssize_t n, Py_ssize_t idx, Py
     memcpy(h, p, BTH_LEN);
     h[4] = 0xFF;
     uint32_t c = crc32_update((uint32_t)st, h, BTH_LEN);
-    c = crc32_update(c, p + BTH_LEN, (size_t)(m - BTH_LEN));
-    return c == get_le32(p + m);
+    c = crc32_update(c, p + BTH_LEN, (size_t)(m - BTH_LEN)) ^ get_le32(p + m);
+    if (!c)
+        return 1;
+    /* Another IPv4 ID below SEGMENT_IDS (its batch split or merged on the way): flow.id_shift. */
+    PyObject *d = PyObject_CallMethod(flow, "id_shift", "nk", n, (unsigned long)c);
+    if (d == NULL)
+        return -1;
+    int ok = d != Py_None;
+    Py_DECREF(d);
+    return ok;
 }
 
 static PyObject *fp_check_decode(PyObject *Py_UNUSED(self), PyObject *args) {

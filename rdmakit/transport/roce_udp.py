@@ -15,7 +15,7 @@ import os
 import struct
 from collections.abc import Callable
 
-from rdmakit.engine import EngineError, QueuePair
+from rdmakit.engine import EngineError, QueuePair, WcStatus
 from rdmakit.wire import (
     BTH_LEN,
     ICRC_LEN,
@@ -37,6 +37,7 @@ from .codec import SegmentCodec
 from .codec_py import headers
 from .fastpath import PYTHON
 from .gsi import Gsi
+from .netmtu import too_big_message
 from .port import DeviceCounters, PeerAddress, addr_bytes
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .small_ops import OFFERED, take_small
@@ -86,6 +87,8 @@ class UdpPort:
         self._tx_flows: dict[tuple[str, int], IcrcFlow] = {}
         #: QP1: the connection manager's datagrams (``rdmakit.transport.gsi``), when attached.
         self.gsi: Gsi | None = None
+        #: Why a QP was failed here: its datagrams did not fit the path (EMSGSIZE).
+        self._faults: dict[int, str] = {}
 
     @property
     def codec(self) -> SegmentCodec:
@@ -96,7 +99,10 @@ class UdpPort:
         self._codec = self.sources.codec = codec
 
     def forget(self, qp: QueuePair) -> None:
-        pass  # the receive state is per source, not per QP
+        self._faults.pop(qp.qpn, None)  # the receive state is per source, not per QP
+
+    def fault(self, qpn: int) -> str | None:
+        return self._faults.get(qpn)
 
     def deadline(self) -> float | None:
         return None
@@ -179,7 +185,7 @@ class UdpPort:
         size = mtu + BTH_LEN + ICRC_LEN
         placed, last_ack, reads, datagrams, gro, err, pending, ce = recv_runs(
             link.fileno(), link.view, self._v6, (src_ip, sport), flow.seg_states(size, GSO_MAX_SEGMENTS),
-            op, qp.qpn, psn, mtu, mem, off, most, max_reads,
+            op, qp.qpn, psn, mtu, mem, off, most, max_reads, flow.id_shifts(size),
         )  # fmt: skip
         c, lc = self.counters, link.counters
         c.packets_in += datagrams
@@ -291,7 +297,7 @@ class UdpPort:
                 if run is not None and n == run[4] + BTH_LEN + ICRC_LEN:
                     got_n, last_ack = codec.place_run(
                         view, nbytes, segsize, idx, rx.icrc.seg_states(n, nsegs), op, qp.qpn,
-                        run[0], run[4], run[1], run[2], run[3],
+                        run[0], run[4], run[1], run[2], run[3], rx.icrc.id_shifts(n),
                     )  # fmt: skip
                     if got_n:
                         qp.rx_run_done(op, got_n, last_ack, now)
@@ -307,7 +313,8 @@ class UdpPort:
                 c.icrc_ok += 1
                 ours = True
                 continue
-            # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx), then decode.
+            # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx, or another
+            # below SEGMENT_IDS where the network split or merged batches), then decode.
             got = codec.check_decode(seg, idx, rx.states, rx.icrc)
             if type(got) is Packet:
                 c.icrc_ok += 1
@@ -359,8 +366,21 @@ class UdpPort:
                 self.counters.dropped_state += n
                 continue
             self.counters.packets_out += n
+            too_big = self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0)
             self._send_udp(pkts, remote)
+            if self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0) != too_big:
+                self._too_big(qp, remote)
         return busy
+
+    def _too_big(self, qp: QueuePair, remote: PeerAddress) -> None:
+        """The path refused a datagram of ``qp`` (EMSGSIZE: the route's MTU, or what path-MTU
+        discovery learned from an ICMP error, is below it). A QP's path MTU cannot change
+        in RTS (IBTA §11.2.5.3 sets it at RTR), so the QP fails at once, saying why, rather
+        than resending what can never arrive."""
+        mtu = qp.attrs.path_mtu or 0
+        overhead = BTH_LEN + 20 + ICRC_LEN  # BTH, RETH and ImmDt at most, ICRC
+        self._faults[qp.qpn] = too_big_message(remote.ip, mtu + overhead, mtu, self.link.ip)
+        qp.fail_send(WcStatus.LOC_QP_OP_ERR)
 
     def _flush_backlog(self) -> bool:
         link = self.link

@@ -6,7 +6,10 @@ covers the IPv4 Identification and flags):
 - the socket is unconnected and has ``IP_MTU_DISCOVER = IP_PMTUDISC_DO``, so the
   kernel sets DF and an Identification of 0 (``ip_select_ident_segs``);
 - with UDP GSO the kernel numbers the segments of one send 0, 1, 2, …
-  (``inet_gso_segment``), so segment *k* of a batch is checksummed with ID *k*;
+  (``inet_gso_segment``), so segment *k* of a batch is checksummed with ID *k*.
+  A hop may split the batch (a NIC's USO, a qdisc that must) and GRO may merge
+  any run of it: the receiver accepts any ID below ``SEGMENT_IDS`` whatever a
+  segment's place in its read (``IcrcFlow.id_shift``);
 - packets leave from exactly the address in our GID (rxe's ``check_addr``) and go
   to the peer's port 4791.
 """
