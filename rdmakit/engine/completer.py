@@ -161,6 +161,11 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
     kind = wqe.kind
     if d > 0 and kind != SEND_WRITE:
         stats.drop("out_of_order_response")
+        if kind == READ and req.cc_on:
+            # A READ response past the one expected: those between were lost (a FIFO path
+            # keeps a READ's responses in order). Go back now, as a NAK-sequence error
+            # would, rather than wait out the timer (rxe waits).
+            req.error_retry(now, False)
         return
     op = info.opcode
     pos = info.position

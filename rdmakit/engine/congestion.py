@@ -56,9 +56,10 @@ K_RTO_VARIANCE = 4
 K_GRANULARITY = 0.001
 #: RFC 6298 §2.5: a maximum may be placed on the timer, provided it is at least 60 s.
 K_MAX_RTO = 60.0
-#: The least early timer, seconds. A go-back-N timeout that fires while the answer is only
-#: queued resends everything in flight; a burst of a whole window can queue for milliseconds
-#: at a bottleneck (RFC 6298 §2.4 sets 1 s for TCP; Linux's TCP_RTO_MIN is 200 ms).
+#: The least early timer (one shorter than the local ACK timeout), seconds. A go-back-N
+#: timeout that fires while the answer is only queued resends everything in flight; a burst
+#: of a whole window can queue for milliseconds at a bottleneck (RFC 6298 §2.4 sets 1 s for
+#: TCP; Linux's TCP_RTO_MIN is 200 ms).
 K_MIN_RTO = 0.01
 
 # -- DCQCN (Zhu et al. 2015, §3 and the parameters of §5) --
@@ -213,11 +214,11 @@ class RttEstimator:
             self.smoothed = (1 - K_RTT_ALPHA) * s + K_RTT_ALPHA * rtt
 
     def rto(self) -> float | None:
-        """SRTT + max(G, K · RTTVAR) (RFC 6298 §2.3), at least ``K_MIN_RTO``; None without a sample."""
+        """SRTT + max(G, K · RTTVAR) (RFC 6298 §2.3), or None without a sample."""
         s = self.smoothed
         if s is None:
             return None
-        return max(s + max(K_GRANULARITY, K_RTO_VARIANCE * self.variation), K_MIN_RTO)
+        return s + max(K_GRANULARITY, K_RTO_VARIANCE * self.variation)
 
 
 class Dcqcn:

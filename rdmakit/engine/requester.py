@@ -34,7 +34,7 @@ from enum import IntEnum
 
 from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet, Train
 
-from .congestion import K_MAX_RTO, PACKET_OVERHEAD, Dcqcn, DeliveryRate, RttEstimator, Window
+from .congestion import K_MAX_RTO, K_MIN_RTO, PACKET_OVERHEAD, Dcqcn, DeliveryRate, RttEstimator, Window
 from .context import QpContext
 from .memory import gather
 from .timers import INFINITE_RETRY, MAX_PKT_PER_ACK, rnr_delay, transport_timeout
@@ -241,10 +241,10 @@ class Requester:
         rto = self.rtt.rto()
         if rto is None:
             return t
-        backed = min(rto * (1 << min(self.rto_backoff, 16)), K_MAX_RTO)
-        if rto > t:
-            return backed if backed > t else t  # a path slower than the timeout: wait for it
-        return backed if backed < t else t
+        if rto > t:  # a path slower than the local ACK timeout: wait for it
+            return min(rto * (1 << min(self.rto_backoff, 16)), K_MAX_RTO)
+        early = max(rto, K_MIN_RTO) * (1 << min(self.rto_backoff, 16))
+        return early if early < t else t
 
     def restart_timer(self, now: float) -> None:
         """Progress was made: count what was acknowledged, time the oldest unacknowledged PSN

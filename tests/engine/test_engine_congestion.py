@@ -180,3 +180,57 @@ def test_a_cnp_without_congestion_control_changes_nothing() -> None:
     r = run(faults, False)
     assert r.ok
     assert r.cnps > 0
+
+
+def _reads(cc: bool) -> tuple[float, int]:
+    """32 RDMA READs of 64 KB, 16 outstanding, over the shallow bottleneck: (seconds, packets lost)."""
+    size = 64 * 1024
+    caps = QpCaps(max_unacked_psns=1024, congestion_control=cc)
+    p = make_pair(
+        SEED, BOTTLENECK_SHALLOW, caps=caps, mem_size=16 * size, mtu=1024, max_rd_atomic=16, timeout=14
+    )
+    a, b = p.a, p.b
+    for i in range(32):
+        off = i % 16 * size
+        a.qp.post_send(
+            send_wr(i, WrOpcode.RDMA_READ, (a.sge(off, size),), remote_addr=b.mr.addr + off, rkey=b.mr.rkey)
+        )
+    assert p.run_until_completions(32, max_time=60.0)
+    assert all(c.status.name == "SUCCESS" for c in a.sent)
+    assert a.mem == b.mem
+    return p.net.now, p.net.stats["queue_full"]
+
+
+def test_a_gap_in_read_responses_is_a_loss_at_once() -> None:
+    """A READ response past the one expected means those between were lost: the requester goes
+    back at once (as for a NAK-sequence error) instead of waiting out its timer, as rxe does."""
+    (t_on, lost_on), (t_off, lost_off) = _reads(True), _reads(False)
+    print(f"READs: {t_on:.3f} s, {lost_on} lost with congestion control; {t_off:.3f} s, {lost_off} without")
+    assert t_on < t_off
+    assert lost_on * 5 < lost_off
+
+
+@pytest.mark.parametrize("cc", [True, False])
+def test_a_read_response_after_a_gap_goes_back_at_once(cc: bool) -> None:
+    """The second of four READ responses is lost: the third tells the requester at once (with
+    congestion control; rxe waits for its timer), and the retried READ asks from the gap on."""
+    p = make_pair(SEED, caps=QpCaps(congestion_control=cc), mtu=256)
+    a, b = p.a.qp, p.b.qp
+    a.post_send(
+        send_wr(1, WrOpcode.RDMA_READ, (p.a.sge(0, 1024),), remote_addr=p.b.mr.addr, rkey=p.b.mr.rkey)
+    )
+    (req,) = a.poll_transmit(0.0)
+    b.receive(req, 0.0)
+    responses = b.poll_transmit(0.0)
+    assert len(responses) == 4
+    a.receive(responses[0], 0.0)
+    a.receive(responses[2], 0.0)
+    assert a.stats.retries == (1 if cc else 0)
+    again = a.poll_transmit(0.0)
+    if cc:
+        assert len(again) == 1
+        assert again[0].psn == responses[1].psn
+        assert again[0].reth is not None
+        assert again[0].reth.va == p.b.mr.addr + 256
+    else:
+        assert again == []
