@@ -211,7 +211,9 @@ def pump(
             for wc in tq.qp.poll(64):
                 busy = True
                 if wc.status is not WcStatus.SUCCESS:
-                    raise CliError(f"{what}: completion with error {wc.status.name} (wr_id {wc.wr_id})")
+                    fault = tq.qp.transport_fault()
+                    why = f": {fault}" if fault else ""
+                    raise CliError(f"{what}: completion with error {wc.status.name} (wr_id {wc.wr_id}){why}")
                 on_completion(i, wc)
         if idle is not None:
             busy |= idle()

@@ -81,6 +81,7 @@ from rdmakit.cli.perftest_runs import (
     spin_of,
 )
 from rdmakit.doca.backend import BackendDevice
+from rdmakit.transport.netmtu import route_mtu
 from rdmakit.transport.oob import OobError, OobStream
 
 __all__ = ["PERFTESTS", "main", "register"]
@@ -232,6 +233,10 @@ def _run(p: Params, dev: BackendDevice) -> int:
     else:
         stream = OobStream.accept(p.port, oob_timeout() * RUN_WAIT_FACTOR)
     with stream:
+        if dev.kind == "soft-udp" and isinstance(stream, OobStream):
+            # Both ends fold in the route to the other (its MTU, as path-MTU discovery knows
+            # it), then take the smaller offer: one path MTU for both.
+            own_mtu = route_mtu(stream.peer_ip, own_mtu)
         ex = Exchange(stream, p.client)
         ex.spin = spin_of(p)
         neg = negotiate(ex, own_mtu)

@@ -47,7 +47,9 @@ from rdmakit.transport.connect import ConnectOptions, Endpoint, connect_qp, init
 from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 from rdmakit.transport.in_use import address_in_use
+from rdmakit.transport.netmtu import port_mtu
 from rdmakit.transport.port import TransportName
+from rdmakit.transport.tcp_port import TCP_MTU
 from rdmakit.wire import PSN_MASK, ROCE_UDP_PORT
 
 __all__ = ["SOFT_CAPS", "SoftBackendDevice", "SoftBackendQP", "soft_devinfo"]
@@ -288,6 +290,7 @@ class SoftBackendDevice:
             caps = QpCaps(
                 max_send_wr=caps.max_send_wr, max_recv_wr=caps.max_recv_wr, max_send_sge=caps.max_send_sge,
                 max_recv_sge=caps.max_recv_sge, large_mtu=True, max_unacked_psns=caps.max_unacked_psns,
+                congestion_control=False,  # TCP's own
             )  # fmt: skip
         qp = SoftBackendQP(self, caps)
         self._qps.append(qp)
@@ -341,7 +344,7 @@ def soft_devinfo(transport: TransportName, ip: str, port: int = ROCE_UDP_PORT) -
         opener=lambda: SoftBackendDevice(transport, str(addr), port),
         ip_addrs=(addr,),
         gids=(IPv6Address(gid),),
-        mtu=4096 if transport == "roce-udp" else 1 << 20,
+        mtu=port_mtu(str(addr)) if transport == "roce-udp" else TCP_MTU,
         caps=SOFT_CAPS,
     )
 

@@ -179,8 +179,7 @@ def _set_rq_psn(qp: Modifiable, v: int) -> None:
 
 
 def _set_sq_psn(qp: Modifiable, v: int) -> None:
-    req = qp.req
-    req.req_psn = req.comp_psn = req.sent_hwm = v
+    qp.req.set_psn(v)
 
 
 def _set_max_dest_rd_atomic(qp: Modifiable, v: int) -> None:

@@ -303,6 +303,15 @@ class CmEndpoint:
         conn.state = CmState.DREQ_SENT
         self._send(conn, CmMad(CmAttr.DREQ, self.rng.getrandbits(64), values, private_data), now)
 
+    def disconnect_all(self, now: float) -> list[int]:
+        """Send a DREQ on every established connection; their handles. The kernel does this for
+        a process that exits: closing its rdma_cm file destroys its IDs (``ucma.c``), and
+        ``cm_destroy_id()`` sends a DREQ for an established one (``cm.c``)."""
+        live = [c.local_id for c in self._conns.values() if c.state is CmState.ESTABLISHED]
+        for comm_id in live:
+            self.disconnect(comm_id, now)
+        return live
+
     def destroy(self, comm_id: int) -> None:
         """Forget a connection at once (no message)."""
         conn = self._conns.get(comm_id)

@@ -30,7 +30,8 @@ from rdmakit.wire import (
 )
 
 from .context import QpContext
-from .requester import ATOMIC, POSTED, READ, SEND_WRITE, Requester, SendWqe, scatter
+from .memory import scatter
+from .requester import ATOMIC, POSTED, READ, SEND_WRITE, Requester, SendWqe
 from .types import WcStatus
 
 _MASK = PSN_MASK
@@ -143,7 +144,7 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
             # The response to this READ/atomic was lost: the responder has
             # already answered later requests (implied NAK, IBTA §9.7.5.1.4).
             stats.implied_naks += 1
-            req.error_retry(False)
+            req.error_retry(now, False)
             return
         req.reset_retry_counters()
         if psn_diff(wqe.last_psn, req.comp_psn) >= 0:
@@ -160,6 +161,11 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
     kind = wqe.kind
     if d > 0 and kind != SEND_WRITE:
         stats.drop("out_of_order_response")
+        if kind == READ and req.cc_on:
+            # A READ response past the one expected: those between were lost (a FIFO path
+            # keeps a READ's responses in order). Go back now, as a NAK-sequence error
+            # would, rather than wait out the timer (rxe waits).
+            req.error_retry(now, False)
         return
     op = info.opcode
     pos = info.position
@@ -202,7 +208,7 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
                     req.comp_psn = psn
                     req.comp_opcode = None
                     req.restart_timer(now)
-                req.error_retry(False)
+                req.error_retry(now, False)
             else:
                 qp.fail_send(NAK_STATUS.get(code, WcStatus.REM_OP_ERR))  # type: ignore[call-overload]
         else:

@@ -152,3 +152,37 @@ class ProtectionDomain:
 
 
 _EMPTY = memoryview(b"")
+
+
+def gather(segs: list[memoryview], off: int, n: int) -> bytes:
+    """``n`` bytes at ``off`` of the concatenated segments (a packet spanning SGEs: one copy)."""
+    parts = []
+    for seg in segs:
+        size = len(seg)
+        if off >= size:
+            off -= size
+            continue
+        take = min(size - off, n)
+        parts.append(seg[off : off + take])
+        n -= take
+        off = 0
+        if n == 0:
+            break
+    return b"".join(parts)
+
+
+def scatter(segs: list[memoryview], off: int, data: bytes | bytearray | memoryview) -> None:
+    """Store ``data`` at ``off`` of the concatenated segments; the caller checked the bounds."""
+    n = len(data)
+    pos = 0
+    for seg in segs:
+        size = len(seg)
+        if off >= size:
+            off -= size
+            continue
+        take = min(size - off, n - pos)
+        seg[off : off + take] = data[pos : pos + take]
+        pos += take
+        off = 0
+        if pos == n:
+            return

@@ -38,6 +38,7 @@ from rdmakit.wire import (
 from .attrs import ATTRS, ModifyAttrs, QpAttrs
 from .bulk import BulkReceive
 from .completer import fast_read_middle, on_response
+from .congestion import DCQCN_CNP_INTERVAL
 from .cq import CompletionQueue
 from .errors import EngineError
 from .memory import ProtectionDomain
@@ -123,7 +124,11 @@ class QueuePair(BulkReceive):
         self.remote: object = None
         #: The fast paths of MIDDLE packets are on (``QpCaps.fast_paths``).
         self._fast = caps.fast_paths
-        self.req = Requester(self, caps.max_unacked_psns, caps.fast_paths)
+        self.req = Requester(self, caps.max_unacked_psns, caps.fast_paths, caps.congestion_control)
+        #: The notification point (RoCEv2 Annex A17.9.3): a CNP is owed to the peer, and when
+        #: the last one left (DCQCN: at most one per ``DCQCN_CNP_INTERVAL``).
+        self._cnp_due = False
+        self._cnp_at = -DCQCN_CNP_INTERVAL
         self.resp = Responder(self, caps.fast_paths)
 
     def __repr__(self) -> str:
@@ -157,6 +162,7 @@ class QueuePair(BulkReceive):
         if not 1 <= value < 1 << 22:
             raise EngineError("INVALID_VALUE", "window must be in [1, 2**22)")
         self.req.window = value
+        self.req.cc.set_limit(value)
 
     @property
     def sq_drained(self) -> bool:
@@ -244,7 +250,7 @@ class QueuePair(BulkReceive):
         req.sq.clear()
         req.next_idx = req.req_off = req.rd_out = 0
         req.need_retry = False
-        req.rexmit_deadline = req.rnr_deadline = None
+        req.rexmit_deadline = req.rnr_deadline = req.pace_deadline = None
         for w in wqes:
             self.push_send(
                 Completion(
@@ -463,6 +469,34 @@ class QueuePair(BulkReceive):
         else:
             stats.drop("qp_state")
 
+    # -- congestion notification (RoCEv2 Annex A17.9) --
+
+    def congestion_experienced(self, now: float) -> None:
+        """A packet for this QP arrived marked CE (ECN 0b11 in the IP header, which only the
+        transport sees): as the notification point, owe the peer a CNP, at most one per
+        ``DCQCN_CNP_INTERVAL`` (Zhu et al. 2015, §3.2)."""
+        self.stats.ce_received += 1
+        if self._rx and now - self._cnp_at >= DCQCN_CNP_INTERVAL:
+            self._cnp_due = True
+            self._cnp_at = now
+
+    def poll_cnp(self) -> bool:
+        """True once per CNP owed: the transport then sends one to ``dest_qpn`` (``wire.cnp``)."""
+        if not self._cnp_due:
+            return False
+        self._cnp_due = False
+        if not self._rx:
+            return False
+        self.stats.cnps_sent += 1
+        return True
+
+    def cnp_received(self, now: float) -> None:
+        """A CNP named this QP (already ICRC-checked): as the reaction point, lower the rate
+        (DCQCN). Counted and otherwise ignored where no requester runs or congestion control is off."""
+        self.stats.cnps_received += 1
+        if self._tx and self.req.cc_on:
+            self.req.rate.on_cnp(now)
+
     def get_timer(self) -> float | None:
         """The earliest deadline (retransmit or RNR wait) at which to call ``handle_timer``."""
         return self.req.deadline() if self._tx else None
@@ -476,7 +510,12 @@ class QueuePair(BulkReceive):
         if self.resp.out:
             return self._state >= QpState.RTR
         req = self.req
-        return self._tx and req.rnr_deadline is None and (req.need_retry or req.next_idx < len(req.sq))
+        return (
+            self._tx
+            and req.rnr_deadline is None
+            and req.pace_deadline is None
+            and (req.need_retry or req.next_idx < len(req.sq))
+        )
 
     def poll_transmit(self, now: float, max_packets: int | None = None) -> list[Packet]:
         """Packets ready to go now, responses first; each addressed to ``dest_qpn``."""

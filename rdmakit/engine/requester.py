@@ -34,13 +34,17 @@ from enum import IntEnum
 
 from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet, Train
 
+from .congestion import K_MAX_RTO, K_MIN_RTO, PACKET_OVERHEAD, Dcqcn, DeliveryRate, RttEstimator, Window
 from .context import QpContext
+from .memory import gather
 from .timers import INFINITE_RETRY, MAX_PKT_PER_ACK, rnr_delay, transport_timeout
 from .types import SendWR, WcOpcode, WcStatus, WrOpcode
 
 _MASK = PSN_MASK
 _HALF = PSN_HALF
 _new_packet = tuple.__new__
+#: A timer that fired a hair before a whole local ACK timeout (floating point) still counts.
+_NEARLY = 1 - 1e-9
 
 
 class WqeKind(IntEnum):
@@ -145,55 +149,24 @@ class SendWqe:
         self.read_done = 0
 
 
-def gather(segs: list[memoryview], off: int, n: int) -> bytes:
-    """``n`` bytes at ``off`` of the concatenated segments (a packet spanning SGEs: one copy)."""
-    parts = []
-    for seg in segs:
-        size = len(seg)
-        if off >= size:
-            off -= size
-            continue
-        take = min(size - off, n)
-        parts.append(seg[off : off + take])
-        n -= take
-        off = 0
-        if n == 0:
-            break
-    return b"".join(parts)
-
-
-def scatter(segs: list[memoryview], off: int, data: bytes | bytearray | memoryview) -> None:
-    """Store ``data`` at ``off`` of the concatenated segments; the caller checked the bounds."""
-    n = len(data)
-    pos = 0
-    for seg in segs:
-        size = len(seg)
-        if off >= size:
-            off -= size
-            continue
-        take = min(size - off, n - pos)
-        seg[off : off + take] = data[pos : pos + take]
-        pos += take
-        off = 0
-        if pos == n:
-            return
-
-
 class Requester:
     """Send-side state of one QP; transmit, rewind and the retry counters."""
 
     __slots__ = (
-        "comp_opcode", "comp_psn", "draining", "fast", "max_rd_atomic", "mtu", "need_retry", "next_idx",
-        "noack", "qp", "rd_out", "req_off", "req_psn", "retry_cnt", "retry_left", "rexmit_deadline",
-        "rnr_deadline", "rnr_left", "rnr_retry", "sent_hwm", "sq", "started_retry", "timeout",
-        "window",
+        "acked_mark", "cc", "cc_on", "comp_opcode", "comp_psn", "delivery", "draining", "fast",
+        "max_rd_atomic", "mtu", "need_retry", "next_idx", "noack", "pace_deadline", "progress_at",
+        "qp", "rate", "rd_out", "req_off", "req_psn", "retry_cnt", "retry_left", "rexmit_deadline",
+        "rnr_deadline", "rnr_left", "rnr_retry", "rto_backoff", "rtt", "rtt_psn", "rtt_sent",
+        "sent_hwm", "sq", "started_retry", "timeout", "window",
     )  # fmt: skip
 
-    def __init__(self, qp: QpContext, window: int, fast: bool = True) -> None:
+    def __init__(self, qp: QpContext, window: int, fast: bool = True, congestion: bool = True) -> None:
         self.qp = qp
         self.window = window
         #: Runs of MIDDLE packets take the tight loop (``QpCaps.fast_paths``).
         self.fast = fast
+        #: The congestion window and the DCQCN rate apply (``QpCaps.congestion_control``).
+        self.cc_on = congestion
         self.sq: deque[SendWqe] = deque()
         self.reset()
 
@@ -218,6 +191,27 @@ class Requester:
         self.draining = False
         self.rexmit_deadline: float | None = None
         self.rnr_deadline: float | None = None
+        #: While the DCQCN rate holds the next packet back: when it may leave.
+        self.pace_deadline: float | None = None
+        self.cc = Window(self.window)
+        self.rtt = RttEstimator()
+        self.delivery = DeliveryRate()
+        self.rate = Dcqcn()
+        #: ``comp_psn`` as the window last counted it (PSNs past it are newly acknowledged).
+        self.acked_mark = 0
+        #: The PSN being timed for a round-trip sample and when it first left (Karn's rule).
+        self.rtt_psn: int | None = None
+        self.rtt_sent = 0.0
+        #: Timeouts since the last progress (RFC 6298 §5.5 doubles the timer for each), and
+        #: when the last progress was (a retry counts against ``retry_cnt`` only once a local
+        #: ACK timeout has passed since).
+        self.rto_backoff = 0
+        self.progress_at = 0.0
+
+    def set_psn(self, psn: int) -> None:
+        """The send queue's first PSN (``sq_psn``)."""
+        self.req_psn = self.comp_psn = self.sent_hwm = self.acked_mark = psn
+        self.rtt_psn = None
 
     def set_timeout(self, timeout: int) -> None:
         self.timeout = transport_timeout(timeout)
@@ -231,19 +225,51 @@ class Requester:
     def deadline(self) -> float | None:
         r, t = self.rnr_deadline, self.rexmit_deadline
         if r is None:
+            best = t
+        else:
+            best = r if t is None or r < t else t
+        p = self.pace_deadline
+        if p is not None and (best is None or p < best):
+            return p
+        return best
+
+    def rexmit_timeout(self) -> float | None:
+        """The retransmit timer (:mod:`.congestion`, "The retransmit timer"), None when disabled."""
+        t = self.timeout
+        if t is None or not self.cc_on:
             return t
-        return r if t is None or r < t else t
+        rto = self.rtt.rto()
+        if rto is None:
+            return t
+        if rto > t:  # a path slower than the local ACK timeout: wait for it
+            return min(rto * (1 << min(self.rto_backoff, 16)), K_MAX_RTO)
+        early = max(rto, K_MIN_RTO) * (1 << min(self.rto_backoff, 16))
+        return early if early < t else t
 
     def restart_timer(self, now: float) -> None:
-        """Progress was made: time the oldest unacknowledged PSN afresh, or stop the timer."""
-        if self.timeout is not None and self.req_psn != self.comp_psn and self.rnr_deadline is None:
-            self.rexmit_deadline = now + self.timeout
+        """Progress was made: count what was acknowledged, time the oldest unacknowledged PSN
+        afresh, or stop the timer."""
+        comp = self.comp_psn
+        acked = (comp - self.acked_mark) & _MASK
+        if acked and acked < _HALF:
+            self.acked_mark = comp
+            self.rto_backoff = 0
+            self.progress_at = now
+            if self.cc_on:
+                self.cc.on_ack(acked, now)
+                self.delivery.on_ack(acked, now, self.rtt.smoothed)
+            timed = self.rtt_psn
+            if timed is not None and 0 < (comp - timed) & _MASK < _HALF:
+                self.rtt.sample(now - self.rtt_sent)
+                self.rtt_psn = None
+        if self.timeout is not None and self.req_psn != comp and self.rnr_deadline is None:
+            self.rexmit_deadline = now + (self.rexmit_timeout() or self.timeout)
         else:
             self.rexmit_deadline = None
 
     # -- retries (rxe rxe_comp.c COMPST_ERROR_RETRY / COMPST_RNR_RETRY) --
 
-    def error_retry(self, timeout: bool) -> None:
+    def error_retry(self, now: float, timeout: bool, counted: bool = True) -> None:
         """Start a go-back-N retry after a timeout, NAK-sequence error or implied NAK.
 
         All three count against ``retry_cnt`` (7 never runs out). Without a
@@ -255,13 +281,21 @@ class Requester:
             return
         if self.started_retry and not timeout:
             return
-        if self.retry_left > 0:
-            if self.retry_left != INFINITE_RETRY:
+        if self.retry_left > 0 or not counted:
+            if self.retry_left != INFINITE_RETRY and counted:
                 self.retry_left -= 1
             if self.req_psn != self.comp_psn:
                 self.need_retry = True
                 self.started_retry = True
                 self.qp.stats.retries += 1
+                self.rtt_psn = None  # Karn: no sample across a retransmission
+                if self.cc_on:
+                    floor = self.delivery.bdp(self.rtt.minimum)
+                    rtt = self.rtt.smoothed or 0.0
+                    if timeout:
+                        self.cc.on_timeout(now, rtt, floor)
+                    else:
+                        self.cc.on_loss(now, rtt, floor)
         else:
             self.qp.fail_send(WcStatus.RETRY_EXC_ERR)
 
@@ -272,11 +306,15 @@ class Requester:
                 self.rnr_left -= 1
             self.rnr_deadline = now + rnr_delay(code)
             self.rexmit_deadline = None
+            self.rtt_psn = None
             self.need_retry = True
         else:
             self.qp.fail_send(WcStatus.RNR_RETRY_EXC_ERR)
 
     def on_timer(self, now: float) -> None:
+        p = self.pace_deadline
+        if p is not None and now >= p:
+            self.pace_deadline = None
         r = self.rnr_deadline
         if r is not None and now >= r:
             self.rnr_deadline = None
@@ -284,7 +322,16 @@ class Requester:
         if t is not None and now >= t:
             self.rexmit_deadline = None
             self.qp.stats.timeouts += 1
-            self.error_retry(True)
+            # Early (the measured round trip's timer, shorter than the local ACK timeout): a
+            # retry that does not use up retry_cnt. A whole local ACK timeout without progress
+            # counts, as rxe counts every timeout.
+            timeout = self.timeout
+            since = now - self.progress_at  # negative: a caller's clock went back; count it
+            counted = timeout is None or since >= timeout * _NEARLY or since < 0
+            if counted:
+                self.progress_at = now
+            self.rto_backoff += 1
+            self.error_retry(now, True, counted)
 
     def rewind(self) -> None:
         """Go back to ``comp_psn`` (rxe ``req_retry()``)."""
@@ -316,14 +363,33 @@ class Requester:
         as one :class:`~rdmakit.wire.Train` (the same packets, see
         ``Train.packets``); the count still counts packets.
         """
-        if self.rnr_deadline is not None:
+        if self.rnr_deadline is not None or self.pace_deadline is not None:
             return 0
+        idle = self.req_psn == self.comp_psn and not self.need_retry
+        mtu = self.mtu
+        window = self.window
+        # AckReq at least every ``per_ack + 2`` packets: rxe's 66, or half the congestion
+        # window, so that acknowledgements keep a small window open (RFC 5681 §4.2).
+        per_ack = MAX_PKT_PER_ACK
+        rate = self.rate
+        if self.cc_on:
+            cwnd = self.cc.packets()
+            if cwnd < window:
+                window = cwnd
+                if cwnd < 2 * MAX_PKT_PER_ACK + 4:
+                    per_ack = max(cwnd // 2, 1) - 2
+            if rate.rate is not None and (self.next_idx < len(self.sq) or self.need_retry):
+                allowance = rate.allowance(now)  # infinite once the rate has recovered
+                if allowance < budget * (mtu + PACKET_OVERHEAD):
+                    allowed = int(allowance // (mtu + PACKET_OVERHEAD))
+                    if allowed < 1:
+                        self.pace_deadline = rate.next_send(now, mtu + PACKET_OVERHEAD)
+                        return 0
+                    budget = allowed
         if self.need_retry:
             self.rewind()
         sq = self.sq
         nsq = len(sq)
-        mtu = self.mtu
-        window = self.window
         dqpn = self.qp.dest_qpn
         psn = self.req_psn
         comp = self.comp_psn
@@ -348,8 +414,8 @@ class Requester:
                             ops = wqe.ops
                             assert ops is not None
                             noack = self.noack
-                            every = MAX_PKT_PER_ACK + 2
-                            first = max(MAX_PKT_PER_ACK + 1 - noack, 0)
+                            every = per_ack + 2
+                            first = max(per_ack + 1 - noack, 0)
                             if first < m:
                                 noack = m - 1 - (first + (m - 1 - first) // every * every)
                             else:
@@ -384,7 +450,7 @@ class Requester:
                         if window <= d < _HALF:
                             blocked = True
                             break
-                        ackreq = noack > MAX_PKT_PER_ACK
+                        ackreq = noack > per_ack
                         noack = 0 if ackreq else noack + 1
                         out.append(_new_packet(Packet, (
                             op, dqpn, psn, ackreq, False, False, 0xFFFF, False, False,
@@ -434,7 +500,7 @@ class Requester:
                 else:
                     last = False
                     size = mtu
-                    ackreq = self.noack > MAX_PKT_PER_ACK
+                    ackreq = self.noack > per_ack
                     self.noack += 1
                 ops = wqe.ops
                 assert ops is not None
@@ -497,11 +563,22 @@ class Requester:
             if (psn - hwm) & _MASK < _HALF:
                 hwm = psn
         if n:
+            if self.rtt_psn is None:
+                # Time the first PSN of this call, even a resent one: after a NAK-sequence error
+                # the responder answers nothing past it before the resent copy arrives, and after
+                # a timeout the first copy had a whole timeout to be answered (Karn's ambiguity
+                # is only the sample that was under way, dropped at the retry).
+                self.rtt_psn, self.rtt_sent = self.req_psn, now
             self.next_idx = idx
             self.req_psn = psn
-            self.sent_hwm = hwm
+            if hwm != self.sent_hwm:
+                self.sent_hwm = hwm
             if retrans:
                 self.qp.stats.retransmits += retrans
             if self.rexmit_deadline is None and self.timeout is not None:
-                self.rexmit_deadline = now + self.timeout
+                if idle:
+                    self.progress_at = now
+                self.rexmit_deadline = now + (self.rexmit_timeout() or self.timeout)
+            if self.cc_on:
+                rate.sent(n * (mtu + PACKET_OVERHEAD), now)
         return n

@@ -10,7 +10,7 @@ generic path, which sorts out errors and edge cases. The bulk forms
 
 from rdmakit.wire import OPCODE_INFO, PSN_MASK, Kind, Opcode, Packet, Payload, Position
 
-from .requester import scatter
+from .memory import scatter
 from .responder import Responder
 from .timers import MAX_MSG_SIZE
 from .types import Access

@@ -59,8 +59,8 @@ from rdmakit.wire import (
 )
 
 from .context import QpContext
+from .memory import scatter
 from .rdatomic import RdAtomicResources
-from .requester import scatter
 from .resp_output import ReadReply, ResponseOutput
 from .timers import MAX_MSG_SIZE
 from .types import Access, Completion, WcOpcode, WcStatus

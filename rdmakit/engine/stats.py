@@ -20,6 +20,10 @@ class QpStats:
     implied_naks: int = 0
     #: Duplicate requests received.
     duplicates: int = 0
+    #: Packets the transport saw marked CE, CNPs sent for them and CNPs received (Annex A17.9).
+    ce_received: int = 0
+    cnps_sent: int = 0
+    cnps_received: int = 0
     rnr_naks_sent: int = 0
     rnr_naks_received: int = 0
     #: NAKs by ``NakCode`` name.

@@ -137,6 +137,9 @@ class QpCaps:
     MIDDLE packets skip the generic per-packet dispatch, in both directions and
     in bulk (``rx_run``, ``poll_transmit_trains``); off, every packet takes the
     generic path, with the same packets, completions and states.
+    ``congestion_control`` keeps a congestion window and a DCQCN rate beside the
+    window (:mod:`rdmakit.engine.congestion`); off for a transport that has its own
+    (TCP), the requester sends as rxe does.
     """
 
     max_send_wr: int = 256
@@ -146,3 +149,4 @@ class QpCaps:
     large_mtu: bool = False
     max_unacked_psns: int = 128
     fast_paths: bool = True
+    congestion_control: bool = True

@@ -7,23 +7,31 @@ plus delays. Pass one to `rdmakit.testing.engine.make_pair` or to `SimNet`;
 derive variants with `dataclasses.replace`.
 
 `PROFILES` names the ones a hostile-network sweep runs through, one fault at
-a time and then all at once.
+a time and then all at once. The ``BOTTLENECK_*`` profiles are one 1 Gbit/s
+link with a queue: deep, shallow (64 KB, tail drop) or marking ECN as DCQCN
+sets a switch (Kmin 5 KB, Kmax 200 KB, Pmax 1 %, Zhu et al. 2015, §5); ``WAN``
+is a 100 ms round trip.
 """
 
 from rdmakit.transport.simnet import Faults
 
 __all__ = [
     "ALL_AT_ONCE",
+    "BOTTLENECK_DEEP",
+    "BOTTLENECK_ECN",
+    "BOTTLENECK_SHALLOW",
     "CLEAN",
     "CORRUPT",
     "DUPLICATE",
     "DUPLICATE_REORDER",
+    "GIGABIT",
     "HEAVY_LOSS",
     "LIGHT_LOSS",
     "LONG_REORDER",
     "MIXED",
     "PROFILES",
     "REORDER",
+    "WAN",
     "Faults",
 ]
 
@@ -47,6 +55,19 @@ LONG_REORDER = Faults(loss=0.05, reorder=0.5, reorder_delay=300e-6)
 MIXED = Faults(loss=0.05, duplicate=0.05, reorder=0.2, corrupt=0.02, jitter=5e-6)
 #: Every fault at once, at rates far above any real network's.
 ALL_AT_ONCE = Faults(loss=0.2, duplicate=0.1, reorder=0.3, corrupt=0.05, jitter=20e-6)
+
+#: A 1 Gbit/s link, in bytes per second.
+GIGABIT = 125e6
+#: A 1 Gbit/s bottleneck with an unbounded queue, 50 µs each way.
+BOTTLENECK_DEEP = Faults(rate=GIGABIT, delay=50e-6)
+#: The same with a 64 KB queue that drops what does not fit (a shallow switch buffer, tbf's limit).
+BOTTLENECK_SHALLOW = Faults(rate=GIGABIT, queue_limit=64 * 1024, delay=50e-6)
+#: A 1 Gbit/s bottleneck that marks CE on its queue (DCQCN's switch settings) before its 256 KB fill.
+BOTTLENECK_ECN = Faults(
+    rate=GIGABIT, queue_limit=256 * 1024, ecn_kmin=5 * 1024, ecn_kmax=200 * 1024, ecn_pmax=0.01, delay=50e-6
+)
+#: A 100 ms round trip (no reordering: a WAN path keeps a flow's packets in order).
+WAN = Faults(delay=50e-3)
 
 #: The sweep's profiles by name: each fault alone, then all of them at once.
 PROFILES: dict[str, Faults] = {

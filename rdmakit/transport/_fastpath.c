@@ -482,21 +482,31 @@ out:
 /* -- place_run -------------------------------------------------------------------------- */
 
 /*
- * place_run(buf, nbytes, seg, k0, states, op, qpn, psn, mtu, dst, dst_off, max_count)
+ * place_run(buf, nbytes, seg, k0, states, op, qpn, psn, mtu, dst, dst_off, max_count[, shifts])
  *     -> (count, last_ackreq)
  *
  * buf[:nbytes] holds received segments of seg bytes each (a GRO batch; the last
  * may be shorter); segment k starts at k * seg. Starting at segment k0, accept
  * segments while each is a MIDDLE of opcode op with TVer 0, no pad, a valid
  * P_Key, destination qpn, PSN psn + i, exactly BTH + mtu + ICRC bytes, and an
- * ICRC that matches when continued from states[k] (k: the index in the batch);
- * copy each payload to dst[dst_off + i*mtu]. At most max_count. Returns how many
+ * ICRC that matches when continued from states[k] (k: the index in the batch) or
+ * differs from that by one of shifts[1:] (optional: IcrcFlow.id_shifts); copy each payload to dst[dst_off + i*mtu]. At most max_count. Returns how many
  * were accepted and the index of the last accepted one that asked for an ACK
  * (-1 if none). Nothing is written for a segment that is not accepted.
  */
+/* 1 if diff is one of shifts[1:] (IcrcFlow.id_shifts: the segment carried another IPv4 ID
+ * below SEGMENT_IDS, its batch split or merged on the way); a nonzero diff is checked. */
+static int other_ident(const unsigned char *shifts, Py_ssize_t nshifts, uint32_t diff) {
+    for (Py_ssize_t d = 1; d < nshifts; d++)
+        if (get_ne32(shifts + 4 * d) == diff)
+            return 1;
+    return 0;
+}
+
 /* The checks and copies of place_run; no Python objects (runs without the GIL). */
 static Py_ssize_t place_core(const unsigned char *base, Py_ssize_t nbytes, Py_ssize_t seg, Py_ssize_t k0,
-                             const unsigned char *states, Py_ssize_t nstates, int op, unsigned long qpn,
+                             const unsigned char *states, Py_ssize_t nstates, const unsigned char *shifts,
+                             Py_ssize_t nshifts, int op, unsigned long qpn,
                              unsigned long psn, Py_ssize_t mtu, unsigned char *out, Py_ssize_t out_len,
                              Py_ssize_t dst_off, Py_ssize_t max_count, Py_ssize_t *last_ack) {
     Py_ssize_t size = BTH_LEN + mtu + ICRC_LEN;
@@ -524,8 +534,8 @@ static Py_ssize_t place_core(const unsigned char *base, Py_ssize_t nbytes, Py_ss
         memcpy(masked, s, BTH_LEN);
         masked[4] = 0xFF;
         uint32_t c = crc32_update(get_ne32(states + 4 * k), masked, BTH_LEN);
-        c = crc32_update(c, s + BTH_LEN, (size_t)mtu);
-        if (c != get_le32(s + BTH_LEN + mtu))
+        c = crc32_update(c, s + BTH_LEN, (size_t)mtu) ^ get_le32(s + BTH_LEN + mtu);
+        if (c && !other_ident(shifts, nshifts, c))
             break;
         memmove(out + at, s + BTH_LEN, (size_t)mtu); /* out may be the buffer itself */
         if (s[8] & 0x80)
@@ -551,34 +561,36 @@ static int check_place_args(Py_ssize_t nbytes, Py_ssize_t blen, Py_ssize_t seg, 
 }
 
 static PyObject *fp_place_run(PyObject *Py_UNUSED(self), PyObject *args) {
-    Py_buffer b, st, dst;
+    Py_buffer b, st, dst, sh = {0};
     Py_ssize_t nbytes, seg, k0, mtu, dst_off, max_count;
     int op;
     Py_ssize_t qpn, psn;
-    if (!PyArg_ParseTuple(args, "y*nnny*innnw*nn:place_run", &b, &nbytes, &seg, &k0, &st, &op, &qpn, &psn,
-                          &mtu, &dst, &dst_off, &max_count))
+    if (!PyArg_ParseTuple(args, "y*nnny*innnw*nn|y*:place_run", &b, &nbytes, &seg, &k0, &st, &op, &qpn, &psn,
+                          &mtu, &dst, &dst_off, &max_count, &sh))
         return NULL;
     PyObject *result = NULL;
     if (check_place_args(nbytes, b.len, seg, k0, mtu, dst_off, dst.len, max_count, qpn, psn, op) < 0)
         goto out;
     Py_ssize_t count, last_ack = -1;
     Py_BEGIN_ALLOW_THREADS
-    count = place_core(b.buf, nbytes, seg, k0, st.buf, st.len / 4, op, (unsigned long)qpn, (unsigned long)psn, mtu,
-                       dst.buf, dst.len, dst_off, max_count, &last_ack);
+    count = place_core(b.buf, nbytes, seg, k0, st.buf, st.len / 4, sh.buf, sh.len / 4, op, (unsigned long)qpn,
+                       (unsigned long)psn, mtu, dst.buf, dst.len, dst_off, max_count, &last_ack);
     Py_END_ALLOW_THREADS
     result = Py_BuildValue("nn", count, last_ack);
 out:
     PyBuffer_Release(&b);
     PyBuffer_Release(&st);
     PyBuffer_Release(&dst);
+    if (sh.obj != NULL)
+        PyBuffer_Release(&sh);
     return result;
 }
 
 /* -- recv_runs -------------------------------------------------------------------------- */
 
 /*
- * recv_runs(fd, buf, v6, src, states, op, qpn, psn, mtu, dst, dst_off, max_count, max_reads)
- *     -> (placed, last_ackreq, reads, datagrams, gro_batches, errno, pending)
+ * recv_runs(fd, buf, v6, src, states, op, qpn, psn, mtu, dst, dst_off, max_count, max_reads[, shifts])
+ *     -> (placed, last_ackreq, reads, datagrams, gro_batches, errno, pending, ce_reads)
  *
  * Read the socket (non-blocking, up to max_reads reads into buf) while what
  * arrives continues the run: datagrams from src (the (ip, port) the ICRC
@@ -588,14 +600,17 @@ out:
  * (nbytes, seg, k, (ip, port)): segments before k were placed, the rest are
  * the caller's. pending is None otherwise. datagrams counts every datagram
  * read, pending ones included; last_ackreq is relative to psn (-1: none);
- * errno is that of a failed read other than EAGAIN (0: none).
+ * errno is that of a failed read other than EAGAIN (0: none); ce_reads counts the
+ * reads whose IP header carried CE (RFC 3168; RoCEv2 Annex A17.9), pending one included.
  */
 /* One non-blocking recvmsg into buf[:len] (EINTR retried): the bytes read, or -1 with errno
- * set; *seg is the GRO segment size (the whole read without GRO), *from the source. */
+ * set; *seg is the GRO segment size (the whole read without GRO), *from the source, *ecn the
+ * ECN field of its IP header (IP_RECVTOS / IPV6_RECVTCLASS; 0 when the socket does not ask:
+ * GRO merges only datagrams whose TOS agrees, so one value holds for the whole read). */
 static ssize_t read_gro(int fd, void *buf, size_t len, struct sockaddr_storage *from, socklen_t *from_len,
-                        Py_ssize_t *seg) {
+                        Py_ssize_t *seg, int *ecn) {
     union {
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(sizeof(int)) * 2];
         struct cmsghdr align;
     } ctrl;
     struct iovec iov = {buf, len};
@@ -615,11 +630,19 @@ static ssize_t read_gro(int fd, void *buf, size_t len, struct sockaddr_storage *
         return r;
     *from_len = msg.msg_namelen;
     Py_ssize_t n = r, s = 0;
+    *ecn = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
         if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO && cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
             int v;
             memcpy(&v, CMSG_DATA(cm), sizeof v);
             s = v;
+        } else if (cm->cmsg_level == IPPROTO_IP && cm->cmsg_type == IP_TOS && cm->cmsg_len >= CMSG_LEN(1)) {
+            *ecn = *(unsigned char *)CMSG_DATA(cm) & 3;
+        } else if (cm->cmsg_level == IPPROTO_IPV6 && cm->cmsg_type == IPV6_TCLASS &&
+                   cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int v;
+            memcpy(&v, CMSG_DATA(cm), sizeof v);
+            *ecn = v & 3;
         }
     }
     *seg = s > 0 && s < n ? s : 0;
@@ -644,11 +667,11 @@ static void format_addr(const struct sockaddr_storage *from, char host[INET6_ADD
 static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     int fd, v6, op;
     PyObject *src;
-    Py_buffer b, st, dst;
+    Py_buffer b, st, dst, sh = {0};
     Py_ssize_t qpn, psn;
     Py_ssize_t mtu, dst_off, max_count, max_reads;
-    if (!PyArg_ParseTuple(args, "iw*pOy*innnw*nnn:recv_runs", &fd, &b, &v6, &src, &st, &op, &qpn, &psn, &mtu,
-                          &dst, &dst_off, &max_count, &max_reads))
+    if (!PyArg_ParseTuple(args, "iw*pOy*innnw*nnn|y*:recv_runs", &fd, &b, &v6, &src, &st, &op, &qpn, &psn, &mtu,
+                          &dst, &dst_off, &max_count, &max_reads, &sh))
         return NULL;
     PyObject *result = NULL;
     struct sockaddr_storage want;
@@ -657,7 +680,7 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
         goto out;
     if (check_place_args(0, b.len, 1, 0, mtu, dst_off, dst.len, max_count, qpn, psn, op) < 0)
         goto out;
-    Py_ssize_t placed = 0, last_ack = -1, reads = 0, datagrams = 0, gro = 0;
+    Py_ssize_t placed = 0, last_ack = -1, reads = 0, datagrams = 0, gro = 0, ce = 0;
     Py_ssize_t p_nbytes = 0, p_seg = 0, p_k = 0;
     int pending = 0, err = 0;
     struct sockaddr_storage from;
@@ -665,13 +688,16 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     while (reads < max_reads && placed < max_count) {
         Py_ssize_t seg;
-        ssize_t r = read_gro(fd, b.buf, (size_t)b.len, &from, &from_len, &seg);
+        int ecn;
+        ssize_t r = read_gro(fd, b.buf, (size_t)b.len, &from, &from_len, &seg, &ecn);
         if (r < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 err = errno;
             break;
         }
         reads++;
+        if (ecn == 3)
+            ce++;
         Py_ssize_t n = r;
         if (seg) {
             gro++;
@@ -691,7 +717,7 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
         }
         if (same && n > 0) {
             Py_ssize_t last = -1;
-            k = place_core(b.buf, n, seg, 0, st.buf, st.len / 4, op, (unsigned long)qpn,
+            k = place_core(b.buf, n, seg, 0, st.buf, st.len / 4, sh.buf, sh.len / 4, op, (unsigned long)qpn,
                            ((unsigned long)psn + (unsigned long)placed) & PSN_MASK, mtu, dst.buf, dst.len,
                            dst_off + placed * mtu, max_count - placed, &last);
             if (last >= 0)
@@ -708,23 +734,25 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     if (!pending) {
-        result = Py_BuildValue("nnnnniO", placed, last_ack, reads, datagrams, gro, err, Py_None);
+        result = Py_BuildValue("nnnnniOn", placed, last_ack, reads, datagrams, gro, err, Py_None, ce);
         goto out;
     }
     char host[INET6_ADDRSTRLEN];
     int port;
     format_addr(&from, host, &port);
-    result = Py_BuildValue("nnnnni(nnn(si))", placed, last_ack, reads, datagrams, gro, err, p_nbytes, p_seg, p_k,
-                           host, port);
+    result = Py_BuildValue("nnnnni(nnn(si))n", placed, last_ack, reads, datagrams, gro, err, p_nbytes, p_seg, p_k,
+                           host, port, ce);
 out:
     PyBuffer_Release(&b);
     PyBuffer_Release(&st);
     PyBuffer_Release(&dst);
+    if (sh.obj != NULL)
+        PyBuffer_Release(&sh);
     return result;
 }
 
 /*
- * recv_raw(fd, buf) -> (nbytes, seg, (ip, port), errno) | None
+ * recv_raw(fd, buf) -> (nbytes, seg, (ip, port), errno, ecn) | None
  *
  * One non-blocking read into buf, as UdpLink.recv_raw: the datagrams are
  * buf[k*seg : min((k+1)*seg, nbytes)] (one of nbytes without GRO). None: the
@@ -740,13 +768,14 @@ static PyObject *fp_recv_raw(PyObject *Py_UNUSED(self), PyObject *args) {
     struct sockaddr_storage from;
     socklen_t from_len;
     Py_ssize_t seg;
-    ssize_t r = read_gro(fd, b.buf, (size_t)b.len, &from, &from_len, &seg);
+    int ecn;
+    ssize_t r = read_gro(fd, b.buf, (size_t)b.len, &from, &from_len, &seg, &ecn);
     int err = r < 0 ? errno : 0;
     PyBuffer_Release(&b);
     if (r < 0) {
         if (err == EAGAIN || err == EWOULDBLOCK)
             Py_RETURN_NONE;
-        return Py_BuildValue("nn(si)i", (Py_ssize_t)0, (Py_ssize_t)0, "", 0, err);
+        return Py_BuildValue("nn(si)ii", (Py_ssize_t)0, (Py_ssize_t)0, "", 0, err, 0);
     }
     Py_ssize_t n = r;
     if (!seg)
@@ -754,7 +783,7 @@ static PyObject *fp_recv_raw(PyObject *Py_UNUSED(self), PyObject *args) {
     char host[INET6_ADDRSTRLEN];
     int port;
     format_addr(&from, host, &port);
-    return Py_BuildValue("nn(si)i", n, seg, host, port, 0);
+    return Py_BuildValue("nn(si)ii", n, seg, host, port, 0, ecn);
 }
 
 /* -- single packets: codec, ICRC and send/check in one call ------------------------------ */
@@ -1115,7 +1144,8 @@ static int header_layout(const unsigned char *p, Py_ssize_t m, Py_ssize_t *off, 
     return lay;
 }
 
-/* 1: the ICRC of the n-byte segment idx matches; 0: it does not; -1: an exception is set. */
+/* 1: the ICRC of the n-byte segment idx matches (with its IPv4 ID or another below
+ * SEGMENT_IDS); 0: it does not; -1: an exception is set. */
 static int icrc_matches(const unsigned char *p, Py_ssize_t n, Py_ssize_t idx, PyObject *states, PyObject *flow) {
     int64_t st = icrc_state(states, flow, n, idx);
     if (st < 0)
@@ -1125,8 +1155,16 @@ static int icrc_matches(const unsigned char *p, Py_ssize_t n, Py_ssize_t idx, Py
     memcpy(h, p, BTH_LEN);
     h[4] = 0xFF;
     uint32_t c = crc32_update((uint32_t)st, h, BTH_LEN);
-    c = crc32_update(c, p + BTH_LEN, (size_t)(m - BTH_LEN));
-    return c == get_le32(p + m);
+    c = crc32_update(c, p + BTH_LEN, (size_t)(m - BTH_LEN)) ^ get_le32(p + m);
+    if (!c)
+        return 1;
+    /* Another IPv4 ID below SEGMENT_IDS (its batch split or merged on the way): flow.id_shift. */
+    PyObject *d = PyObject_CallMethod(flow, "id_shift", "nk", n, (unsigned long)c);
+    if (d == NULL)
+        return -1;
+    int ok = d != Py_None;
+    Py_DECREF(d);
+    return ok;
 }
 
 static PyObject *fp_check_decode(PyObject *Py_UNUSED(self), PyObject *args) {

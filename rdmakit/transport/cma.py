@@ -47,6 +47,7 @@ from rdmakit.wire.cm import (
 
 from .connect import ConnectOptions, Endpoint, connect_qp, init_qp
 from .device import SoftDevice, gid_of
+from .netmtu import route_mtu
 
 __all__ = ["MAX_ACCEPT_PRIVATE", "MAX_CONNECT_PRIVATE", "CmaEvent", "CmaEventKind", "RdmaCm"]
 
@@ -98,29 +99,6 @@ def route_source(dst: str) -> str:
         except OSError as e:
             raise EngineError("INVALID_VALUE", f"no route to {ip}: {e.strerror or e}") from None
         return str(s.getsockname()[0])
-
-
-#: What RoCEv2 adds to a payload (``iboe_get_mtu``: GRH, UDP, BTH, XRC ETH, AtomicETH, ICRC).
-ROCE_OVERHEAD = 40 + 8 + 12 + 4 + 28 + 4
-_IP_MTU, _IPV6_MTU = 14, 24  # <linux/in.h>, <linux/in6.h>
-
-
-def path_mtu(dst: str, limit: int = 4096) -> int:
-    """The largest IB MTU (at most `limit`) that fits the route to `dst` (``iboe_get_mtu`` of
-    the route's MTU, as ``cma.c`` does for RoCE). The route's MTU is a connected UDP socket's
-    ``IP_MTU``; a connect sends nothing. 1024 when the route cannot be asked."""
-    ip = ipaddress.ip_address(dst)
-    v6 = ip.version == 6
-    try:
-        with socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((str(ip), ROCE_UDP_PORT))
-            route = s.getsockopt(
-                socket.IPPROTO_IPV6 if v6 else socket.IPPROTO_IP, _IPV6_MTU if v6 else _IP_MTU
-            )
-    except OSError:
-        return min(1024, limit)
-    fits = [m for m in _MTU_CODE if m <= route - ROCE_OVERHEAD and m <= limit]
-    return max(fits, default=256)
 
 
 def _gid(ip: str) -> int:
@@ -205,7 +183,8 @@ class RdmaCm:
         """Send a REQ for `ip`:`port` (``rdma_connect``); `qp` is in RESET or INIT. Returns the handle.
 
         `options` are `qp`'s RTR/RTS attributes (the device's by default); the REQ's path MTU is
-        the largest that fits the route to `ip` (`path_mtu`), at most the `RdmaCm`'s."""
+        the largest that fits the route to `ip` (``netmtu.route_mtu``, as ``cma.c`` asks
+        ``iboe_get_mtu``), at most the `RdmaCm`'s and the device's."""
         if len(private_data) > MAX_CONNECT_PRIVATE:
             raise EngineError("INVALID_VALUE", f"connect private data is at most {MAX_CONNECT_PRIVATE} bytes")
         peer_ip = str(ipaddress.ip_address(ip))
@@ -216,7 +195,7 @@ class RdmaCm:
             ipaddress.ip_address(self.dev.ip), ipaddress.ip_address(peer_ip), self.rng.randrange(32768, 61000)
         ).encode()
         psn = self.rng.getrandbits(24)
-        mtu = path_mtu(peer_ip, self.mtu)
+        mtu = route_mtu(peer_ip, min(self.mtu, self.dev.max_mtu), self.dev.ip)
         params = self._params(qp, psn, peer_ip, hdr + private_data, mtu, opts)
         handle = self.cm.connect(peer_ip, service_id(PortSpace.TCP, port), params, now)
         self._conns[handle] = _Conn(qp, peer_ip, psn, options=opts, mtu=mtu)

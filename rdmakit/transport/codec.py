@@ -5,7 +5,8 @@ What the port asks of a codec, and nothing else:
 - ``send_packet``: encode a ``Packet``, add its ICRC (IPv4 ID 0: one datagram)
   and send it in one call;
 - ``check_decode``: check a received segment's header as ``decode`` does,
-  then its ICRC (GSO segment ``idx``: IPv4 ID ``idx``), and decode it;
+  then its ICRC (GSO segment ``idx``: IPv4 ID ``idx``, or any other ID below
+  ``SEGMENT_IDS``: a batch the network split or GRO merged part of), and decode it;
 - ``send_train``: send a run of MIDDLE packets (a ``Train``) in GSO batches;
 - ``place_run``: check a run of received MIDDLE segments of a GRO batch and
   copy their payloads into the target memory.
@@ -19,7 +20,10 @@ What the port asks of a codec, and nothing else:
 uses is chosen once, in :mod:`rdmakit.transport.fastpath`. The ICRC
 of an ``n``-byte segment with index ``idx`` (BTH to ICRC) continues from
 ``states[n | idx << 16]``, or ``flow.state(n, idx)`` where that is missing
-(RoCEv2 Annex A17.3.3).
+(RoCEv2 Annex A17.3.3). A segment whose ICRC differs from the one with ID
+``idx`` by ``flow.id_shifts(n)[d]`` carried ID ``idx ^ d`` and is accepted
+(:meth:`~rdmakit.wire.IcrcFlow.id_shift`: a corrupted segment passes with
+probability 2^-26).
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from 3.12
 
 #: ``recv_runs``' answer: (placed, last AckReq index or -1, reads, datagrams, GRO
-#: batches, errno, the read the run did not take whole: (nbytes, seg, k, source)).
-RecvRunsResult = tuple[int, int, int, int, int, int, tuple[int, int, int, tuple[str, int]] | None]
+#: batches, errno, the read the run did not take whole: (nbytes, seg, k, source), reads marked CE).
+RecvRunsResult = tuple[int, int, int, int, int, int, tuple[int, int, int, tuple[str, int]] | None, int]
 
 
 class RecvRuns(Protocol):
@@ -53,12 +57,13 @@ class RecvRuns(Protocol):
         dst_off: int,
         max_count: int,
         max_reads: int,
+        shifts: Buffer = ...,
         /,
     ) -> RecvRunsResult: ...
 
 
 class RecvRaw(Protocol):
-    def __call__(self, fd: int, buf: Buffer, /) -> tuple[int, int, tuple[str, int], int] | None: ...
+    def __call__(self, fd: int, buf: Buffer, /) -> tuple[int, int, tuple[str, int], int, int] | None: ...
 
 
 #: What ``QueuePair.rx_small`` says a one-packet request must match.
@@ -98,7 +103,7 @@ class SegmentCodec(Protocol):
     #: Reads the socket while what arrives continues a run (native only); None: not offered.
     recv_runs: RecvRuns | None
     #: One non-blocking read of the socket into ``buf`` (native only; None: not offered):
-    #: ``(nbytes, GRO segment size, source, errno)``, None when the socket is empty.
+    #: ``(nbytes, GRO segment size, source, errno, ECN field)``, None when the socket is empty.
     #: It takes ``UdpLink.recv_raw``'s place and needs no readiness check first.
     recv_raw: RecvRaw | None
     #: Checks a segment against ``QueuePair.rx_small``'s ticket and, if it is such a
@@ -156,11 +161,13 @@ class SegmentCodec(Protocol):
         dst: Buffer,
         dst_off: int,
         max_count: int,
+        shifts: Buffer = ...,
     ) -> tuple[int, int]:
         """From segment ``k0`` of ``buf[:nbytes]`` (segments of ``seg`` bytes), accept
         segments while each is a MIDDLE of opcode ``op`` with TVer 0, no pad, a valid
         P_Key, destination ``qpn``, PSN ``psn + i``, exactly BTH + ``mtu`` + ICRC bytes
-        and an ICRC that checks from ``states[k]``; copy each payload to
+        and an ICRC that checks from ``states[k]`` (or differs from that by one of
+        ``shifts[1:]``, ``IcrcFlow.id_shifts``: another IPv4 ID); copy each payload to
         ``dst[dst_off + i*mtu]``. At most ``max_count``. Returns how many were accepted
         and the index of the last accepted one that asked for an ACK (-1: none)."""
         ...

@@ -105,7 +105,8 @@ class PythonCodec:
         b4 = bytes(view[:BTH_LEN])
         masked = b4[:4] + b"\xff" + b4[5:]
         ic = crc32(view[BTH_LEN:end], crc32(masked, _state(states, flow, n, idx)))
-        return pkt if ic == _ICRC.unpack_from(view, end)[0] else 0
+        diff = ic ^ _ICRC.unpack_from(view, end)[0]
+        return pkt if not diff or flow.id_shift(n, diff) is not None else 0
 
     def send_train(
         self,
@@ -163,9 +164,11 @@ class PythonCodec:
         dst: Buffer,
         dst_off: int,
         max_count: int,
+        shifts: Buffer = b"",
     ) -> tuple[int, int]:
         base = memoryview(buf).cast("B")
         st = memoryview(states).cast("B").cast("I")
+        other_ids = frozenset(memoryview(shifts).cast("B").cast("I")[1:])
         out = memoryview(dst).cast("B")
         size = BTH_LEN + mtu + ICRC_LEN
         unpack_bth, unpack_ic = _BTH.unpack_from, _ICRC.unpack_from
@@ -185,7 +188,8 @@ class PythonCodec:
                 break
             end = off + BTH_LEN + mtu
             masked = _BTH.pack(b0, b1, pkey, w1 | _MASK_BYTE4, w2)
-            if crc32(base[off + BTH_LEN : end], crc32(masked, st[k])) != unpack_ic(base, end)[0]:
+            diff = crc32(base[off + BTH_LEN : end], crc32(masked, st[k])) ^ unpack_ic(base, end)[0]
+            if diff and diff not in other_ids:  # another IPv4 ID below SEGMENT_IDS (IcrcFlow.id_shift)
                 break
             out[at : at + mtu] = base[off + BTH_LEN : end]
             if w2 & 0x80000000:

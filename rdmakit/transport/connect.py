@@ -11,6 +11,12 @@ from .device import SoftDevice
 from .port import PeerAddress, TransportName
 from .tcp_limits import SECRET_LEN, Route
 
+#: The path MTU a QP's window (``QpCaps.max_unacked_psns``, in PSNs) is counted at. A
+#: smaller path MTU gets proportionally more PSNs, so the bytes a QP keeps in flight
+#: do not shrink with the MTU: rxe's 128 PSNs (``RXE_MAX_UNACKED_PSNS``) hold 512 KiB
+#: at 4096 bytes but 128 KiB at 1024, a millisecond of a 1 Gbit/s path, less than a
+#: userspace round trip between two hosts.
+WINDOW_MTU = 4096
 #: 16 (268 ms) rather than hardware's usual 14: a Python pump starved of CPU
 #: must not mistake its own delay for loss. TCP delivers reliably, so its timer
 #: only has to notice a peer that stopped.
@@ -108,6 +114,8 @@ def connect_qp(
     )
     if route is not None:
         dev.connect_tcp(qp, route)
+    elif mtu < WINDOW_MTU:
+        qp.window = min(qp.caps.max_unacked_psns * (WINDOW_MTU // mtu), (1 << 22) - 1)
 
 
 def _tcp_route(peer: Endpoint) -> Route:

@@ -9,6 +9,7 @@ the QPs produced. Connection set-up is :mod:`rdmakit.transport.connect`.
 
 import ipaddress
 import random
+import time
 from collections.abc import Iterable
 
 from rdmakit.engine import CompletionQueue, EngineError, ProtectionDomain, QpCaps, QpState, QueuePair
@@ -16,6 +17,7 @@ from rdmakit.engine.cm import CmEndpoint
 from rdmakit.wire import ROCE_UDP_PORT, Payload
 
 from .gsi import Gsi
+from .netmtu import port_mtu
 from .port import DeviceCounters, Port, TransportName
 from .roce_udp import UdpPort
 from .tcp import TcpLink
@@ -84,6 +86,9 @@ class SoftDevice:
         else:
             raise ValueError(f"unknown transport {transport!r}")
         self.port = self._port.port
+        #: The active MTU: on UDP the largest IB MTU the interface holding ``ip`` carries
+        #: (``netmtu.port_mtu``, as rxe's ``rxe_set_mtu()``); on TCP any frame size.
+        self.active_mtu = TCP_MTU if transport == "tcp" else port_mtu(self.ip)
         self.name = f"soft-{'udp' if transport == 'roce-udp' else 'tcp'}:{self.ip}"
         self.pd = ProtectionDomain(self.rng)
         #: Earliest QP deadline as of the last busy ``progress`` (see ``_DEADLINE_RESCAN``).
@@ -96,7 +101,7 @@ class SoftDevice:
     # -- resources -----------------------------------------------------------------
     @property
     def max_mtu(self) -> int:
-        return TCP_MTU if self.transport == "tcp" else 4096
+        return self.active_mtu
 
     def create_qp(
         self,
@@ -112,7 +117,8 @@ class SoftDevice:
         while qpn < 2 or qpn in self._qps:  # QPN 0 and 1 are special (IBTA §3.5.3)
             qpn = self.rng.getrandbits(24)
         if caps is None:
-            caps = QpCaps(large_mtu=self.transport == "tcp")
+            tcp = self.transport == "tcp"
+            caps = QpCaps(large_mtu=tcp, congestion_control=not tcp)  # TCP controls its own
         qp = QueuePair(pd or self.pd, qpn=qpn, send_cq=send_cq, recv_cq=recv_cq, caps=caps, rng=self.rng)
         self._qps[qpn] = qp
         return qp
@@ -142,8 +148,9 @@ class SoftDevice:
         self.tcp_port.connect(qp, route)
 
     def transport_fault(self, qpn: int) -> str | None:
-        """Why the transport failed QP ``qpn``, when it did (a refused or reset TCP stream)."""
-        return self.tcp_port.fault(qpn) if self.tcp_port is not None else None
+        """Why the transport failed QP ``qpn``, when it did (a refused or reset TCP stream, a
+        datagram too big for the path)."""
+        return self._port.fault(qpn)
 
     def attach_cm(self, cm: CmEndpoint) -> Gsi:
         """Give the device a QP1 served by `cm` (IBTA §13.5: the GSI); `progress` drives it."""
@@ -161,10 +168,14 @@ class SoftDevice:
     def fileno(self) -> int:
         return self._port.fileno()
 
-    def close(self) -> None:
+    def close(self, now: float | None = None) -> None:
+        """Close the device; its connected CM connections send their DREQ first (``now``: the
+        pump's clock, ``time.monotonic()`` by default)."""
         if self.closed:
             return
         self.closed = True
+        if self.gsi is not None:
+            self.gsi.close(time.monotonic() if now is None else now)
         for qp in list(self._qps.values()):
             if qp.state is not QpState.RESET:
                 qp.modify(QpState.ERR)

@@ -170,6 +170,12 @@ class Gsi:
             icrc = icrc_ipv4(self._local, dst, port, port, body, ident=0)
         return [body, pack_icrc(icrc)], (peer_ip, port)
 
+    def close(self, now: float) -> None:
+        """The device is closing: every connected connection sends its DREQ now (one try; the
+        socket closes after this, so the peer learns it from the DREQ or from its QP's retries)."""
+        if self.cm.disconnect_all(now):
+            self.transmit(now)
+
     def deadline(self) -> float | None:
         return self.cm.get_timer()
 

@@ -31,6 +31,8 @@ class OobStream:
     def __init__(self, sock: socket.socket, peer: str) -> None:
         self._sock = sock
         self.peer = peer
+        #: The peer's address as the socket sees it (the route to it is the data path's too).
+        self.peer_ip = str(sock.getpeername()[0]).removeprefix("::ffff:")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     @classmethod
@@ -64,10 +66,17 @@ class OobStream:
     @classmethod
     def accept(cls, port: int, timeout: float, bind: str = "") -> "OobStream":
         """Listen on `port` (all addresses unless `bind`) and accept one connection within `timeout`."""
-        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
+        # Without `bind`, one dual-stack socket: IPv6 clients and IPv4 ones (as ::ffff:a.b.c.d).
+        family = socket.AF_INET6 if ":" in bind or (not bind and socket.has_ipv6) else socket.AF_INET
+        try:
+            listener = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # IPv6 switched off in this kernel
+            family = socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM)
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and not bind:
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             try:
                 listener.bind((bind, port))
             except OSError as e:
@@ -82,7 +91,10 @@ class OobStream:
                 ) from e
         finally:
             listener.close()
-        return cls(sock, f"{addr[0]}:{addr[1]}")
+        host = str(addr[0])
+        if host.startswith("::ffff:") and "." in host:
+            host = host[7:]  # an IPv4 client on the dual-stack socket
+        return cls(sock, f"{host}:{addr[1]}")
 
     def send(self, data: bytes) -> None:
         """Send one whole message."""

@@ -3,7 +3,8 @@
 The ICRC covers the IPv4 header's Identification (RoCEv2 Annex A17.3.3
 masks only TTL, checksum and flow fields), so a receiver must know the ID a
 datagram was sent with. A GSO sender gives segment ``k`` of a batch ID ``k``
-(rdmakit); a sender without GSO uses ID 0; a kernel sender (rxe) counts its
+(rdmakit), which the codec finds whatever the network did to the batch
+(``IcrcFlow.id_shift``); a sender without GSO uses ID 0; a kernel sender (rxe) counts its
 own, which is followed per source address (``IdentWindow``) or solved for
 (``solve_ident_diff``), within bounds: only for a connected peer's address,
 not for a source seen to use our IDs, and at most ``MAX_RX_FLOWS`` sources
@@ -74,22 +75,15 @@ class RxSources:
         return got if type(got) is Packet else None
 
     def other_ident(self, rx: RxFlow, seg: memoryview, idx: int, src_ip: str, now: float) -> Packet | None:
-        """Segment ``idx``'s ICRC does not check with IPv4 ID ``idx``: the IDs other senders use.
+        """Segment ``idx``'s ICRC checks with no IPv4 ID below ``SEGMENT_IDS``: the IDs kernel senders use.
 
-        An rdmakit sender without GSO uses ID 0. A kernel sender (rxe) counts
-        its own: its next ID is tried, and the ID solved for (``IdentWindow``
+        A kernel sender (rxe) counts its own: its next ID is tried, and the ID solved for (``IdentWindow``
         says when, and whether to believe it). Not for a source whose packets
         carried our IDs, unless its bad ICRCs go on.
         """
         if self._v6:
             return None  # IPv6 has no Identification
         c = self.counters
-        if idx and not rx.kernel:
-            pkt = self._checked_with(rx, seg, 0)
-            if pkt is not None:
-                c.icrc_ok += 1
-                rx.ours = OURS_STRIKES
-                return pkt
         if rx.ours:
             rx.ours -= 1
             return None

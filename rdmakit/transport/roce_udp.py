@@ -15,7 +15,7 @@ import os
 import struct
 from collections.abc import Callable
 
-from rdmakit.engine import EngineError, QueuePair
+from rdmakit.engine import EngineError, QueuePair, WcStatus
 from rdmakit.wire import (
     BTH_LEN,
     ICRC_LEN,
@@ -28,17 +28,20 @@ from rdmakit.wire import (
     crc32,
     decode,
 )
+from rdmakit.wire.cnp import CNP_OPCODE
 from rdmakit.wire.ud import GSI_QPN
 
 from . import fastpath
+from .cnp import check_cnp, cnp_datagram
 from .codec import SegmentCodec
 from .codec_py import headers
 from .fastpath import PYTHON
 from .gsi import Gsi
+from .netmtu import too_big_message
 from .port import DeviceCounters, PeerAddress, addr_bytes
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .small_ops import OFFERED, take_small
-from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
+from .udp import CE, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
 
 #: GRO batches read per ``progress`` before the timers and transmit get a turn.
 MAX_RX_BATCHES = 64
@@ -84,6 +87,8 @@ class UdpPort:
         self._tx_flows: dict[tuple[str, int], IcrcFlow] = {}
         #: QP1: the connection manager's datagrams (``rdmakit.transport.gsi``), when attached.
         self.gsi: Gsi | None = None
+        #: Why a QP was failed here: its datagrams did not fit the path (EMSGSIZE).
+        self._faults: dict[int, str] = {}
 
     @property
     def codec(self) -> SegmentCodec:
@@ -94,7 +99,10 @@ class UdpPort:
         self._codec = self.sources.codec = codec
 
     def forget(self, qp: QueuePair) -> None:
-        pass  # the receive state is per source, not per QP
+        self._faults.pop(qp.qpn, None)  # the receive state is per source, not per QP
+
+    def fault(self, qpn: int) -> str | None:
+        return self._faults.get(qpn)
 
     def deadline(self) -> float | None:
         return None
@@ -137,24 +145,27 @@ class UdpPort:
                 if got is None:
                     break
                 nbytes, segsize, (src_ip, sport) = got
+                ecn = link.last_ecn
             else:
                 # One native read: an empty socket says so without a readiness check first.
                 raw = read(self._fd, link.view)
                 if raw is None:
                     break
-                nbytes, segsize, (src_ip, sport), err = raw
+                nbytes, segsize, (src_ip, sport), err, ecn = raw
                 if err:
                     link.record_error(OSError(err, os.strerror(err)))
                     segsize = 0
                 else:
                     link.count_read(nbytes, segsize)
+                    if ecn == CE:
+                        link.counters.ce_reads += 1
             busy = True
             reads += 1
             if not segsize:
                 continue  # a socket error (counted by the link)
             nsegs = (nbytes + segsize - 1) // segsize if nbytes else 1
             self.counters.packets_in += nsegs
-            self._rx_batch(nbytes, segsize, src_ip, sport, 0, now)
+            self._rx_batch(nbytes, segsize, src_ip, sport, 0, now, ecn == CE)
             if read is None and not link.ready():
                 break
         return busy
@@ -172,9 +183,9 @@ class UdpPort:
             return -1
         psn, mem, off, most, mtu = run
         size = mtu + BTH_LEN + ICRC_LEN
-        placed, last_ack, reads, datagrams, gro, err, pending = recv_runs(
+        placed, last_ack, reads, datagrams, gro, err, pending, ce = recv_runs(
             link.fileno(), link.view, self._v6, (src_ip, sport), flow.seg_states(size, GSO_MAX_SEGMENTS),
-            op, qp.qpn, psn, mtu, mem, off, most, max_reads,
+            op, qp.qpn, psn, mtu, mem, off, most, max_reads, flow.id_shifts(size),
         )  # fmt: skip
         c, lc = self.counters, link.counters
         c.packets_in += datagrams
@@ -182,6 +193,9 @@ class UdpPort:
         lc.gro_batches += gro
         if err:
             link.record_error(OSError(err, os.strerror(err)))
+        if ce:
+            lc.ce_reads += ce
+            qp.congestion_experienced(now)
         if placed:
             qp.rx_run_done(op, placed, last_ack, now)
             c.icrc_ok += placed
@@ -210,8 +224,11 @@ class UdpPort:
         self.counters.packets_in += (n + seg - 1) // seg if n else 1
         self._rx_batch(n, seg, src[0], src[1], 0, now)
 
-    def _rx_batch(self, nbytes: int, segsize: int, src_ip: str, sport: int, k: int, now: float) -> None:
-        """Segments ``k`` .. of the datagrams in the link's buffer (see ``UdpLink.recv_raw``).
+    def _rx_batch(
+        self, nbytes: int, segsize: int, src_ip: str, sport: int, k: int, now: float, ce: bool = False
+    ) -> None:
+        """Segments ``k`` .. of the datagrams in the link's buffer (see ``UdpLink.recv_raw``);
+        ``ce``: their IP headers carried CE, which each QP they reach learns once.
 
         In rxe's order (``rxe_rcv()``, rxe_recv.c): the cheap header checks
         first (``hdr_check()``: a QP of ours by that number, connected to the
@@ -229,6 +246,7 @@ class UdpPort:
         small = runs and (codec.small_request is not None or codec.small_response is not None)
         unpack_bth = _BTH.unpack_from
         rx: RxFlow | None = None
+        ce_qp: QueuePair | None = None
         ours = False  # a segment checked with our IPv4 IDs
         nsegs = (nbytes + segsize - 1) // segsize
         while k < nsegs:
@@ -251,6 +269,15 @@ class UdpPort:
             if type(r := qp.remote) is not PeerAddress or r.ip != src_ip:
                 c.wrong_source += 1  # rxe check_addr(): only the connected peer's address
                 continue
+            if ce and qp is not ce_qp:
+                ce_qp = qp
+                qp.congestion_experienced(now)
+            if op == CNP_OPCODE:
+                if check_cnp(seg, src_ip, sport, self._local, self.port) is None:
+                    c.malformed += 1
+                else:
+                    qp.cnp_received(now)
+                continue
             if not verify:
                 try:
                     pkt = decode(seg[: n - ICRC_LEN])
@@ -270,7 +297,7 @@ class UdpPort:
                 if run is not None and n == run[4] + BTH_LEN + ICRC_LEN:
                     got_n, last_ack = codec.place_run(
                         view, nbytes, segsize, idx, rx.icrc.seg_states(n, nsegs), op, qp.qpn,
-                        run[0], run[4], run[1], run[2], run[3],
+                        run[0], run[4], run[1], run[2], run[3], rx.icrc.id_shifts(n),
                     )  # fmt: skip
                     if got_n:
                         qp.rx_run_done(op, got_n, last_ack, now)
@@ -286,7 +313,8 @@ class UdpPort:
                 c.icrc_ok += 1
                 ours = True
                 continue
-            # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx), then decode.
+            # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx, or another
+            # below SEGMENT_IDS where the network split or merged batches), then decode.
             got = codec.check_decode(seg, idx, rx.states, rx.icrc)
             if type(got) is Packet:
                 c.icrc_ok += 1
@@ -319,6 +347,12 @@ class UdpPort:
             return True
         trains = self._runs
         for qp in self._qps.values():
+            if qp.poll_cnp() and isinstance(remote := qp.remote, PeerAddress):
+                # Annex A17.9.3: the notification point's CNP for what arrived marked CE.
+                self.link.send(
+                    cnp_datagram(self._local, remote.ip, self.port, qp.dest_qpn), (remote.ip, remote.port)
+                )
+                busy = True
             if not qp.may_transmit():
                 continue
             before = qp.stats.packets_out
@@ -332,8 +366,21 @@ class UdpPort:
                 self.counters.dropped_state += n
                 continue
             self.counters.packets_out += n
+            too_big = self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0)
             self._send_udp(pkts, remote)
+            if self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0) != too_big:
+                self._too_big(qp, remote)
         return busy
+
+    def _too_big(self, qp: QueuePair, remote: PeerAddress) -> None:
+        """The path refused a datagram of ``qp`` (EMSGSIZE: the route's MTU, or what path-MTU
+        discovery learned from an ICMP error, is below it). A QP's path MTU cannot change
+        in RTS (IBTA §11.2.5.3 sets it at RTR), so the QP fails at once, saying why, rather
+        than resending what can never arrive."""
+        mtu = qp.attrs.path_mtu or 0
+        overhead = BTH_LEN + 20 + ICRC_LEN  # BTH, RETH and ImmDt at most, ICRC
+        self._faults[qp.qpn] = too_big_message(remote.ip, mtu + overhead, mtu, self.link.ip)
+        qp.fail_send(WcStatus.LOC_QP_OP_ERR)
 
     def _flush_backlog(self) -> bool:
         link = self.link

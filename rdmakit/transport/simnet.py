@@ -14,7 +14,14 @@ packet's fate and ``trace_digest()`` hashes it.
 Faults (``Faults``): loss, duplication, reordering (an extra random delay),
 fixed delay plus jitter, bit corruption, an optional link rate, and
 partitions (all packets between two addresses, or all packets, dropped
-between two times or until ``heal``).
+between two times or until ``heal``). A link with a rate is a bottleneck
+with a FIFO queue: ``queue_limit`` bytes of it at most (tail drop, as a
+shallow switch buffer or tbf's ``limit``), and ECN marking as DCQCN
+configures a switch (Zhu et al. 2015, §3.3: RED on the queue's length,
+probability 0 below ``ecn_kmin``, rising to ``ecn_pmax`` at ``ecn_kmax``, 1
+above). A packet marked CE is reported to the QP it reaches
+(``congestion_experienced``), which owes its peer a CNP (``poll_cnp``); a
+CNP (``rdmakit.wire.cnp``) goes to ``cnp_received`` (RoCEv2 Annex A17.9).
 
 Usage::
 
@@ -47,6 +54,7 @@ from rdmakit.wire import (
     pack_icrc,
     unpack_icrc,
 )
+from rdmakit.wire.cnp import CNP_OPCODE, decode_cnp, encode_cnp
 
 from .codec import SegmentCodec
 from .small_ops import OFFERED, SmallQP, take_small
@@ -64,10 +72,15 @@ class SimQP(Protocol):
     def qpn(self) -> int: ...
     @property
     def remote(self) -> object: ...
+    @property
+    def dest_qpn(self) -> int: ...
     def receive(self, pkt: Packet, now: float) -> None: ...
     def handle_timer(self, now: float) -> None: ...
     def get_timer(self) -> float | None: ...
     def poll_transmit(self, now: float, max_packets: int | None = None) -> list[Packet]: ...
+    def congestion_experienced(self, now: float) -> None: ...
+    def poll_cnp(self) -> bool: ...
+    def cnp_received(self, now: float) -> None: ...
 
 
 class BulkSimQP(SimQP, Protocol):
@@ -94,6 +107,14 @@ class Faults:
     corrupt: float = 0.0
     #: Link rate in bytes per second per direction; None for unlimited.
     rate: float | None = None
+    #: With ``rate``: the bottleneck queue's size in bytes; a packet that finds it full is
+    #: dropped ("queue_full"). None: unbounded.
+    queue_limit: int | None = None
+    #: With ``rate``: ECN marking on the queue's length in bytes (RED, DCQCN's Kmin, Kmax,
+    #: Pmax). None: no marking.
+    ecn_kmin: int | None = None
+    ecn_kmax: int = 0
+    ecn_pmax: float = 0.01
 
 
 class TraceEvent(NamedTuple):
@@ -146,7 +167,7 @@ class SimNet:
         self._qps: list[tuple[Address, SimQP]] = []
         self._by_addr_qpn: dict[tuple[Address, int], SimQP] = {}
         self._ips: dict[Address, bytes] = {}
-        self._heap: list[tuple[float, int, Address, Address, bytes]] = []
+        self._heap: list[tuple[float, int, Address, Address, bytes, bool]] = []
         self._seq = 0
         self._partitions: list[_Partition] = []
         self._link_free: dict[tuple[Address, Address], float] = {}
@@ -235,9 +256,21 @@ class SimNet:
         if copies == 2:
             self._record(src, dst, size, crc, "duplicated")
         depart = self.now
+        ce = False
         if f.rate:
             link = (src, dst)
-            depart = max(depart, self._link_free.get(link, 0.0)) + (size + 42) / f.rate
+            free = self._link_free.get(link, 0.0)
+            queued = max(free - depart, 0.0) * f.rate  # bytes ahead of this one
+            if f.queue_limit is not None and queued + size > f.queue_limit:
+                self._record(src, dst, size, crc, "queue_full")
+                return
+            if f.ecn_kmin is not None and queued > f.ecn_kmin:
+                k0, k1 = f.ecn_kmin, max(f.ecn_kmax, f.ecn_kmin)
+                p = 1.0 if queued >= k1 else f.ecn_pmax * (queued - k0) / (k1 - k0)
+                ce = rng.random() < p
+                if ce:
+                    self._record(src, dst, size, crc, "ce_marked")
+            depart = max(depart, free) + (size + 42) / f.rate
             self._link_free[link] = depart
         for _ in range(copies):
             data = datagram
@@ -253,9 +286,9 @@ class SimNet:
             if f.reorder and rng.random() < f.reorder:
                 t += rng.uniform(0.0, f.reorder_delay)
             self._seq += 1
-            heapq.heappush(self._heap, (t, self._seq, src, dst, data))
+            heapq.heappush(self._heap, (t, self._seq, src, dst, data, ce))
 
-    def _deliver(self, src: Address, dst: Address, data: bytes) -> None:
+    def _deliver(self, src: Address, dst: Address, data: bytes, ce: bool = False) -> None:
         crc = unpack_icrc(data) if len(data) >= 4 else 0
         if len(data) < 16:
             self._record(src, dst, len(data), crc, "runt")
@@ -263,6 +296,9 @@ class SimNet:
         body = memoryview(data)[:-4]
         if icrc_ipv4(self._ip(src), self._ip(dst), _SPORT, ROCE_UDP_PORT, body) != crc:
             self._record(src, dst, len(data), crc, "bad_icrc")
+            return
+        if data[0] == CNP_OPCODE:
+            self._deliver_cnp(src, dst, body, crc)
             return
         try:
             pkt = decode(body)
@@ -274,11 +310,26 @@ class SimNet:
             self._record(src, dst, len(data), crc, "no_qp")
             return
         self._record(src, dst, len(data), crc, "delivered")
+        if ce:
+            qp.congestion_experienced(self.now)
         if self.small is not None and pkt.opcode in OFFERED and self._small(qp, pkt.opcode, src, dst, data):
             return
         if self.bulk and pkt.opcode in MIDDLE_OPCODES and self._place(cast(BulkSimQP, qp), pkt):
             return
         qp.receive(pkt, self.now)
+
+    def _deliver_cnp(self, src: Address, dst: Address, body: memoryview, crc: int) -> None:
+        try:
+            qpn = decode_cnp(body)
+        except WireError:
+            self._record(src, dst, len(body) + 4, crc, "undecodable")
+            return
+        qp = self._by_addr_qpn.get((dst, qpn))
+        if qp is None:
+            self._record(src, dst, len(body) + 4, crc, "no_qp")
+            return
+        self._record(src, dst, len(body) + 4, crc, "cnp")
+        qp.cnp_received(self.now)
 
     def _place(self, qp: BulkSimQP, pkt: Packet) -> bool:
         """A run of one packet, as the native receiver checks and places it."""
@@ -318,6 +369,10 @@ class SimNet:
                         pkts.append(it)
             else:
                 pkts = qp.poll_transmit(now)
+            if qp.poll_cnp():
+                body = encode_cnp(qp.dest_qpn)
+                crc = icrc_ipv4(self._ip(addr), self._ip(qp.remote), _SPORT, ROCE_UDP_PORT, body)
+                self.send_bytes(addr, qp.remote, body + pack_icrc(crc))
             if pkts:
                 dst = qp.remote
                 for pkt in pkts:
@@ -362,8 +417,8 @@ class SimNet:
                     raise RuntimeError(f"no progress in virtual time at t={self.now} (seed {self.seed})")
             now = self.now
             while heap and heap[0][0] <= now:
-                _, _, src, dst, data = heapq.heappop(heap)
-                self._deliver(src, dst, data)
+                _, _, src, dst, data, ce = heapq.heappop(heap)
+                self._deliver(src, dst, data, ce)
             for _, qp in self._qps:
                 d = qp.get_timer()
                 if d is not None and d <= now:

@@ -6,7 +6,10 @@ covers the IPv4 Identification and flags):
 - the socket is unconnected and has ``IP_MTU_DISCOVER = IP_PMTUDISC_DO``, so the
   kernel sets DF and an Identification of 0 (``ip_select_ident_segs``);
 - with UDP GSO the kernel numbers the segments of one send 0, 1, 2, …
-  (``inet_gso_segment``), so segment *k* of a batch is checksummed with ID *k*;
+  (``inet_gso_segment``), so segment *k* of a batch is checksummed with ID *k*.
+  A hop may split the batch (a NIC's USO, a qdisc that must) and GRO may merge
+  any run of it: the receiver accepts any ID below ``SEGMENT_IDS`` whatever a
+  segment's place in its read (``IcrcFlow.id_shift``);
 - packets leave from exactly the address in our GID (rxe's ``check_addr``) and go
   to the peer's port 4791.
 """
@@ -29,6 +32,12 @@ IP_MTU_DISCOVER = 10  # linux/in.h
 IP_PMTUDISC_DO = 2
 IPV6_MTU_DISCOVER = 23
 IPV6_PMTUDISC_DO = 2
+IP_RECVTOS = 13  # linux/in.h
+IPV6_RECVTCLASS = 66  # linux/in6.h
+IPV6_TCLASS = 67
+#: The ECN field (RFC 3168 §5): ECT(0), which a RoCEv2 sender sets (Annex A17.9.1), and CE.
+ECT0 = 0b10
+CE = 0b11
 #: The kernel refuses GSO batches of more than 64 segments (UDP_MAX_SEGMENTS)
 #: and of more than 64 KiB in all.
 GSO_MAX_SEGMENTS = 64
@@ -46,6 +55,8 @@ class UdpCounters:
     sends: int = 0
     gso_sends: int = 0
     gro_batches: int = 0
+    #: Reads whose IP header carried CE (Congestion Experienced, RFC 3168).
+    ce_reads: int = 0
     send_would_block: int = 0
     send_errors: int = 0
     last_error: str = ""
@@ -90,9 +101,18 @@ class UdpLink:
         self.port = sock.getsockname()[1]
         self.gso = gso and self._try(sock, SOL_UDP, UDP_SEGMENT, 0)
         self.gro = gro and self._try(sock, SOL_UDP, UDP_GRO, 1)
+        # ECN (RoCEv2 Annex A17.9): send ECT(0), and read the ECN field of what arrives.
+        if self.family == socket.AF_INET:
+            self.ecn = self._try(sock, socket.IPPROTO_IP, socket.IP_TOS, ECT0)
+            self.ecn &= self._try(sock, socket.IPPROTO_IP, IP_RECVTOS, 1)
+        else:
+            self.ecn = self._try(sock, socket.IPPROTO_IPV6, IPV6_TCLASS, ECT0)
+            self.ecn &= self._try(sock, socket.IPPROTO_IPV6, IPV6_RECVTCLASS, 1)
+        #: The ECN field of the last read (GRO merges only datagrams whose TOS agrees).
+        self.last_ecn = 0
         self._buf = bytearray(RECV_BUFFER)
         self._view = memoryview(self._buf)
-        self._cmsg_space = socket.CMSG_SPACE(4)
+        self._cmsg_space = socket.CMSG_SPACE(4) * 2
         self.counters = UdpCounters()
         # Readiness without a raising recv (an empty non-blocking read costs
         # an exception): one epoll_wait(0) says whether ``recv`` has data.
@@ -130,10 +150,7 @@ class UdpLink:
             self._error(e)
             return [], ("", 0)
         c = self.counters
-        seg = 0
-        for level, typ, data in anc:
-            if level == SOL_UDP and typ == UDP_GRO and len(data) >= 4:
-                seg = _I32.unpack_from(data)[0]
+        seg = self._ancillary(anc)
         view = self._view
         if seg and seg < n:
             c.gro_batches += 1
@@ -156,14 +173,26 @@ class UdpLink:
         except OSError as e:
             self._error(e)
             return 0, 0, ("", 0)
-        seg = 0
-        for level, typ, data in anc:
-            if level == SOL_UDP and typ == UDP_GRO and len(data) >= 4:
-                seg = _I32.unpack_from(data)[0]
+        seg = self._ancillary(anc)
         if not 0 < seg < n:
             seg = max(n, 1)
         self.count_read(n, seg)
         return n, seg, (addr[0], addr[1])
+
+    def _ancillary(self, anc: list[tuple[int, int, bytes]]) -> int:
+        """The GRO segment size of a read (0: none); its ECN field goes to ``last_ecn``."""
+        seg = ecn = 0
+        for level, typ, data in anc:
+            if level == SOL_UDP and typ == UDP_GRO and len(data) >= 4:
+                seg = _I32.unpack_from(data)[0]
+            elif level == socket.IPPROTO_IP and typ == socket.IP_TOS and data:
+                ecn = data[0] & 3
+            elif level == socket.IPPROTO_IPV6 and typ == IPV6_TCLASS and len(data) >= 4:
+                ecn = _I32.unpack_from(data)[0] & 3
+        self.last_ecn = ecn
+        if ecn == CE:
+            self.counters.ce_reads += 1
+        return seg
 
     def count_read(self, nbytes: int, seg: int) -> None:
         """Count a read of ``nbytes`` in segments of ``seg`` (one done outside: the native data plane)."""

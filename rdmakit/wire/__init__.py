@@ -6,6 +6,7 @@ from .icrc import (
     CRC32_IMPL,
     IP_PROTO_UDP,
     ROCE_UDP_PORT,
+    SEGMENT_IDS,
     IcrcFlow,
     crc32,
     icrc_ipv4,
@@ -44,8 +45,8 @@ from .psn import PSN_BITS, PSN_HALF, PSN_MASK, psn_add, psn_diff
 __all__ = [
     "AETH", "BTH_LEN", "CODEC_LAYOUTS", "CRC32_IMPL", "CREDITS_UNLIMITED", "DEFAULT_PKEY", "FRAME_HEADER",
     "ICRC_LEN", "IP_PROTO_UDP", "MAX_FRAME", "MAX_HEADERS", "MIDDLE_OPCODES", "OPCODE_INFO", "PSN_BITS",
-    "PSN_HALF", "PSN_MASK", "RETH", "ROCE_UDP_PORT", "AckKind", "AtomicETH", "FrameDecoder", "IcrcFlow",
-    "Kind",
+    "PSN_HALF", "PSN_MASK", "RETH", "ROCE_UDP_PORT", "SEGMENT_IDS", "AckKind", "AtomicETH", "FrameDecoder",
+    "IcrcFlow", "Kind",
     "LocalWireError", "NakCode", "OpInfo", "Opcode", "Packet", "Payload", "Position", "Train", "WireError",
     "ack_syndrome", "crc32", "decode", "encode", "encode_headers", "frame_header", "icrc_ipv4",
     "icrc_ipv6", "icrc_of_ip_packet", "max_frame_body", "nak_syndrome", "pack_icrc", "pad_bytes", "pad_len",

@@ -74,6 +74,9 @@ _UDP_LEN = 8
 _SMALL_FIRST = 64
 #: Bound on the per-flow cache of header states (one entry per packet length and GSO segment).
 _FLOW_CACHE_MAX = 1024
+#: The IPv4 IDs rdmakit's packets carry: segment k of a UDP GSO batch (at most
+#: 64 segments, UDP_MAX_SEGMENTS) has ID k (``inet_gso_segment``).
+SEGMENT_IDS = 64
 
 
 def _body_crc(crc: int, parts: tuple[Payload, ...]) -> int:
@@ -169,9 +172,16 @@ class IcrcFlow:
     ``flow.state(n, k)`` the cached header state itself, for hot loops that
     continue it with :func:`crc32` over the BTH (byte 4 masked) and body.
     IPv6 has no ID: ``k`` is ignored there.
+
+    Where the network split the batch (a NIC's or a qdisc's segmentation) or
+    GRO merged part of one, a segment's place in what was read no longer says
+    its ID. ``flow.id_shifts(n)`` lets one CRC decide among all
+    ``SEGMENT_IDS`` candidates: CRC-32 is affine, so for equal lengths
+    ``icrc(ID a) ^ icrc(ID b)`` depends only on ``a ^ b``, and a segment checked
+    with ID ``k`` whose ICRC differs by ``id_shifts(n)[d]`` carried ID ``k ^ d``.
     """
 
-    __slots__ = ("_arrays", "_header", "_v6", "states")
+    __slots__ = ("_arrays", "_header", "_shifts", "_v6", "states")
 
     def __init__(self, header: Callable[[int, int], bytes], v6: bool = False) -> None:
         """Use :meth:`ipv4` or :meth:`ipv6`; ``header(n, k)``: the masked headers for ``n``
@@ -181,6 +191,7 @@ class IcrcFlow:
         #: ``n | k << 16`` -> CRC state after the masked headers (read-only; see :meth:`state`).
         self.states: dict[int, int] = {}
         self._arrays: dict[int, array[int]] = {}
+        self._shifts: dict[int, tuple[array[int], dict[int, int]]] = {}
         header(BTH_LEN + ICRC_LEN, 0)  # validate the addresses and ports now
 
     @classmethod
@@ -269,6 +280,35 @@ class IcrcFlow:
                 self._arrays.clear()
             arr = self._arrays[n] = array("I", [self.state(n, k) for k in range(count)])
         return arr
+
+    def id_shifts(self, n: int) -> "array[int]":
+        """``icrc(ID d) ^ icrc(ID 0)`` of an ``n``-byte segment (BTH .. ICRC) for ``d`` in
+        ``range(SEGMENT_IDS)``, as a native ``uint32`` array (all 0 on IPv6)."""
+        return self._shift_table(n)[0]
+
+    def id_shift(self, n: int, diff: int) -> int | None:
+        """The ``d`` below ``SEGMENT_IDS`` with ``id_shifts(n)[d] == diff``, or None.
+
+        ``diff`` is a received ICRC XOR the one computed with some ID ``k``: the
+        segment carried ID ``k ^ d``. A corrupted segment passes with probability
+        ``SEGMENT_IDS / 2**32`` = 2^-26 (the shifts are distinct; ``test_icrc_ids``).
+        """
+        return self._shift_table(n)[1].get(diff)
+
+    def _shift_table(self, n: int) -> "tuple[array[int], dict[int, int]]":
+        got = self._shifts.get(n)
+        if got is None:
+            if len(self._shifts) >= _FLOW_CACHE_MAX:
+                self._shifts.clear()
+            zeros = bytes(n - ICRC_LEN)
+            base = crc32(zeros, self.state(n, 0))
+            if self._v6:
+                arr = array("I", bytes(4 * SEGMENT_IDS))
+            else:  # the header states, not cached in ``states`` (one per ID is not kept)
+                hdr = self._header
+                arr = array("I", [crc32(zeros, crc32(hdr(n, d), _SEED)) ^ base for d in range(SEGMENT_IDS)])
+            got = self._shifts[n] = (arr, {0: 0} if self._v6 else {v: d for d, v in enumerate(arr)})
+        return got
 
 
 def pack_icrc(value: int) -> bytes:

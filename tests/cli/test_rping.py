@@ -1,8 +1,13 @@
 """``rdmakit rping`` on loopback: rping's ping loop over an rdma_cm connection (the lab runs it vs rping)."""
 
+import select
+import signal
 import struct
+import subprocess
 import time
 from collections.abc import Callable
+
+import pytest
 
 from rdmakit.engine import SGE, Access, CompletionQueue, SendWR, WcStatus, WrOpcode
 from rdmakit.transport.cma import CmaEventKind, RdmaCm
@@ -92,3 +97,40 @@ def test_a_client_advertising_too_much_is_refused(new_ip: Callable[[], str]) -> 
         err.splitlines()[-1]
         == "rdmakit rping: the client advertised 1048576 bytes to read; this server's -S is 64"
     )
+
+
+def _first_ping(client: subprocess.Popen[str]) -> str:
+    """The client's first ``ping data:`` line (bounded: the test fails if none comes)."""
+    assert client.stdout is not None
+    ready, _, _ = select.select([client.stdout], [], [], 60)
+    assert ready, "the client printed no ping"
+    return client.stdout.readline()
+
+
+@pytest.mark.parametrize("signo", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_server_disconnects_its_client(new_ip: Callable[[], str], signo: int) -> None:
+    """A server stopped by a signal sends its DREQ on the way out, as the kernel does for rping:
+    the client, pinging forever, ends with rping's own lines and status 0 instead of retrying."""
+    server_ip, client_ip = new_ip(), new_ip()
+    port = str(7303 + (signo == signal.SIGINT))
+    server = spawn("rping", "-s", "-a", server_ip, "-p", port)
+    client = None
+    try:
+        time.sleep(0.8)
+        client = spawn("rping", "-c", "-a", server_ip, "-I", client_ip, "-p", port, "-v", "-C", "0")
+        assert _first_ping(client).startswith("ping data: rdma-ping-0: ")
+        server.send_signal(signo)
+        stopped = time.monotonic()
+        rc, _, err = finish(client, timeout=60)  # without the DREQ it would retry forever (retry_cnt 7)
+        print(f"the client ended {time.monotonic() - stopped:.2f} s after the server's {signo!r}")
+        s_rc, _, s_err = finish(server)
+    finally:
+        for p in (server, client):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert rc == 0, err
+    lines = err.splitlines()
+    assert lines[0] == "client DISCONNECT EVENT...", err
+    assert lines[1] in ("wait for RDMA_WRITE_ADV state 10", "wait for RDMA_WRITE_COMPLETE state 10"), err
+    assert s_rc == 128 + signo, s_err

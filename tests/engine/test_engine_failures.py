@@ -19,6 +19,7 @@ from rdmakit.engine import (
     rnr_delay,
     transport_timeout,
 )
+from rdmakit.engine.congestion import K_MINIMUM_WINDOW
 from rdmakit.testing.engine import ALL_ACCESS, Pair, fill, make_pair, pump, recv_wr, send_wr
 from rdmakit.testing.faults import Faults
 from rdmakit.wire import AETH, RETH, AtomicETH, NakCode, Opcode, Packet, ack_syndrome, nak_syndrome
@@ -54,7 +55,9 @@ def test_retry_exhaustion_in_a_partition() -> None:
     st = p.a.qp.stats
     assert st.timeouts == 4
     assert st.retries == 3
-    assert st.retransmits == 3 * 3
+    # Each timeout shrinks the congestion window to K_MINIMUM_WINDOW: every retry resends
+    # two of the three packets (rxe, without a window, resends all three).
+    assert st.retransmits == 3 * K_MINIMUM_WINDOW
     t = transport_timeout(8)
     assert t is not None
     assert 4 * t <= p.net.now < 4 * t + 1e-4
@@ -619,6 +622,8 @@ def test_late_ack_covering_a_head_being_resent() -> None:
     assert again.psn == sent[0].psn
     a.receive(late_ack, deadline)  # the original ACK arrives late and covers the head
     nxt = a.poll_transmit(deadline)
+    # The timeout left a congestion window of K_MINIMUM_WINDOW packets; the late ACK of three
+    # PSNs opens it by three (slow start): the next WQE restarts after the head, all of it.
     assert [x.psn for x in nxt] == [x.psn for x in sent[3:]]
     for pkt in nxt:
         b.receive(pkt, deadline)

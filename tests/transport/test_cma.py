@@ -156,6 +156,19 @@ def test_disconnect_from_either_side(pair: tuple[Side, Side], who: str) -> None:
     assert qb.state is QpState.ERR
 
 
+@pytest.mark.parametrize("who", ["active", "passive"])
+def test_closing_a_device_disconnects_its_connections(pair: tuple[Side, Side], who: str) -> None:
+    """A device closed with connections up (a program's exit) sends their DREQs first, as the
+    kernel does for an exiting rdma_cm user: the peer sees DISCONNECTED for each, its QPs in ERROR."""
+    a, b = pair
+    b.cm.listen(PORT)
+    conns = [_connect(a, b, bytes([i])) for i in range(2)]
+    gone, peer = (a, b) if who == "active" else (b, a)
+    gone.dev.close()
+    _until((peer,), _has(peer, CmaEventKind.DISCONNECTED, 2))
+    assert all(q.state is QpState.ERR for qa, qb, _, _ in conns for q in (qa, qb))
+
+
 def test_no_listener_is_rejected_with_reason_8(pair: tuple[Side, Side]) -> None:
     a, b = pair
     a.cm.connect(b.dev.ip, 9, a.qp(), time.monotonic())

@@ -7,6 +7,7 @@ as in-order MIDDLE packets, writing nothing for the first one it refuses.
 
 import os
 import random
+import socket
 import subprocess
 import sys
 import zlib
@@ -18,7 +19,7 @@ import pytest
 from rdmakit.transport import fastpath
 from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.port import PeerAddress
-from rdmakit.transport.udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
+from rdmakit.transport.udp import CE, ECT0, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
 from rdmakit.wire import IcrcFlow, Opcode, Packet, Train, encode, icrc_ipv4, pack_icrc
 from tests.transport.sockets import udp_sink
 
@@ -258,8 +259,9 @@ def test_place_run_rejects_bad_arguments() -> None:
 
 
 #: What the native ``recv_runs`` returns: placed, last AckReq PSN, reads, datagrams, GRO batches,
-#: errno, and the datagram it stopped at, (bytes, segment size, segments, (address, port)), or None.
-RecvRuns = tuple[int, int, int, int, int, int, tuple[int, int, int, tuple[str, int]] | None]
+#: errno, the datagram it stopped at, (bytes, segment size, segments, (address, port)), or None,
+#: and the reads marked CE.
+RecvRuns = tuple[int, int, int, int, int, int, tuple[int, int, int, tuple[str, int]] | None, int]
 
 
 class _Stream:
@@ -309,9 +311,9 @@ def test_recv_runs_reads_while_the_run_goes_on(new_ip: Callable[[], str]) -> Non
     s = _Stream(new_ip)
     sent = [s.send(100 + i) for i in range(10)]
     _settle(s)
-    assert s.recv_runs(100) == (10, -1, 10, 10, 0, 0, None)
+    assert s.recv_runs(100) == (10, -1, 10, 10, 0, 0, None, 0)
     assert bytes(s.dst[: 10 * s.mtu]) == b"".join(sent)
-    assert s.recv_runs(110) == (0, -1, 0, 0, 0, 0, None)  # nothing more: EAGAIN, no read
+    assert s.recv_runs(110) == (0, -1, 0, 0, 0, 0, None, 0)  # nothing more: EAGAIN, no read
     s.close()
 
 
@@ -321,16 +323,33 @@ def test_recv_runs_hands_back_what_does_not_continue_the_run(new_ip: Callable[[]
     s.send(12, link=s.other)  # another source port: not this run's flow
     s.send(12)
     _settle(s)
-    placed, last, reads, datagrams, gro, err, pending = s.recv_runs(7)
+    placed, last, reads, datagrams, gro, err, pending, _ce = s.recv_runs(7)
     assert (placed, last, reads, datagrams, gro, err) == (5, -1, 6, 6, 0, 0)
     assert pending == (12 + s.mtu + 4, 12 + s.mtu + 4, 0, (s.other.ip, s.other.port))
     assert bytes(s.dst[: 5 * s.mtu]) == b"".join(sent)
     assert bytes(s.dst[5 * s.mtu :]) == bytes(len(s.dst) - 5 * s.mtu)
     s.send(13, op=Opcode.RDMA_WRITE_LAST)  # the run's flow, but not a MIDDLE
-    placed, _, reads, _, _, _, pending = s.recv_runs(12)
+    placed, _, reads, _, _, _, pending, _ce = s.recv_runs(12)
     assert (placed, reads) == (1, 2)  # the MIDDLE with PSN 12, then the LAST comes back
     assert pending is not None
     assert pending[2:] == (0, (s.tx.ip, s.tx.port))
+    s.close()
+
+
+def test_recv_runs_counts_the_reads_marked_ce(new_ip: Callable[[], str]) -> None:
+    """The IP header's ECN field of each read (IP_RECVTOS): a run marked CE says how many reads were."""
+    s = _Stream(new_ip)
+    s.tx.sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, CE)
+    for i in range(3):
+        s.send(i)
+    _settle(s)
+    got = s.recv_runs(0)
+    assert got[:4] == (3, -1, 3, 3)
+    assert got[7] == 3
+    s.tx.sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ECT0)
+    s.send(3)
+    _settle(s)
+    assert s.recv_runs(3)[7] == 0
     s.close()
 
 

@@ -1,0 +1,236 @@
+"""Loss and congestion on the seeded SimNet: the congestion window, the measured round trip and DCQCN.
+
+Each run moves the same RDMA WRITEs with the congestion control on and off
+(``QpCaps.congestion_control``; off, the requester behaves as rxe's) over one
+profile of `rdmakit.testing.faults`, in virtual time; the seed replays it
+exactly.
+"""
+
+from dataclasses import dataclass, replace
+
+import pytest
+
+from rdmakit.engine import QpCaps, WrOpcode
+from rdmakit.engine.congestion import DCQCN_CNP_INTERVAL, DCQCN_MIN_RATE, Dcqcn, Window
+from rdmakit.testing.engine import make_pair, send_wr
+from rdmakit.testing.faults import BOTTLENECK_DEEP, BOTTLENECK_ECN, BOTTLENECK_SHALLOW, GIGABIT, WAN, Faults
+
+MSG = 512 * 1024
+SEED = 28
+
+
+@dataclass
+class Run:
+    ok: bool
+    seconds: float
+    retransmits: int
+    lost: int
+    timeouts: int
+    cnps: int
+    digest: str
+
+    @property
+    def goodput(self) -> float:
+        return 4 * MSG / self.seconds
+
+
+def run(faults: Faults, cc: bool, *, seed: int = SEED, timeout: int = 14, window: int = 1024) -> Run:
+    """Four 512 KB WRITEs from a to b, a 1024-PSN window (ib_write_bw's scale), MTU 1024."""
+    caps = QpCaps(max_unacked_psns=window, congestion_control=cc)
+    p = make_pair(seed, faults, caps=caps, mem_size=MSG, mtu=1024, timeout=timeout)
+    a, b = p.a, p.b
+    for i in range(4):
+        sge = (a.sge(0, MSG),)
+        a.qp.post_send(send_wr(i, WrOpcode.RDMA_WRITE, sge, remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    ok = p.run_until_completions(4, max_time=120.0)
+    st, net = a.qp.stats, p.net.stats
+    lost = net["lost"] + net["queue_full"]
+    print(f"seed {seed} cc={cc}: {4 * MSG / p.net.now / 1e6:.1f} MB/s, {st.retransmits} resent, {lost} lost, "
+          f"{st.timeouts} timeouts, {st.cnps_received} CNPs")  # fmt: skip
+    return Run(
+        ok and all(c.status.name == "SUCCESS" for c in a.sent),
+        p.net.now,
+        st.retransmits,
+        lost,
+        st.timeouts,
+        st.cnps_received,
+        p.net.trace_digest(),
+    )
+
+
+def test_a_clean_bottleneck_sees_exactly_what_rxe_sends() -> None:
+    """No loss, no mark: the congestion control changes no packet (the window starts at the spec's)."""
+    on, off = run(BOTTLENECK_DEEP, True), run(BOTTLENECK_DEEP, False)
+    assert on.ok
+    assert off.ok
+    assert on.retransmits == off.retransmits == 0
+    assert on.digest == off.digest
+    assert on.goodput > 0.9 * GIGABIT
+
+
+def test_a_shallow_buffer_no_longer_collapses_goodput() -> None:
+    """A 64 KB queue at 1 Gbit/s: go-back-N over a 1024-PSN window overflows it again with every
+    resend; the congestion window brings what is in flight down to what the queue holds."""
+    on, off = run(BOTTLENECK_SHALLOW, True), run(BOTTLENECK_SHALLOW, False)
+    assert on.ok
+    assert off.ok
+    assert on.goodput > 1.5 * off.goodput
+    assert on.retransmits * 20 < off.retransmits
+    assert on.lost * 20 < off.lost
+
+
+@pytest.mark.parametrize("loss", [0.001, 0.01, 0.05])
+def test_resends_per_loss_are_bounded(loss: float) -> None:
+    """Random loss at a 1 Gbit/s link: each loss resends about what the path holds (its
+    bandwidth-delay product, the window's floor), not up to the whole 1024-PSN window."""
+    faults = Faults(rate=GIGABIT, loss=loss, delay=50e-6)
+    on, off = run(faults, True), run(faults, False)
+    assert on.ok
+    assert off.ok
+    assert on.retransmits <= off.retransmits
+    assert on.retransmits <= 1024 + 64 * on.lost  # the first window, then about the path per loss
+
+
+def test_ecn_marks_bring_cnps_that_lower_the_rate() -> None:
+    """A queue marking CE (DCQCN's switch settings): the responder sends CNPs, the requester's
+    DCQCN rate keeps the queue short of overflowing, and fewer packets are lost than without."""
+    on, off = run(BOTTLENECK_ECN, True), run(BOTTLENECK_ECN, False)
+    assert on.ok
+    assert off.ok
+    assert on.cnps > 0
+    assert on.lost * 5 < off.lost
+    assert on.goodput > off.goodput
+
+
+def test_a_seed_replays_a_congested_run() -> None:
+    assert run(BOTTLENECK_SHALLOW, True).digest == run(BOTTLENECK_SHALLOW, True).digest
+    assert run(BOTTLENECK_SHALLOW, True).digest != run(BOTTLENECK_SHALLOW, True, seed=SEED + 1).digest
+
+
+@pytest.mark.parametrize("timeout", [14, 16])
+def test_a_100_ms_round_trip_causes_no_spurious_retries(timeout: int) -> None:
+    """A WAN path (100 ms round trip, jitter). The device default (timeout 16, 268 ms) holds from
+    the start; a local ACK timeout shorter than the round trip (14, 67 ms) can expire before the
+    first round trip is measured, but never after: the timer follows the measured path."""
+    r = run(WAN, True, timeout=timeout)
+    assert r.ok
+    assert r.timeouts <= (1 if timeout == 14 else 0)
+    assert r.retransmits <= (1024 if timeout == 14 else 0)
+
+
+def test_the_window_halves_once_per_round_trip_and_grows_back() -> None:
+    w = Window(128)
+    assert w.packets() == 128
+    assert w.on_loss(1.0, rtt=0.01)
+    assert w.packets() == 64
+    assert not w.on_loss(1.005, rtt=0.01)  # the same window's losses
+    assert w.packets() == 64
+    w.on_ack(64, 1.02)  # congestion avoidance: one packet per window acknowledged
+    assert w.packets() == 65
+    w.on_timeout(2.0, rtt=0.01)
+    assert w.packets() == 2
+    w.on_ack(10, 2.001)  # slow start, even in the timeout's recovery period
+    assert w.packets() == 12
+    w2 = Window(128)
+    w2.on_loss(0.0, rtt=0.01, floor=100.0)  # never below the path's bandwidth-delay product
+    assert w2.packets() == 100
+
+
+def test_dcqcn_cuts_by_alpha_and_recovers() -> None:
+    """Zhu et al. 2015, Figure 7: the first CNP halves the measured rate (alpha starts at 1);
+    fast recovery then halves the distance to the target at each timer event, and pacing ends
+    back at the rate it was cut from."""
+    d = Dcqcn()
+    assert d.allowance(0.0) == float("inf")
+    for i in range(100):
+        d.sent(100_000, i * 1e-4)  # 1 GB/s for 10 ms
+    d.on_cnp(0.01)
+    assert d.rate is not None
+    assert d.rate == pytest.approx(d.target / 2, rel=0.01)
+    assert d.target == pytest.approx(1e9, rel=0.05)
+    cut = d.rate
+    d.on_cnp(0.01 + DCQCN_CNP_INTERVAL)  # alpha is now just under 1: another near-halving
+    assert d.rate < cut * 0.51
+    d.advance(0.01 + 5 * 55e-6)
+    assert d.rate is not None
+    assert d.rate > cut * 0.5
+    d.advance(1.0)
+    assert d.rate is None  # recovered
+    low = Dcqcn()
+    low.on_cnp(0.0)  # nothing measured: the floor
+    assert low.rate == DCQCN_MIN_RATE
+
+
+def test_cnps_are_one_per_interval() -> None:
+    p = make_pair(SEED, BOTTLENECK_DEEP)
+    b = p.b.qp
+    b.congestion_experienced(1.0)
+    b.congestion_experienced(1.0 + DCQCN_CNP_INTERVAL / 2)
+    assert b.poll_cnp()
+    assert not b.poll_cnp()
+    b.congestion_experienced(1.0 + DCQCN_CNP_INTERVAL)
+    assert b.poll_cnp()
+    assert (b.stats.ce_received, b.stats.cnps_sent) == (3, 2)
+
+
+def test_a_cnp_without_congestion_control_changes_nothing() -> None:
+    """A QP without congestion control that receives CNPs (as kernel rxe does, which drops them):
+    they are counted, nothing is paced, and every WRITE completes."""
+    faults = replace(BOTTLENECK_ECN, ecn_kmin=0, ecn_pmax=1.0)
+    r = run(faults, False)
+    assert r.ok
+    assert r.cnps > 0
+
+
+def _reads(cc: bool) -> tuple[float, int]:
+    """32 RDMA READs of 64 KB, 16 outstanding, over the shallow bottleneck: (seconds, packets lost)."""
+    size = 64 * 1024
+    caps = QpCaps(max_unacked_psns=1024, congestion_control=cc)
+    p = make_pair(
+        SEED, BOTTLENECK_SHALLOW, caps=caps, mem_size=16 * size, mtu=1024, max_rd_atomic=16, timeout=14
+    )
+    a, b = p.a, p.b
+    for i in range(32):
+        off = i % 16 * size
+        a.qp.post_send(
+            send_wr(i, WrOpcode.RDMA_READ, (a.sge(off, size),), remote_addr=b.mr.addr + off, rkey=b.mr.rkey)
+        )
+    assert p.run_until_completions(32, max_time=60.0)
+    assert all(c.status.name == "SUCCESS" for c in a.sent)
+    assert a.mem == b.mem
+    return p.net.now, p.net.stats["queue_full"]
+
+
+def test_a_gap_in_read_responses_is_a_loss_at_once() -> None:
+    """A READ response past the one expected means those between were lost: the requester goes
+    back at once (as for a NAK-sequence error) instead of waiting out its timer, as rxe does."""
+    (t_on, lost_on), (t_off, lost_off) = _reads(True), _reads(False)
+    print(f"READs: {t_on:.3f} s, {lost_on} lost with congestion control; {t_off:.3f} s, {lost_off} without")
+    assert t_on < t_off
+    assert lost_on * 5 < lost_off
+
+
+@pytest.mark.parametrize("cc", [True, False])
+def test_a_read_response_after_a_gap_goes_back_at_once(cc: bool) -> None:
+    """The second of four READ responses is lost: the third tells the requester at once (with
+    congestion control; rxe waits for its timer), and the retried READ asks from the gap on."""
+    p = make_pair(SEED, caps=QpCaps(congestion_control=cc), mtu=256)
+    a, b = p.a.qp, p.b.qp
+    a.post_send(
+        send_wr(1, WrOpcode.RDMA_READ, (p.a.sge(0, 1024),), remote_addr=p.b.mr.addr, rkey=p.b.mr.rkey)
+    )
+    (req,) = a.poll_transmit(0.0)
+    b.receive(req, 0.0)
+    responses = b.poll_transmit(0.0)
+    assert len(responses) == 4
+    a.receive(responses[0], 0.0)
+    a.receive(responses[2], 0.0)
+    assert a.stats.retries == (1 if cc else 0)
+    again = a.poll_transmit(0.0)
+    if cc:
+        assert len(again) == 1
+        assert again[0].psn == responses[1].psn
+        assert again[0].reth is not None
+        assert again[0].reth.va == p.b.mr.addr + 256
+    else:
+        assert again == []
