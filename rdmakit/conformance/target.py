@@ -385,6 +385,7 @@ class SoftTarget(Target):
             "ip": self.dev.ip,
             "port": self.dev.port,
             "mtus": [256, 512, 1024, 2048, 4096],
+            "cnp": True,  # the soft responder answers CE with a CNP (transport.cnp, Annex A17.9)
         }
 
     def _dev_create_qp(self, caps: QpCaps) -> QueuePair:

@@ -134,8 +134,13 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
             stats.drop("unexpected_response")
             return
         wqe = sq[0]
-        if wqe.state == POSTED:
-            # Not (re)sent since the last rewind (rxe get_wqe(): wqe_state_posted).
+        if wqe.state == POSTED and not (
+            wqe.started and wqe.kind == SEND_WRITE and (psn - wqe.last_psn) & _MASK < _HALF
+        ):
+            # Not (re)sent since the last rewind (rxe get_wqe(): wqe_state_posted). A SEND or
+            # WRITE sent before the rewind is the exception once a cumulative ACK covers all of
+            # it (IBTA §9.7.5.1.1: the ACK acknowledges every request up to its PSN): rxe resends
+            # its whole window at once, while a congestion window may not have resent it yet.
             stats.drop("unexpected_response")
             return
         if not 0 < (psn - wqe.last_psn) & _MASK < _HALF:
