@@ -9,6 +9,10 @@
   reordering, corruption) for that network.
 * `rdmakit.testing.strategies`: hypothesis strategies for RC packets; needs
   hypothesis (``pip install 'rdmakit[testing]'``).
+* `rdmakit.testing.netbed`: a routed bed of three network namespaces
+  (A – R – B, IPv4 and IPv6, tbf on R) to run programs between two hosts;
+  needs root. `rdmakit.testing.goodput` measures goodput across it against
+  iperf3 (``python3 -m rdmakit.testing.goodput``).
 
 Each is imported on its own (``from rdmakit.testing.engine import make_pair``):
 this package imports none of them, so a program that uses one pays for no other.

@@ -8,6 +8,7 @@ pair with descriptor files. Nothing may stall (``HUNG``), and a path whose MTU
 shrinks on the way fails at once with the fix. Needs root (skipped otherwise).
 """
 
+import json
 import re
 import sys
 from collections.abc import Iterator
@@ -43,6 +44,14 @@ def _ok(done: Done, what: str) -> str:
     assert done.rc != HUNG, f"{what} stalled: {done.err[-2000:]}"
     assert done.rc == 0, f"{what} failed ({done.rc}): {done.err[-2000:]}"
     return done.out
+
+
+def test_devices_show_the_interface_mtu(path: tuple[NetBed, int, int]) -> None:
+    bed, v, mtu = path
+    rows = json.loads(bed.sh([*RDMAKIT, "devices", "--json"], "a"))
+    by_name = {r["name"]: r for r in rows}
+    assert by_name[f"udp:{bed.addr('a', v)}"]["mtu"] == mtu
+    assert by_name["udp:127.0.0.1"]["mtu"] == 4096  # loopback's 65536
 
 
 @pytest.mark.parametrize("test", ["ib_write_bw", "ib_read_bw", "ib_send_bw"])
