@@ -40,6 +40,10 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
         1,
         "creates the key (O_EXCL | O_NOFOLLOW)",
     ),
+    ("testing/goodput.py", "main", "open"): (1, "writes the --json-out report (an output)"),
+    ("transport/netmtu.py", "link_mtu", "open"): (1, "/sys/class/net/<interface>/mtu of a kernel name"),
+    ("transport/in_use.py", "_udp_inodes", ".read_text"): (1, "/proc/net/udp and udp6, fixed paths"),
+    ("transport/in_use.py", "udp_holders", ".read_bytes"): (1, "/proc/<pid>/cmdline of a socket's holder"),
     ("verbs/sysfs.py", "_read", "os.open"): (1, "sysfs attributes of a device found by name"),
 }
 

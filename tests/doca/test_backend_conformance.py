@@ -64,6 +64,7 @@ ALLOWED_PROBES = {
     ("cli/options.py", "args"),
     ("cli/lifecycle.py", "args"),
     ("cli/main.py", "args"),
+    ("cli/tool_flags.py", "args"),  # an argparse Namespace: a refused flag given
     ("cli/samples.py", "args"),
     ("cli/perftest.py", "e"),
     ("cli/rc_pingpong.py", "e"),
