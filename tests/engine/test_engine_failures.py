@@ -775,3 +775,22 @@ def test_no_write_lands_after_its_memory_is_deregistered() -> None:
     (wc,) = cqa.poll(4)
     assert wc.status is WcStatus.REM_ACCESS_ERR
     assert qb.state is QpState.ERR
+
+
+def test_a_cumulative_ack_completes_writes_the_window_has_not_resent() -> None:
+    """After a timeout the congestion window resends only K_MINIMUM_WINDOW packets; a late ACK of
+    the last PSN sent before the timeout still acknowledges every request up to it (IBTA
+    §9.7.5.1.1), the unresent third WRITE included, and nothing is sent again."""
+    p = make_pair(30, timeout=8)
+    a = p.a.qp
+    post_writes(p, 3)
+    first = a.poll_transmit(0.0)
+    assert len(first) == 3
+    deadline = a.get_timer()
+    assert deadline is not None
+    a.handle_timer(deadline)
+    resent = a.poll_transmit(deadline)
+    assert [pkt.psn for pkt in resent] == [pkt.psn for pkt in first[:K_MINIMUM_WINDOW]]
+    a.receive(Packet(Opcode.ACKNOWLEDGE, a.qpn, first[-1].psn, aeth=AETH(ack_syndrome(), 3)), deadline)
+    assert statuses(p) == [(0, S.SUCCESS), (1, S.SUCCESS), (2, S.SUCCESS)]
+    assert a.poll_transmit(deadline) == []
