@@ -241,6 +241,7 @@ def test_the_suite_catches_a_broken_engine(mutation: str, tmp_path: Path, new_ip
     only = [arg for c in m.catch for arg in ("-k", c)]
     with agent(new_ip(), secret, mutation=mutation) as a:
         p = against(a, new_ip(), *only, "--json-out", "-")
+    assert p.stdout, f"{mutation}: no report: {p.stderr[-2000:]}"
     got = results(json.loads(p.stdout))
     assert p.returncode != 0, f"{mutation} survived: {got}"
     assert any(got[c] == "FAIL" for c in m.catch), (mutation, {k: v for k, v in got.items() if v != "PASS"})

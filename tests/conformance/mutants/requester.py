@@ -236,7 +236,7 @@ def _nak_not_implied_ack() -> None:
     def on_response(qp: Any, req: Any, pkt: Any, info: Any, now: float) -> None:
         aeth = pkt.aeth
         if pkt.opcode is Opcode.ACKNOWLEDGE and aeth is not None and aeth.syndrome == 0x60:
-            req.error_retry(False)
+            req.error_retry(now, False)
             return
         orig(qp, req, pkt, info, now)
 
