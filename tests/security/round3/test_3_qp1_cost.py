@@ -8,7 +8,7 @@ of addresses, at one instant, runs the solver at most that global burst.
 """
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -18,17 +18,6 @@ from rdmakit.wire import ROCE_UDP_PORT
 from rdmakit.wire.cm import CmAttr, CmMad
 from tests.security.hostile import SolverCalls
 from tests.security.round3.cm_peers import Side, connect, exchange, forged_req, mad_datagram
-
-
-@pytest.fixture
-def sides(new_ip: Callable[[], str]) -> Iterator[tuple[Side, Side]]:
-    a, b = Side(new_ip(), 1), Side(new_ip(), 2)
-    b.cm.listen(7174)
-    try:
-        yield a, b
-    finally:
-        a.close()
-        b.close()
 
 
 def _gsi(side: Side) -> Gsi:

@@ -8,25 +8,11 @@ longer ends a connection: the forger must guess 64 bits, not 32.
 """
 
 import time
-from collections.abc import Callable, Iterator
-
-import pytest
 
 from rdmakit.engine.cm import CmState
 from rdmakit.wire import ROCE_UDP_PORT
 from rdmakit.wire.cm import CmAttr, CmMad, RejReason
 from tests.security.round3.cm_peers import Side, connect, exchange, mad_datagram
-
-
-@pytest.fixture
-def sides(new_ip: Callable[[], str]) -> Iterator[tuple[Side, Side]]:
-    a, b = Side(new_ip(), 1), Side(new_ip(), 2)
-    b.cm.listen(7174)
-    try:
-        yield a, b
-    finally:
-        a.close()
-        b.close()
 
 
 def test_messages_that_know_only_our_id_do_not_end_a_connection(sides: tuple[Side, Side]) -> None:
