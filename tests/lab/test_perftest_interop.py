@@ -123,8 +123,8 @@ def _wait_listening(guest: LabGuest, port: int, proc: subprocess.Popen[str]) -> 
 
 
 def _wait_guest_listening(guest: LabGuest, port: int) -> None:
-    """Until the C server in the guest listens on `port`: rdmakit's client, as the C tools', connects
-    once and fails at once when nothing listens."""
+    """Until the server in the guest (a C tool or rdmakit's) listens on `port`: rdmakit's client, as
+    the C tools', connects once and fails at once when nothing listens."""
     for _ in range(300):
         out = guest.run("ss", "-Hltn", f"sport = :{port}", timeout=60).stdout
         if out.strip():
@@ -288,6 +288,8 @@ def test_rdmakit_on_rxe_through_verbs(guest: LabGuest, program: list[str], flags
     )  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     try:
+        if "-R" not in flags:
+            _wait_guest_listening(guest, port)
         h = subprocess.run(
             guest.host_command(
                 sys.executable, str(HOST), HOST_ADDR, *program, "-d", HOST_ADDR, "-p", str(port), *flags,

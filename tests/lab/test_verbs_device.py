@@ -366,6 +366,6 @@ def test_doca_rdma_contexts_over_the_verbs_device() -> None:
         for dev, rdma, wq, *_ in reversed(sides):
             rdma.close()
             wq.close()
-            dev.close()
+            dev.close_all()  # the memory map still registered with it goes first
         if installed_here:
             uninstall()
