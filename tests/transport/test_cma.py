@@ -5,7 +5,6 @@ the QPs the events set up then carry data, checked byte for byte.
 """
 
 import ipaddress
-import random
 import socket
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -15,7 +14,6 @@ import pytest
 from rdmakit.engine import (
     SGE,
     Access,
-    CompletionQueue,
     QpState,
     QueuePair,
     RecvWR,
@@ -23,8 +21,8 @@ from rdmakit.engine import (
     WcStatus,
     WrOpcode,
 )
-from rdmakit.transport.cma import CmaEvent, CmaEventKind, RdmaCm
-from rdmakit.transport.device import SoftDevice
+from rdmakit.testing.cm_side import CmSide, until
+from rdmakit.transport.cma import CmaEventKind
 from rdmakit.wire import icrc_ipv4, pack_icrc
 from rdmakit.wire.cm import CmaHeader, CmAttr, CmMad, PortSpace, RejReason, encode_cm, service_id
 from rdmakit.wire.ud import GSI_QKEY, UdSend, encode_ud_send
@@ -32,33 +30,12 @@ from rdmakit.wire.ud import GSI_QKEY, UdSend, encode_ud_send
 PORT = 7174
 
 
-class Side:
-    def __init__(self, ip: str, seed: int) -> None:
-        self.dev = SoftDevice(ip, rng=random.Random(seed))
-        self.cm = RdmaCm(
-            self.dev, rng=random.Random(seed + 100), timeout_exponent=14, max_retries=4, timewait=0.2
-        )
-        self.cq = CompletionQueue(256)
-        self.events: list[CmaEvent] = []
-
-    def qp(self) -> QueuePair:
-        return self.dev.create_qp(send_cq=self.cq, recv_cq=self.cq)
-
-    def pump(self) -> None:
-        now = time.monotonic()
-        self.dev.progress(now)
-        while (ev := self.cm.poll_event(now)) is not None:
-            self.events.append(ev)
-
-    def take(self, kind: CmaEventKind) -> CmaEvent:
-        for i, ev in enumerate(self.events):
-            if ev.kind is kind:
-                return self.events.pop(i)
-        raise AssertionError(f"no {kind.name} in {self.events}")
+def Side(ip: str, seed: int) -> CmSide:
+    return CmSide(ip, seed, timeout_exponent=14, max_retries=4)
 
 
 @pytest.fixture
-def pair(new_ip: Callable[[], str]) -> Iterator[tuple[Side, Side]]:
+def pair(new_ip: Callable[[], str]) -> Iterator[tuple[CmSide, CmSide]]:
     a, b = Side(new_ip(), 1), Side(new_ip(), 2)
     try:
         yield a, b
@@ -67,28 +44,14 @@ def pair(new_ip: Callable[[], str]) -> Iterator[tuple[Side, Side]]:
         b.dev.close()
 
 
-def _until(sides: tuple[Side, ...], done: Callable[[], bool], limit: float = 10.0) -> None:
-    end = time.monotonic() + limit
-    while not done():
-        for s in sides:
-            s.pump()
-        if time.monotonic() > end:
-            raise AssertionError(f"never happened; events: {[s.events for s in sides]}")
-        time.sleep(0.0005)
-
-
-def _has(side: Side, kind: CmaEventKind, n: int = 1) -> Callable[[], bool]:
-    return lambda: sum(ev.kind is kind for ev in side.events) >= n
-
-
-def _connect(a: Side, b: Side, private: bytes = b"") -> tuple[QueuePair, QueuePair, int, int]:
+def _connect(a: CmSide, b: CmSide, private: bytes = b"") -> tuple[QueuePair, QueuePair, int, int]:
     qa = a.qp()
     ha = a.cm.connect(b.dev.ip, PORT, qa, time.monotonic(), private_data=private)
-    _until((a, b), _has(b, CmaEventKind.CONNECT_REQUEST))
+    until((a, b), b.has(CmaEventKind.CONNECT_REQUEST))
     req = b.take(CmaEventKind.CONNECT_REQUEST)
     qb = b.qp()
     b.cm.accept(req.conn, qb, time.monotonic(), private_data=b"welcome")
-    _until((a, b), lambda: _has(a, CmaEventKind.ESTABLISHED)() and _has(b, CmaEventKind.ESTABLISHED)())
+    until((a, b), lambda: a.has(CmaEventKind.ESTABLISHED)() and b.has(CmaEventKind.ESTABLISHED)())
     ea, eb = a.take(CmaEventKind.ESTABLISHED), b.take(CmaEventKind.ESTABLISHED)
     assert ea.conn == ha
     assert ea.private_data.rstrip(b"\0") == b"welcome"
@@ -96,7 +59,7 @@ def _connect(a: Side, b: Side, private: bytes = b"") -> tuple[QueuePair, QueuePa
     return qa, qb, ha, req.conn
 
 
-def _send(a: Side, b: Side, qa: QueuePair, qb: QueuePair, msg: bytes, base: int) -> None:
+def _send(a: CmSide, b: CmSide, qa: QueuePair, qb: QueuePair, msg: bytes, base: int) -> None:
     src, dst = bytearray(msg), bytearray(len(msg))
     mra = a.dev.pd.register(src, base, Access.LOCAL_WRITE)
     mrb = b.dev.pd.register(dst, base + 0x10000, Access.LOCAL_WRITE)
@@ -108,24 +71,24 @@ def _send(a: Side, b: Side, qa: QueuePair, qb: QueuePair, msg: bytes, base: int)
         got.extend(wc.wr_id for wc in a.cq.poll(8) + b.cq.poll(8) if wc.status is WcStatus.SUCCESS)
         return sorted(got) == [7, 8]
 
-    _until((a, b), done)
+    until((a, b), done)
     assert bytes(dst) == msg
 
 
-def test_connect_by_address_and_move_data(pair: tuple[Side, Side]) -> None:
+def test_connect_by_address_and_move_data(pair: tuple[CmSide, CmSide]) -> None:
     """rdma_connect → CONNECT_REQUEST (with the cma_hdr's port and the user's data) → accept → ESTABLISHED."""
     a, b = pair
     b.cm.listen(PORT)
     qa = a.qp()
     a.cm.connect(b.dev.ip, PORT, qa, time.monotonic(), private_data=b"hello")
-    _until((a, b), _has(b, CmaEventKind.CONNECT_REQUEST))
+    until((a, b), b.has(CmaEventKind.CONNECT_REQUEST))
     req = b.events[0]
     assert (req.peer_ip, req.listen_port) == (a.dev.ip, PORT)
     assert 32768 <= req.peer_port < 61000
     assert req.private_data.rstrip(b"\0") == b"hello"
     qb = b.qp()
     b.cm.accept(req.conn, qb, time.monotonic())
-    _until((a, b), lambda: _has(a, CmaEventKind.ESTABLISHED)() and _has(b, CmaEventKind.ESTABLISHED)())
+    until((a, b), lambda: a.has(CmaEventKind.ESTABLISHED)() and b.has(CmaEventKind.ESTABLISHED)())
     assert qa.state is QpState.RTS
     assert qb.state is QpState.RTS
     assert qa.attrs.dest_qpn == qb.qpn
@@ -134,7 +97,7 @@ def test_connect_by_address_and_move_data(pair: tuple[Side, Side]) -> None:
     _send(b, a, qb, qa, b"and back", 0x4000)
 
 
-def test_several_connections_each_carry_their_data(pair: tuple[Side, Side]) -> None:
+def test_several_connections_each_carry_their_data(pair: tuple[CmSide, CmSide]) -> None:
     a, b = pair
     b.cm.listen(PORT)
     conns = [_connect(a, b, bytes([i])) for i in range(3)]
@@ -144,20 +107,20 @@ def test_several_connections_each_carry_their_data(pair: tuple[Side, Side]) -> N
 
 
 @pytest.mark.parametrize("who", ["active", "passive"])
-def test_disconnect_from_either_side(pair: tuple[Side, Side], who: str) -> None:
+def test_disconnect_from_either_side(pair: tuple[CmSide, CmSide], who: str) -> None:
     """rdma_disconnect: DREQ/DREP; both sides see DISCONNECTED and their QPs are in ERROR."""
     a, b = pair
     b.cm.listen(PORT)
     qa, qb, ha, hb = _connect(a, b)
     side, handle = (a, ha) if who == "active" else (b, hb)
     side.cm.disconnect(handle, time.monotonic())
-    _until((a, b), lambda: _has(a, CmaEventKind.DISCONNECTED)() and _has(b, CmaEventKind.DISCONNECTED)())
+    until((a, b), lambda: a.has(CmaEventKind.DISCONNECTED)() and b.has(CmaEventKind.DISCONNECTED)())
     assert qa.state is QpState.ERR
     assert qb.state is QpState.ERR
 
 
 @pytest.mark.parametrize("who", ["active", "passive"])
-def test_closing_a_device_disconnects_its_connections(pair: tuple[Side, Side], who: str) -> None:
+def test_closing_a_device_disconnects_its_connections(pair: tuple[CmSide, CmSide], who: str) -> None:
     """A device closed with connections up (a program's exit) sends their DREQs first, as the
     kernel does for an exiting rdma_cm user: the peer sees DISCONNECTED for each, its QPs in ERROR."""
     a, b = pair
@@ -165,24 +128,24 @@ def test_closing_a_device_disconnects_its_connections(pair: tuple[Side, Side], w
     conns = [_connect(a, b, bytes([i])) for i in range(2)]
     gone, peer = (a, b) if who == "active" else (b, a)
     gone.dev.close()
-    _until((peer,), _has(peer, CmaEventKind.DISCONNECTED, 2))
+    until((peer,), peer.has(CmaEventKind.DISCONNECTED, 2))
     assert all(q.state is QpState.ERR for qa, qb, _, _ in conns for q in (qa, qb))
 
 
-def test_no_listener_is_rejected_with_reason_8(pair: tuple[Side, Side]) -> None:
+def test_no_listener_is_rejected_with_reason_8(pair: tuple[CmSide, CmSide]) -> None:
     a, b = pair
     a.cm.connect(b.dev.ip, 9, a.qp(), time.monotonic())
-    _until((a, b), _has(a, CmaEventKind.REJECTED))
+    until((a, b), a.has(CmaEventKind.REJECTED))
     assert a.events[0].reason == RejReason.INVALID_SERVICE_ID
 
 
-def test_rdma_reject_carries_private_data(pair: tuple[Side, Side]) -> None:
+def test_rdma_reject_carries_private_data(pair: tuple[CmSide, CmSide]) -> None:
     a, b = pair
     b.cm.listen(PORT)
     a.cm.connect(b.dev.ip, PORT, a.qp(), time.monotonic())
-    _until((a, b), _has(b, CmaEventKind.CONNECT_REQUEST))
+    until((a, b), b.has(CmaEventKind.CONNECT_REQUEST))
     b.cm.reject(b.events[0].conn, time.monotonic(), private_data=b"go away")
-    _until((a, b), _has(a, CmaEventKind.REJECTED))
+    until((a, b), a.has(CmaEventKind.REJECTED))
     rej = a.take(CmaEventKind.REJECTED)
     assert (rej.reason, rej.private_data.rstrip(b"\0")) == (RejReason.CONSUMER_DEFINED, b"go away")
 
@@ -191,7 +154,7 @@ def test_nobody_there_is_unreachable(new_ip: Callable[[], str]) -> None:
     a = Side(new_ip(), 3)
     try:
         a.cm.connect(new_ip(), PORT, a.qp(), time.monotonic())  # an address nothing listens on
-        _until((a,), _has(a, CmaEventKind.UNREACHABLE), limit=20)
+        until((a,), a.has(CmaEventKind.UNREACHABLE), limit=20)
     finally:
         a.dev.close()
 
@@ -206,7 +169,7 @@ def _raw_req(src_ip: str, dst_ip: str, cma_dst: str, *, icrc_ok: bool = True) ->
     return body + pack_icrc(icrc)
 
 
-def test_hostile_datagrams_to_qp1(pair: tuple[Side, Side]) -> None:
+def test_hostile_datagrams_to_qp1(pair: tuple[CmSide, CmSide]) -> None:
     """QP1 drops what rxe drops (bad ICRC, not UD, wrong Q_Key) and refuses a REQ for another address."""
     a, b = pair
     b.cm.listen(PORT)
@@ -223,7 +186,7 @@ def test_hostile_datagrams_to_qp1(pair: tuple[Side, Side]) -> None:
     assert gsi.counters.mads_in == 1
 
 
-def test_data_before_a_lost_rtu_establishes(pair: tuple[Side, Side]) -> None:
+def test_data_before_a_lost_rtu_establishes(pair: tuple[CmSide, CmSide]) -> None:
     """IBTA §12.9.7.2: the passive QP's first packet stands for a lost RTU (IB_EVENT_COMM_EST)."""
     a, b = pair
     b.cm.listen(PORT)
@@ -235,10 +198,10 @@ def test_data_before_a_lost_rtu_establishes(pair: tuple[Side, Side]) -> None:
     a.cm.cm.poll_transmit = without_rtu  # type: ignore[method-assign]
     qa = a.qp()
     a.cm.connect(b.dev.ip, PORT, qa, time.monotonic())
-    _until((a, b), _has(b, CmaEventKind.CONNECT_REQUEST))
+    until((a, b), b.has(CmaEventKind.CONNECT_REQUEST))
     qb = b.qp()
     b.cm.accept(b.take(CmaEventKind.CONNECT_REQUEST).conn, qb, time.monotonic())
-    _until((a, b), _has(a, CmaEventKind.ESTABLISHED))
-    assert not _has(b, CmaEventKind.ESTABLISHED)()
+    until((a, b), a.has(CmaEventKind.ESTABLISHED))
+    assert not b.has(CmaEventKind.ESTABLISHED)()
     _send(a, b, qa, qb, b"data, no RTU", 0x1000)
-    _until((a, b), _has(b, CmaEventKind.ESTABLISHED))
+    until((a, b), b.has(CmaEventKind.ESTABLISHED))

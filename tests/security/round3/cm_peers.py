@@ -1,8 +1,8 @@
 """Connection-manager peers for the QP1 and CM attack tests: real devices, and forged MADs.
 
-``Side`` is a soft device with its ``RdmaCm`` on a loopback address, pumped
-by hand; ``connect`` makes an RC connection between two sides through
-their QP1s and ``exchange`` moves bytes over it and checks every one (the
+``Side`` is `rdmakit.testing.cm_side.CmSide`: a soft device with its
+``RdmaCm`` on a loopback address, pumped by hand. ``connect`` makes an RC
+connection between two sides through their QP1s and ``exchange`` moves bytes over it and checks every one (the
 legitimate run each test ends with). ``mad_datagram`` builds what a sender
 at any address would put on the wire for one CM MAD to QP1, and
 ``forged_req`` a REQ such a sender makes up.
@@ -12,17 +12,16 @@ import ipaddress
 import random
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from rdmakit.conformance import control
 from rdmakit.conformance.control import TargetClient
-from rdmakit.engine import SGE, Access, CompletionQueue, QueuePair, RecvWR, SendWR, WcStatus, WrOpcode
-from rdmakit.transport.cma import CmaEvent, CmaEventKind, RdmaCm
+from rdmakit.engine import SGE, Access, QueuePair, RecvWR, SendWR, WcStatus, WrOpcode
+from rdmakit.testing.cm_side import CmSide, until
+from rdmakit.transport.cma import CmaEventKind
 from rdmakit.transport.comm import connect as connect_service
 from rdmakit.transport.comm import parse_service
 from rdmakit.transport.comm_auth import load_secret
-from rdmakit.transport.device import SoftDevice
 from rdmakit.wire import icrc_ipv4, pack_icrc
 from rdmakit.wire.cm import CmaHeader, CmAttr, CmMad, PortSpace, decode_cm, encode_cm, service_id
 from rdmakit.wire.ud import GSI_QKEY, GSI_QPN, UdSend, decode_ud_send, encode_ud_send
@@ -30,48 +29,8 @@ from rdmakit.wire.ud import GSI_QKEY, GSI_QPN, UdSend, decode_ud_send, encode_ud
 PORT = 7174
 
 
-class Side:
-    """A soft device and its rdma_cm; `events` keeps what `pump` saw."""
-
-    def __init__(self, ip: str, seed: int, *, quick: bool = True) -> None:
-        """`quick`: short CM timeouts (the tests' default); else rdma_cm's, as the programs use."""
-        self.dev = SoftDevice(ip, rng=random.Random(seed))
-        rng = random.Random(seed + 100)
-        if quick:
-            self.cm = RdmaCm(self.dev, rng=rng, timeout_exponent=16, max_retries=6, timewait=0.2)
-        else:
-            self.cm = RdmaCm(self.dev, rng=rng)
-        self.cq = CompletionQueue(256)
-        self.events: list[CmaEvent] = []
-
-    def qp(self) -> QueuePair:
-        return self.dev.create_qp(send_cq=self.cq, recv_cq=self.cq)
-
-    def pump(self) -> None:
-        now = time.monotonic()
-        self.dev.progress(now)
-        while (ev := self.cm.poll_event(now)) is not None:
-            self.events.append(ev)
-
-    def take(self, kind: CmaEventKind, conn: int | None = None) -> CmaEvent | None:
-        for i, ev in enumerate(self.events):
-            if ev.kind is kind and conn in (None, ev.conn):
-                return self.events.pop(i)
-        return None
-
-    def close(self) -> None:
-        self.dev.close()
-
-
-def until(sides: tuple[Side, ...], done: Callable[[], bool], limit: float = 20.0) -> None:
-    """Pump `sides` until `done` (bounded: fail past `limit` seconds)."""
-    end = time.monotonic() + limit
-    while not done():
-        for s in sides:
-            s.pump()
-        if time.monotonic() > end:
-            raise AssertionError(f"never happened; events: {[s.events for s in sides]}")
-        time.sleep(0.0005)
+#: A CM end with short timeouts (`CmSide`'s defaults); ``timeout_exponent=None`` gives rdma_cm's own.
+Side = CmSide
 
 
 def connect(a: Side, b: Side, port: int = PORT) -> tuple[QueuePair, QueuePair, int, int]:
@@ -82,7 +41,6 @@ def connect(a: Side, b: Side, port: int = PORT) -> tuple[QueuePair, QueuePair, i
     ha = a.cm.connect(b.dev.ip, port, qa, time.monotonic())
     until((a, b), lambda: any(e.kind is CmaEventKind.CONNECT_REQUEST for e in b.events))
     req = b.take(CmaEventKind.CONNECT_REQUEST)
-    assert req is not None
     qb = b.qp()
     b.cm.accept(req.conn, qb, time.monotonic())
     until(
@@ -95,7 +53,9 @@ def connect(a: Side, b: Side, port: int = PORT) -> tuple[QueuePair, QueuePair, i
     return qa, qb, ha, req.conn
 
 
-def exchange(a: Side, b: Side, qa: QueuePair, qb: QueuePair, size: int = 3000, base: int = 0x40_0000) -> None:
+def exchange(
+    a: CmSide, b: CmSide, qa: QueuePair, qb: QueuePair, size: int = 3000, base: int = 0x40_0000
+) -> None:
     """A SEND of `size` random bytes from `qa` to `qb`; asserts both completed and every byte arrived."""
     msg = random.Random(size).randbytes(size)
     src, dst = bytearray(msg), bytearray(size)

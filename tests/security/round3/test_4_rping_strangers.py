@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rdmakit.testing.cm_side import until
 from rdmakit.transport.cma import CmaEventKind
 from rdmakit.wire import ROCE_UDP_PORT
 from rdmakit.wire.cm import CmAttr
 from tests.cli.cli_util import finish, spawn, wait_until
-from tests.security.round3.cm_peers import Side, Stranger, forged_req, mad_datagram, until
+from tests.security.round3.cm_peers import Side, Stranger, forged_req, mad_datagram
 
 PINGS = 500
 REJ_CONSUMER = 28

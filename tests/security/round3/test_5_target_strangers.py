@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from rdmakit.conformance.control import TargetError
+from rdmakit.testing.cm_side import until
 from rdmakit.transport.cma import CmaEventKind
 from rdmakit.wire import ROCE_UDP_PORT
 from rdmakit.wire.cm import CmAttr, RejReason
 from tests.conformance.agents import against, agent, results, write_secret
-from tests.security.round3.cm_peers import Side, Stranger, control_session, forged_req, mad_datagram, until
+from tests.security.round3.cm_peers import Side, Stranger, control_session, forged_req, mad_datagram
 
 PORT = 7400
 

@@ -38,7 +38,7 @@ def _flood(b: Side, senders: list[str], count: int) -> None:
 
 
 def test_a_req_flood_leaves_room_for_a_real_client(new_ip: Callable[[], str]) -> None:
-    a, b, c = Side(new_ip(), 1), Side(new_ip(), 2, quick=False), Side(new_ip(), 3)
+    a, b, c = Side(new_ip(), 1), Side(new_ip(), 2, timeout_exponent=None), Side(new_ip(), 3)
     try:
         b.cm.listen(7174)
         c.cm.listen(7174)
