@@ -13,6 +13,8 @@
   (A – R – B, IPv4 and IPv6, tbf on R) to run programs between two hosts;
   needs root. `rdmakit.testing.goodput` measures goodput across it against
   iperf3 (``python3 -m rdmakit.testing.goodput``).
+* `rdmakit.testing.cm_side`: ``rdma_cm`` ends on soft devices pumped by hand
+  (`CmSide`, `until`), for tests of the connection manager.
 
 Each is imported on its own (``from rdmakit.testing.engine import make_pair``):
 this package imports none of them, so a program that uses one pays for no other.
