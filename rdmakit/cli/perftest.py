@@ -51,6 +51,7 @@ from rdmakit.cli.oob_messages import (
     version_value,
 )
 from rdmakit.cli.perftest_cm import KEY_BIN_LEN, CmLink, CmQps, decode_dest, encode_dest
+from rdmakit.cli.perftest_json import JsonReport, bw_results, lat_duration_results, lat_results, test_info
 from rdmakit.cli.perftest_params import (
     CACHE_LINE,
     CYCLE_BUFFER,
@@ -297,6 +298,7 @@ def _test(p: Params, ex: Exchange, res: Resources, mtu: int) -> int:
     if p.gid_index is None and res.dev.kind == "soft-udp":
         gid_index = SOFT_GID_INDEX  # its one GID, where rxe lists it
     print_test_info(p, res.dev, mtu, gid_index)
+    sink = None if p.out_json is None else JsonReport(p.out_json, test_info(p, res.dev.name, mtu, gid_index))
     lat_prefix = p.kind.lat and verb != "send"
     if lat_prefix:  # write_lat, read_lat, atomic_lat: one barrier before the keys
         ex.hand_shake(mine[0])
@@ -311,11 +313,18 @@ def _test(p: Params, ex: Exchange, res: Resources, mtu: int) -> int:
     if verb != "send":
         ex.hand_shake(mine[0])
     if p.kind.lat:
-        return _lat(p, ex, res, mine, rem)
-    return _bw(p, ex, res, mine, rem)
+        return _lat(p, ex, res, mine, rem, sink)
+    return _bw(p, ex, res, mine, rem, sink)
 
 
-def _bw(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: list[PerftestDest]) -> int:
+def _bw(
+    p: Params,
+    ex: Exchange,
+    res: Resources,
+    mine: list[PerftestDest],
+    rem: list[PerftestDest],
+    sink: JsonReport | None,
+) -> int:
     verb = p.kind.verb
     failed: list[str] = []
     header = RESULT_FMT_G if p.gbits else RESULT_FMT
@@ -327,7 +336,7 @@ def _bw(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: 
             theirs = ex.reports(
                 BwReport(size=p.sizes[-1], iters=p.iters * p.num_qps, bw_peak=0, bw_avg=0, msg_rate=0)
             )
-            report(p, theirs, None, failed)
+            report(p, theirs, None, failed, sink)
             ex.close_connection(mine[0])
             out(p, RESULT_LINE)
             return limits_status(failed)
@@ -341,9 +350,9 @@ def _bw(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: 
             last = bw_report(p, size, t, peak=True)
             if p.duplex:
                 theirs = ex.reports(last)
-                report(p, last, theirs, failed)
+                report(p, last, theirs, failed, sink)
             else:
-                report(p, last, None, failed)
+                report(p, last, None, failed, sink)
         out(p, RESULT_LINE)
         assert last is not None
         if not p.duplex:
@@ -362,9 +371,9 @@ def _bw(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: 
         mine_report = bw_report(p, size, t, peak=sends)
         if p.duplex:
             theirs = ex.reports(mine_report)
-            report(p, mine_report, theirs, failed)
+            report(p, mine_report, theirs, failed, sink)
         else:
-            report(p, mine_report, None, failed)
+            report(p, mine_report, None, failed, sink)
         if p.run_all:
             ex.hand_shake(mine[0], long_wait=True)
     out(p, RESULT_LINE)
@@ -372,8 +381,13 @@ def _bw(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: 
     return limits_status(failed)
 
 
-def report(p: Params, rep: BwReport, rem: BwReport | None, failed: list[str]) -> None:
-    """Print a bw report line and note which ``-w``/``-y`` limit it misses (``print_full_bw_report``)."""
+def report(
+    p: Params, rep: BwReport, rem: BwReport | None, failed: list[str], sink: JsonReport | None
+) -> None:
+    """Print a bw report line (and write it to ``--out_json``'s file) and note which ``-w``/``-y``
+    limit it misses (``print_full_bw_report``)."""
+    if sink is not None:
+        sink.write(bw_results(p, rep, rem))
     out(p, bw_line(p, rep, rem), result=True)
     avg = rep.bw_avg + (rem.bw_avg if rem else 0.0)
     rate = rep.msg_rate + (rem.msg_rate if rem else 0.0)
@@ -390,7 +404,14 @@ def limits_status(failed: list[str]) -> int:
     return 0
 
 
-def _lat(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem: list[PerftestDest]) -> int:
+def _lat(
+    p: Params,
+    ex: Exchange,
+    res: Resources,
+    mine: list[PerftestDest],
+    rem: list[PerftestDest],
+    sink: JsonReport | None,
+) -> int:
     verb = p.kind.verb
     if verb in ("read", "atomic") and not p.client:
         # Only the client posts reads and atomics: the server waits for it to close.
@@ -403,11 +424,15 @@ def _lat(p: Params, ex: Exchange, res: Resources, mine: list[PerftestDest], rem:
             post_receives(res, size)
             ex.hand_shake(mine[0], long_wait=True)
         run = run_lat(res, size, rem[0], server=not p.client)
-        out(
-            p,
-            lat_report(p, size, run.posted) if p.duration is None else lat_duration_report(p, size, run),
-            result=True,
-        )
+        if p.duration is None:
+            text, figures = lat_report(p, size, run.posted)
+            if sink is not None:
+                sink.write(lat_results(p, figures))
+        else:
+            text, dur_figures = lat_duration_report(p, size, run)
+            if sink is not None:
+                sink.write(lat_duration_results(p, dur_figures))
+        out(p, text, result=True)
     out(p, RESULT_LINE)
     if verb != "write":  # write_lat ends without a closing barrier
         ex.close_connection(mine[0], long_wait=True)

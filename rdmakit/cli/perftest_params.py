@@ -9,12 +9,14 @@ the iterations into a count kept during the sample.
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rdmakit.cli.errors import EXIT_USAGE, CliError
 from rdmakit.cli.oob_messages import (
     ANNOUNCED_VERSION,
 )
 from rdmakit.cli.options import int_in
+from rdmakit.cli.publishing import writable_target
 from rdmakit.cli.tool_flags import PERFTEST_FLAGS, add_unimplemented, refuse_given
 
 __all__ = ["PERFTESTS", "Params", "TestKind", "build_parser", "parse"]
@@ -57,6 +59,8 @@ MAX_OUT_READ = 16
 #: The cycle buffer (a page) and cache line rdmakit announces (``check_sys_data``).
 CYCLE_BUFFER = 4096
 CACHE_LINE = 64
+#: perftest's ``DEFAULT_JSON_FILE_NAME``: where ``--out_json`` writes without ``--out_json_file``.
+DEFAULT_JSON_FILE = "perftest_out.json"
 #: A peer's cycle buffer and cache line are bounded: they size our allocation.
 MAX_PEER_CYCLE_BUFFER = 1 << 26
 MAX_PEER_CACHE_LINE = 4096
@@ -110,6 +114,8 @@ class Params:
     wait_destroy: int = 0
     #: ``-e``: sleep on completion events at once instead of polling first.
     events: bool = False
+    #: ``--out_json`` (``--out_json_file``): the file each report is also written to, as JSON.
+    out_json: str | None = None
 
     @property
     def client(self) -> bool:
@@ -185,6 +191,11 @@ def build_parser(name: str) -> argparse.ArgumentParser:
         help="exchange data over an rdma_cm connection instead of TCP",
     )  # fmt: skip
     p.add_argument("--report_gbits", action="store_true", help="report Gb/sec instead of MB/sec")
+    p.add_argument("--out_json", action="store_true", help="also write each report as JSON")
+    p.add_argument(
+        "--out_json_file", metavar="FILE", default=DEFAULT_JSON_FILE,
+        help=f"the JSON report's file (used with --out_json; default {DEFAULT_JSON_FILE} here)",
+    )  # fmt: skip
     p.add_argument("-V", "--version", action="version", version=f"Version: {ANNOUNCED_VERSION}")
     add_unimplemented(p, PERFTEST_FLAGS)
     return p
@@ -281,6 +292,8 @@ def _params(name: str, kind: TestKind, a: argparse.Namespace) -> Params:
         out_reads = a.outs if a.outs is not None else MAX_OUT_READ
         if not 1 <= out_reads <= MAX_OUT_READ:
             raise CliError(f"outstanding reads must be 1..{MAX_OUT_READ}, not {out_reads}")
+    if a.out_json:
+        writable_target(Path(a.out_json_file), "--out_json_file")
     run_all = bool(a.all) and kind.verb != "atomic"
     sizes = [1 << i for i in range(1, 24)] if run_all else [size]
     return Params(
@@ -292,5 +305,5 @@ def _params(name: str, kind: TestKind, a: argparse.Namespace) -> Params:
         comm_rdma_cm=a.rdma_cm or a.comm_rdma_cm, ib_port=a.ib_port, hop_limit=a.hop_limit,
         no_peak=a.no_peak, histogram=a.histogram, unsorted=a.unsorted, output=a.output,
         limit_bw=a.limit_bw, limit_msgrate=a.limit_msgrate, latency_gap=a.latency_gap,
-        wait_destroy=a.wait_destroy, events=a.events,
+        wait_destroy=a.wait_destroy, events=a.events, out_json=a.out_json_file if a.out_json else None,
     )  # fmt: skip

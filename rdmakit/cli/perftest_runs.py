@@ -24,6 +24,7 @@ from rdmakit.cli.oob_messages import (
     BwReport,
     PerftestDest,
 )
+from rdmakit.cli.perftest_json import LatDurationFigures, LatFigures
 from rdmakit.cli.perftest_params import Params
 from rdmakit.doca.backend import BackendDevice
 from rdmakit.engine.types import SGE, Completion, RecvWR, SendWR, WcOpcode, WrOpcode
@@ -357,20 +358,13 @@ def post_receives(res: Resources, size: int) -> None:
 # -- latency -----------------------------------------------------------------------------------
 
 
-def lat_report(p: Params, size: int, posted: list[float]) -> str:
-    """``print_report_lat``: deltas between consecutive posts, halved for round trips; with ``-U``
-    and ``-H`` each sample first (unsorted, then sorted less the tail), with ``--output`` the average."""
+def lat_figures(p: Params, size: int, posted: list[float]) -> tuple[LatFigures, list[float], list[float]]:
+    """``print_report_lat``'s figures: deltas between consecutive posts, halved for round trips
+    (the figures, the samples as measured, and sorted)."""
     rtt = 1 if p.kind.verb in ("read", "atomic") else 2
     samples = [(b - a) * 1e6 / rtt for a, b in itertools.pairwise(posted)]
     delta = sorted(samples)
     m = len(delta) - LAT_MEASURE_TAIL
-    head = ""
-    if p.unsorted:
-        head += "#, usec\n" + "".join(f"{i + 1}, {d:g}\n" for i, d in enumerate(samples))
-    if p.histogram:
-        head += "#, usec\n" + "".join(f"{i + 1}, {d:g}\n" for i, d in enumerate(delta[: max(m, 0)]))
-    if head and p.output is None:
-        head += f"{RESULT_LINE}\n{RESULT_FMT_LAT}\n"
     if m < 1:
         raise CliError("too few iterations for a latency report")
     median = (delta[m // 2] + delta[m // 2 - 1]) / 2 if (m - 1) % 2 else delta[m // 2]
@@ -378,11 +372,25 @@ def lat_report(p: Params, size: int, posted: list[float]) -> str:
     # perftest squares the integer part of each deviation.
     stdev = math.sqrt(sum(int(avg - d) ** 2 for d in delta[:m]) / m)
     i99, i999 = math.ceil(m * 0.99), math.ceil(m * 0.999)
+    figures = LatFigures(size, p.iters, delta[0], delta[m], median, avg, stdev, delta[i99], delta[i999])
+    return figures, samples, delta
+
+
+def lat_report(p: Params, size: int, posted: list[float]) -> tuple[str, LatFigures]:
+    """``print_report_lat``: with ``-U`` and ``-H`` each sample first (unsorted, then sorted less the
+    tail), with ``--output`` the average alone; and the figures (for ``--out_json``)."""
+    f, samples, delta = lat_figures(p, size, posted)
+    m = len(delta) - LAT_MEASURE_TAIL
+    head = ""
+    if p.unsorted:
+        head += "#, usec\n" + "".join(f"{i + 1}, {d:g}\n" for i, d in enumerate(samples))
+    if p.histogram:
+        head += "#, usec\n" + "".join(f"{i + 1}, {d:g}\n" for i, d in enumerate(delta[:m]))
+    if head and p.output is None:
+        head += f"{RESULT_LINE}\n{RESULT_FMT_LAT}\n"
     if p.output is not None:
-        return f"{head}{avg:f}"
-    return head + REPORT_FMT_LAT % (
-        size, p.iters, delta[0], delta[m], median, avg, stdev, delta[i99], delta[i999]
-    )  # fmt: skip
+        return f"{head}{f.t_avg:f}", f
+    return head + REPORT_FMT_LAT % f, f
 
 
 @dataclass(slots=True)
@@ -392,13 +400,16 @@ class LatRun:
     phases: Phases | None = None
 
 
-def lat_duration_report(p: Params, size: int, run: LatRun) -> str:
+def lat_duration_report(p: Params, size: int, run: LatRun) -> tuple[str, LatDurationFigures]:
     """``print_report_lat_duration``: time per iteration in the sample (halved for round trips), rate."""
     assert run.phases is not None
     rtt = 1 if p.kind.verb in ("read", "atomic") else 2
     seconds = run.phases.sample_end - run.phases.sample_start
     n = max(run.counted, 1)
-    return REPORT_FMT_LAT_DUR % (size, run.counted, seconds * 1e6 / rtt / n, run.counted / seconds)
+    f = LatDurationFigures(size, run.counted, seconds * 1e6 / rtt / n, run.counted / seconds)
+    if p.output is not None:
+        return f"{f.t_avg:f}", f
+    return REPORT_FMT_LAT_DUR % f, f
 
 
 def run_lat(res: Resources, size: int, rem: PerftestDest, *, server: bool) -> LatRun:
