@@ -55,10 +55,10 @@ import logging
 import os
 import select
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Self
 
-from rdmakit.doca.comch_handshake import (
+from rdmakit.doca._comch_handshake import (
     PREAUTH_MAX,
     ClientHandshake,
     ServerHandshake,
@@ -369,6 +369,42 @@ class CommChannelServer:
         """Readable when a client is waiting to be accepted."""
         return self._live().fileno()
 
+    def poll(
+        self, pending: list[ServerHandshake], refuse: Callable[[ServerHandshake, str], None]
+    ) -> CommChannel | None:
+        """One round that never blocks: take new connections into `pending`, advance their handshakes.
+
+        Returns the first client that is in, or None. A handshake that fails
+        or runs out of time goes to `refuse(handshake, why)`, which must take it
+        out of `pending` and close it; so does the oldest one when more than
+        16 are in the handshake at once.
+        """
+        listener = self._live()
+        while True:
+            try:
+                sock = listener.accept(0)
+            except OSError as exc:
+                raise error_from_os(exc, f"accepting on comm channel {self._service!r}") from exc
+            if sock is None:
+                break
+            if len(pending) >= _MAX_PENDING:
+                refuse(pending[0], "too many connections in the handshake")
+            chan = CommChannel(sock, self._service, role="client")
+            deadline = time.monotonic() + self._handshake_timeout
+            pending.append(ServerHandshake(chan, sock, self._service, self._max, self._secret, deadline))
+        now = time.monotonic()
+        for hs in list(pending):
+            try:
+                if hs.step(now):
+                    pending.remove(hs)
+                    return hs.channel
+            except DocaError as exc:
+                refuse(hs, exc.message)
+        for hs in list(pending):
+            if hs.deadline <= now:
+                refuse(hs, f"no handshake within {self._handshake_timeout:g} s")
+        return None
+
     def accept(self, timeout: float | None = None) -> CommChannel:
         """The next client that completes the handshake; TIME_OUT after `timeout` seconds (None: forever).
 
@@ -388,31 +424,10 @@ class CommChannelServer:
 
         try:
             while True:
-                while True:
-                    try:
-                        sock = listener.accept(0)
-                    except OSError as exc:
-                        raise error_from_os(exc, f"accepting on comm channel {self._service!r}") from exc
-                    if sock is None:
-                        break
-                    if len(pending) >= _MAX_PENDING:
-                        refuse(pending[0], "too many connections in the handshake")
-                    chan = CommChannel(sock, self._service, role="client")
-                    deadline_hs = time.monotonic() + self._handshake_timeout
-                    pending.append(
-                        ServerHandshake(chan, sock, self._service, self._max, self._secret, deadline_hs)
-                    )
-                for hs in list(pending):
-                    try:
-                        if hs.step(time.monotonic()):
-                            pending.remove(hs)
-                            return hs.channel
-                    except DocaError as exc:
-                        refuse(hs, exc.message)
+                chan = self.poll(pending, refuse)
+                if chan is not None:
+                    return chan
                 now = time.monotonic()
-                for hs in list(pending):
-                    if hs.deadline <= now:
-                        refuse(hs, f"no handshake within {self._handshake_timeout:g} s")
                 left = _left(deadline)
                 if left == 0:
                     summary = ""

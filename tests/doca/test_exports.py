@@ -19,6 +19,8 @@ def test_every_module_is_covered() -> None:
     assert MODULES == [
         "backend",
         "buf",
+        "comch",
+        "comch_tasks",
         "comm_channel",
         "ctx",
         "descriptor",
