@@ -151,6 +151,7 @@ from rdmakit.doca.sync_event import (
     SyncEventWaitEqJob,
     SyncEventWaitGtJob,
 )
+from rdmakit.doca.sync_event_dpu import DPU_EXPORT_SIZE
 from rdmakit.doca.sync_event_remote import (
     RdmaTaskRemoteNetSyncEventGet,
     RdmaTaskRemoteNetSyncEventNotifyAdd,
@@ -178,6 +179,7 @@ __all__ = [
     "DEFAULT_MAX_LIST_LEN",
     "DESCRIPTOR_FORMAT",
     "DPU_DESCRIPTOR_FORMAT",
+    "DPU_EXPORT_SIZE",
     "LOCAL_CAPS",
     "MAX_DESCRIPTOR_SIZE",
     "MAX_NUM_CONNECTIONS",

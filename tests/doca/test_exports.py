@@ -43,6 +43,7 @@ def test_every_module_is_covered() -> None:
         "soft",
         "soft_cm",
         "sync_event",
+        "sync_event_dpu",
         "sync_event_remote",
         "sync_event_tasks",
         "tasks",
