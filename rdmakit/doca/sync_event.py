@@ -199,8 +199,9 @@ class SyncEvent(SyncEventTaskApi):
         """
         own, page = import_page(blob, fd)
         event = cls()
-        os.close(event._memfd)
+        event._cell.release()
         event._page.close()
+        os.close(event._memfd)
         event._memfd, event._page = own, page
         event._cell = memoryview(page)[:8]
         event._dpu = event._imported = True
