@@ -173,9 +173,14 @@ class SyncEvent(SyncEventTaskApi):
         `export_fd` over a Unix-socket comm channel.
         """
         self._check_running()
-        if not self._dpu or self._imported:
+        if self._imported:
             raise DocaError(
-                DocaErrorCode.NOT_PERMITTED, "export_to_dpu: no DPU publisher or subscriber was added"
+                DocaErrorCode.NOT_PERMITTED, "export_to_dpu: a sync event is exported from the host CPU only"
+            )
+        if not self._dpu or self._cpu_dev is None:
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED,
+                "export_to_dpu: declare a DPU location and a CPU location (publisher and subscriber) first",
             )
         if self._user_addr:
             raise DocaError(
