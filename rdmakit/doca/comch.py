@@ -514,7 +514,7 @@ class ComchClient(_Comch):
         except DocaError as exc:
             self._abandon()
             self.error = exc
-            log.warning("comch client %r: %s", self._name, exc.message)
+            log.debug("comch client %r: %s", self._name, exc.message)  # kept in `error`
             self.stop()  # STARTING -> STOPPING -> IDLE, inside this progress
             return True
 
