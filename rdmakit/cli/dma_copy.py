@@ -1,7 +1,8 @@
 """``rdmakit dma-copy``: DOCA's DMA Copy application, a file copied between a host and a DPU.
 
 A host and a DPU copy a file one way or the other over DMA; the control path
-is a comm channel, on which the two sides hold the conversation of
+is ``doca_comch`` (a server context on the DPU, a client on the host, on the
+DMA device's progress engine: ``rdmakit.cli.dma_comch``), on which the two sides hold the conversation of
 ``rdmakit.cli.dma_protocol``. This module is the program around it: it checks
 the arguments and the file (``rdmakit.cli.dma_files``), pumps the
 conversation through a :class:`~rdmakit.cli.dma_link.Link`, and runs the DMA
@@ -42,6 +43,7 @@ import time
 from contextlib import ExitStack, suppress
 from typing import Any
 
+from rdmakit.cli.dma_comch import ComchEndpoint
 from rdmakit.cli.dma_files import Destination, LocalFile, close_fds, local_file
 from rdmakit.cli.dma_link import HEARTBEAT, Link, ProgressBar
 from rdmakit.cli.dma_protocol import Copied, Direction, Export, PeerFailed, RemoteProtocolError, Role, Status
@@ -53,8 +55,6 @@ from rdmakit.doca import (
     AccessFlag,
     Buf,
     BufInventory,
-    CommChannel,
-    CommChannelServer,
     Dev,
     Dma,
     DmaMemcpyJob,
@@ -112,16 +112,16 @@ def _farewell(args: argparse.Namespace, error: str) -> None:
     """This side failed before the conversation: tell a peer that is waiting already, briefly."""
     grace = min(float(args.timeout), _FAREWELL)
     try:
-        if args.role == "host":
-            with CommChannel.connect(args.service, timeout=grace, secret_file=args.secret_file) as chan:
-                Link(chan, Role.HOST, _transport(args), grace).fail(error)
-                with suppress(DocaError):
-                    chan.recv(grace)  # until the DPU has read it and hung up
-        else:
-            with (
-                CommChannelServer(args.service, secret_file=args.secret_file) as server,
-                server.accept(grace) as chan,
-            ):
+        with open_dev(pci_address(args.pci_addr, "-p/--pci-addr")) as dev:
+            if args.role == "host":
+                with ComchEndpoint.connect(
+                    dev, args.service, timeout=grace, secret_file=args.secret_file
+                ) as chan:
+                    Link(chan, Role.HOST, _transport(args), grace).fail(error)
+                    with suppress(DocaError):
+                        chan.recv(grace)  # until the DPU has read it and hung up
+                return
+            with ComchEndpoint.accept(dev, args.service, timeout=grace, secret_file=args.secret_file) as chan:
                 Link(chan, Role.DPU, _transport(args), grace).fail(error)
                 with suppress(DocaError):  # read the host's request: closing with it unread would
                     chan.recv(grace)  # reset the connection before the host reads the answer
@@ -140,7 +140,7 @@ class _RdmaSide:
     """A soft RDMA device and a started `Rdma` context on it, polled through an event-driven WorkQ."""
 
     def __init__(
-        self, args: argparse.Namespace, chan: CommChannel, stack: ExitStack, perms: AccessFlag
+        self, args: argparse.Namespace, chan: ComchEndpoint, stack: ExitStack, perms: AccessFlag
     ) -> None:
         spec = args.device
         if spec is None:  # the address this side of the comm channel uses
@@ -176,7 +176,7 @@ def _host(args: argparse.Namespace, dev: Dev, stack: ExitStack, src: LocalFile |
     )
     log.info("connecting to the DPU on %r", args.service)
     chan = stack.enter_context(
-        CommChannel.connect(args.service, timeout=args.timeout, secret_file=args.secret_file)
+        ComchEndpoint.connect(dev, args.service, timeout=args.timeout, secret_file=args.secret_file)
     )
     link = Link(chan, Role.HOST, _transport(args), args.timeout)
     try:
@@ -266,12 +266,10 @@ def _host_flow(
 
 
 def _dpu(args: argparse.Namespace, dev: Dev, stack: ExitStack, src: LocalFile | None) -> int:
-    server = CommChannelServer(args.service, secret_file=args.secret_file)
-    try:
-        log.info("waiting for the host on %r", args.service)
-        chan = stack.enter_context(server.accept(args.timeout))
-    finally:
-        server.close()
+    log.info("waiting for the host on %r", args.service)
+    chan = stack.enter_context(
+        ComchEndpoint.accept(dev, args.service, timeout=args.timeout, secret_file=args.secret_file)
+    )
     link = Link(chan, Role.DPU, _transport(args), args.timeout)
     try:
         return _dpu_flow(args, dev, stack, link, src)

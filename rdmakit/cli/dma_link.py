@@ -1,7 +1,7 @@
 """The DMA Copy conversation pumped over a comm channel: the protocol's messages in and out.
 
 :class:`Link` sends and receives the messages of ``rdmakit.cli.dma_protocol``
-on a `CommChannel`, which decides nothing: the protocol's `Conversation`
+on a `ComchEndpoint` (a ``doca_comch`` context), which decides nothing: the protocol's `Conversation`
 says whether a message may be sent or received now. The link adds what takes
 a clock: heartbeats (progress messages, so that the peer's timeout restarts),
 the timeout itself, and, over RDMA, the host's device answering the DPU's
@@ -15,10 +15,11 @@ import time
 from contextlib import suppress
 from typing import TextIO, TypeVar
 
+from rdmakit.cli.dma_comch import ComchEndpoint
 from rdmakit.cli.dma_files import close_fds
 from rdmakit.cli.dma_protocol import Conversation, LocalProtocolError, Message, Progress, Role, Status
 from rdmakit.cli.errors import CliError
-from rdmakit.doca import CommChannel, DocaError, DocaErrorCode, WorkQ
+from rdmakit.doca import DocaError, DocaErrorCode, WorkQ
 from rdmakit.transport.driver import wait_readable
 
 log = logging.getLogger("rdmakit.dma")
@@ -73,9 +74,9 @@ class ProgressBar:
 
 
 class Link:
-    """This side's end of the DMA Copy conversation over a `CommChannel`."""
+    """This side's end of the DMA Copy conversation over a `ComchEndpoint`."""
 
-    def __init__(self, chan: CommChannel, role: Role, transport: str, timeout: float) -> None:
+    def __init__(self, chan: ComchEndpoint, role: Role, transport: str, timeout: float) -> None:
         self.chan = chan
         self.conversation = Conversation(role, transport)
         self.peer = role.peer.value
@@ -152,7 +153,7 @@ class Link:
                 bar.update(msg.done)
 
     def _next(self) -> tuple[bytes, list[int]]:
-        """`CommChannel.recv_fds`, pumping the RDMA device meanwhile (an event-driven WorkQ)."""
+        """`ComchEndpoint.recv_fds`, pumping the RDMA device meanwhile (an event-driven WorkQ)."""
         wq = self.rdma_wq
         assert wq is not None
         deadline = time.monotonic() + self.timeout

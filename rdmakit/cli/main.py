@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "rdmakit.cli.bench",
     "rdmakit.cli.dma_copy",
     "rdmakit.cli.dma_samples",
+    "rdmakit.cli.sync_event_samples",
     "rdmakit.cli.capture",
     "rdmakit.cli.perftest",
     "rdmakit.cli.rc_pingpong",

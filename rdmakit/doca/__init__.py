@@ -21,6 +21,23 @@ from rdmakit.doca.buf import (
     MAX_REFCOUNT,
     Buf,
 )
+from rdmakit.doca.comch import (
+    COMCH_MAX_CLIENTS,
+    COMCH_MAX_NAME_LEN,
+    COMCH_MAX_RECV_QUEUE_SIZE,
+    COMCH_MAX_SEND_TASKS,
+    ComchClient,
+    ComchServer,
+    MsgRecvCallback,
+)
+from rdmakit.doca.comch_tasks import (
+    ComchConnection,
+    ComchCounter,
+    ComchEventConnectionStatusChanged,
+    ComchEventMsgRecv,
+    ComchSendJob,
+    ComchTaskSend,
+)
 from rdmakit.doca.comm_channel import (
     COMCH_MAX_MSG_LIMIT,
     COMCH_MAX_MSG_SIZE,
@@ -134,6 +151,7 @@ from rdmakit.doca.sync_event import (
     SyncEventWaitEqJob,
     SyncEventWaitGtJob,
 )
+from rdmakit.doca.sync_event_dpu import DPU_EXPORT_SIZE
 from rdmakit.doca.sync_event_remote import (
     RdmaTaskRemoteNetSyncEventGet,
     RdmaTaskRemoteNetSyncEventNotifyAdd,
@@ -151,12 +169,17 @@ from rdmakit.doca.verbs_glue import install as _install_verbs
 from rdmakit.doca.workq import WorkQ
 
 __all__ = [
+    "COMCH_MAX_CLIENTS",
     "COMCH_MAX_MSG_LIMIT",
     "COMCH_MAX_MSG_SIZE",
+    "COMCH_MAX_NAME_LEN",
+    "COMCH_MAX_RECV_QUEUE_SIZE",
+    "COMCH_MAX_SEND_TASKS",
     "CONNECTION_FORMAT",
     "DEFAULT_MAX_LIST_LEN",
     "DESCRIPTOR_FORMAT",
     "DPU_DESCRIPTOR_FORMAT",
+    "DPU_EXPORT_SIZE",
     "LOCAL_CAPS",
     "MAX_DESCRIPTOR_SIZE",
     "MAX_NUM_CONNECTIONS",
@@ -177,6 +200,14 @@ __all__ = [
     "BufPool",
     "CmEvent",
     "CmEventKind",
+    "ComchClient",
+    "ComchConnection",
+    "ComchCounter",
+    "ComchEventConnectionStatusChanged",
+    "ComchEventMsgRecv",
+    "ComchSendJob",
+    "ComchServer",
+    "ComchTaskSend",
     "CommChannel",
     "CommChannelServer",
     "ConnectAttrs",
@@ -207,6 +238,7 @@ __all__ = [
     "MemoryRegistration",
     "Mmap",
     "MmapDescriptor",
+    "MsgRecvCallback",
     "PeContext",
     "ProgressEngine",
     "Pump",

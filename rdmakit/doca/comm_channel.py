@@ -51,34 +51,23 @@ Errors (`DocaError`):
 
 import contextlib
 import errno
-import hmac
 import logging
 import os
-import secrets
 import select
-import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Self
 
+from rdmakit.doca._comch_handshake import (
+    PREAUTH_MAX,
+    ClientHandshake,
+    ServerHandshake,
+    check_max,
+    service_address,
+    service_secret,
+)
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_os
-from rdmakit.transport.comm import (
-    MAX_MSG_LIMIT,
-    Listener,
-    MessageSocket,
-    ServiceAddress,
-    connect,
-    parse_service,
-)
-from rdmakit.transport.comm_auth import (
-    NONCE_SIZE,
-    PROOF_SIZE,
-    MessageMac,
-    SecretError,
-    load_secret,
-    proof,
-    session_keys,
-)
+from rdmakit.transport.comm import MAX_MSG_LIMIT, Listener, MessageSocket, connect
 
 __all__ = [
     "COMCH_MAX_MSG_LIMIT",
@@ -96,44 +85,7 @@ COMCH_MAX_MSG_LIMIT = MAX_MSG_LIMIT
 #: Seconds a server gives a new connection to complete the handshake.
 COMCH_HANDSHAKE_TIMEOUT = 5.0
 
-_HELLO = struct.Struct(f">12sHI{NONCE_SIZE}s")  # magic, version, max_msg_size, nonce
-_MAGIC = b"RDMAKITCOMCH"
-_VERSION = 2
-_PREAUTH_MAX = _HELLO.size + PROOF_SIZE  # the most a peer may send before it has proved itself
 _MAX_PENDING = 16  # connections in the handshake at once; a new one pushes out the oldest
-
-_SECRET_CODES = {
-    "missing": DocaErrorCode.NOT_FOUND,
-    "unsafe": DocaErrorCode.NOT_PERMITTED,
-    "malformed": DocaErrorCode.INVALID_VALUE,
-}
-
-
-def _service(spec: str) -> ServiceAddress:
-    try:
-        return parse_service(spec)
-    except ValueError as exc:
-        raise DocaError(DocaErrorCode.INVALID_VALUE, str(exc)) from None
-
-
-def _secret(
-    address: ServiceAddress, secret: bytes | None, secret_file: str | os.PathLike[str] | None
-) -> bytes | None:
-    """The shared secret of a ``tcp:`` channel (None for a Unix socket, where the kernel vouches)."""
-    if address.kind != "tcp":
-        return None
-    try:
-        return load_secret(secret, secret_file)
-    except SecretError as exc:
-        raise DocaError(_SECRET_CODES[exc.kind], str(exc), Fault.CALLER) from None
-
-
-def _check_max(max_msg_size: int) -> None:
-    if not _PREAUTH_MAX <= max_msg_size <= COMCH_MAX_MSG_LIMIT:
-        raise DocaError(
-            DocaErrorCode.INVALID_VALUE,
-            f"max_msg_size {max_msg_size} is outside {_PREAUTH_MAX}..{COMCH_MAX_MSG_LIMIT}",
-        )
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -142,28 +94,6 @@ def _deadline(timeout: float | None) -> float | None:
 
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-
-def _parse_hello(data: bytes, who: str) -> tuple[int, bytes]:
-    """(max_msg_size, rest after the hello) of a peer's hello message."""
-    if len(data) < _HELLO.size:
-        raise DocaError(DocaErrorCode.UNSUPPORTED_VERSION, f"{who} does not speak the rdmakit comm channel")
-    magic, version, size, _ = _HELLO.unpack_from(data)
-    if magic != _MAGIC:
-        raise DocaError(DocaErrorCode.UNSUPPORTED_VERSION, f"{who} does not speak the rdmakit comm channel")
-    if version != _VERSION:
-        raise DocaError(DocaErrorCode.UNSUPPORTED_VERSION, f"{who} speaks comm channel version {version}")
-    if not _PREAUTH_MAX <= size <= COMCH_MAX_MSG_LIMIT:
-        raise DocaError(DocaErrorCode.INVALID_VALUE, f"{who} offered max_msg_size {size}", Fault.PEER)
-    return int(size), data[_HELLO.size :]
-
-
-def _transcript(hello_c: bytes, hello_s: bytes, sock: MessageSocket, *, client: bool) -> bytes:
-    """Both hellos and the connection's addresses, as both ends see them (client's first)."""
-    local, peer = sock.endpoints
-    client_end, server_end = (local, peer) if client else (peer, local)
-    ends = f"{client_end[0]} {client_end[1]} {server_end[0]} {server_end[1]}".encode()
-    return hello_c + hello_s + ends
 
 
 class CommChannel:
@@ -194,12 +124,12 @@ class CommChannel:
         connection is retried. TIME_OUT when the time runs out. Over ``tcp:``
         the server must prove that it knows the secret (AUTHENTICATION).
         """
-        _check_max(max_msg_size)
-        address = _service(service)
-        key = _secret(address, secret, secret_file)
+        check_max(max_msg_size)
+        address = service_address(service)
+        key = service_secret(address, secret, secret_file)
         deadline = _deadline(timeout)
         try:
-            sock = connect(address, max_msg_size=_PREAUTH_MAX, timeout=timeout)
+            sock = connect(address, max_msg_size=PREAUTH_MAX, timeout=timeout)
         except TimeoutError as exc:
             raise DocaError(
                 DocaErrorCode.TIME_OUT, f"no comm channel server for {service!r} after {timeout:g} s"
@@ -208,33 +138,22 @@ class CommChannel:
             raise error_from_os(exc, f"connecting to comm channel {service!r}") from exc
         channel = cls(sock, service, role="server")
         try:
-            hello_c = _HELLO.pack(_MAGIC, _VERSION, max_msg_size, secrets.token_bytes(NONCE_SIZE))
-            channel._send(hello_c, (), _left(deadline))
-            data, fds = channel._recv(_left(deadline), "before its hello")
-            _close_fds(fds)
-            size, rest = _parse_hello(data, f"server of {service!r}")
-            hello_s = data[: _HELLO.size]
-            if key is not None:
-                transcript = _transcript(hello_c, hello_s, sock, client=True)
-                if not hmac.compare_digest(rest, proof(key, "server", transcript)):
-                    raise DocaError(
-                        DocaErrorCode.AUTHENTICATION,
-                        f"the server of {service!r} did not prove that it knows the comm channel secret: "
-                        "it is not the service meant, or it has another secret",
-                        Fault.PEER,
-                    )
-                channel._send(proof(key, "client", transcript), (), _left(deadline))
-                c2s, s2c = session_keys(key, transcript)
-                sock.start_mac(MessageMac(send_key=c2s, recv_key=s2c))
-            elif rest:
-                raise DocaError(
-                    DocaErrorCode.UNSUPPORTED_VERSION, f"server of {service!r} sent a malformed hello"
-                )
-            sock.max_msg_size = min(max_msg_size, size)
+            handshake = ClientHandshake(channel, sock, service, max_msg_size, key)
+            handshake.begin(_left(deadline))
+            channel._handshake_done(handshake, deadline)
         except BaseException:
             channel.close()
             raise
         return channel
+
+    def _handshake_done(self, handshake: ClientHandshake, deadline: float | None) -> None:
+        """Wait for the server's answer until `deadline` (TIME_OUT, as a silent server)."""
+        left = _left(deadline)
+        if not handshake.step(left):
+            raise DocaError(
+                DocaErrorCode.TIME_OUT,
+                f"comm channel {self._service!r}: nothing from the server after {left:g} s",
+            )
 
     # -- properties -------------------------------------------------------------------
 
@@ -393,65 +312,6 @@ class CommChannel:
         return f"<CommChannel {self._service!r} {state}>"
 
 
-class _Handshake:
-    """The server's side of one connection's handshake, advanced by `step` as messages arrive."""
-
-    def __init__(self, sock: MessageSocket, server: "CommChannelServer", deadline: float) -> None:
-        self.channel = CommChannel(sock, server.service, role="client")
-        self.sock = sock
-        self.deadline = deadline
-        self._server = server
-        self._expect: bytes | None = None  # the client's proof, once the hellos are exchanged
-        self._macs: MessageMac | None = None
-        self._size = 0
-        sock.max_msg_size = _PREAUTH_MAX
-        self.peer = sock.peer
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def step(self) -> bool:
-        """Take what the client sent; True once it is in. DocaError when it failed the handshake."""
-        got = self.channel._recv_or_none(0.0, "during the handshake")
-        if got is None:
-            return False
-        data, fds = got
-        _close_fds(fds)
-        if self._expect is None:
-            return self._hello(data)
-        if not hmac.compare_digest(data, self._expect):
-            raise DocaError(
-                DocaErrorCode.AUTHENTICATION,
-                f"the client did not prove that it knows the comm channel secret of {self._server.service!r}",
-                Fault.PEER,
-            )
-        assert self._macs is not None
-        self.sock.start_mac(self._macs)
-        return self._admit()
-
-    def _hello(self, hello_c: bytes) -> bool:
-        size, rest = _parse_hello(hello_c, f"client of {self._server.service!r}")
-        if rest:
-            raise DocaError(DocaErrorCode.UNSUPPORTED_VERSION, "the client sent a malformed hello")
-        self._size = min(self._server.max_msg_size, size)
-        hello_s = _HELLO.pack(_MAGIC, _VERSION, self._size, secrets.token_bytes(NONCE_SIZE))
-        key = self._server._secret
-        left = max(0.0, self.deadline - time.monotonic())
-        if key is None:
-            self.channel._send(hello_s, (), left)
-            return self._admit()
-        transcript = _transcript(hello_c, hello_s, self.sock, client=False)
-        self._expect = proof(key, "client", transcript)
-        c2s, s2c = session_keys(key, transcript)
-        self._macs = MessageMac(send_key=s2c, recv_key=c2s)
-        self.channel._send(hello_s + proof(key, "server", transcript), (), left)
-        return False
-
-    def _admit(self) -> bool:
-        self.sock.max_msg_size = self._size
-        return True
-
-
 class CommChannelServer:
     """The listening side of a comm channel (``doca_comch_server``); on a BlueField, the DPU."""
 
@@ -464,7 +324,7 @@ class CommChannelServer:
         secret_file: str | os.PathLike[str] | None = None,
         handshake_timeout: float = COMCH_HANDSHAKE_TIMEOUT,
     ) -> None:
-        _check_max(max_msg_size)
+        check_max(max_msg_size)
         if not handshake_timeout > 0:
             raise DocaError(
                 DocaErrorCode.INVALID_VALUE, f"handshake_timeout {handshake_timeout} is not positive"
@@ -472,8 +332,8 @@ class CommChannelServer:
         self._service = service
         self._max = max_msg_size
         self._handshake_timeout = handshake_timeout
-        address = _service(service)
-        self._secret = _secret(address, secret, secret_file)
+        address = service_address(service)
+        self._secret = service_secret(address, secret, secret_file)
         try:
             self._listener: Listener | None = Listener(address, max_msg_size=max_msg_size)
         except OSError as exc:
@@ -509,6 +369,42 @@ class CommChannelServer:
         """Readable when a client is waiting to be accepted."""
         return self._live().fileno()
 
+    def poll(
+        self, pending: list[ServerHandshake], refuse: Callable[[ServerHandshake, str], None]
+    ) -> CommChannel | None:
+        """One round that never blocks: take new connections into `pending`, advance their handshakes.
+
+        Returns the first client that is in, or None. A handshake that fails
+        or runs out of time goes to `refuse(handshake, why)`, which must take it
+        out of `pending` and close it; so does the oldest one when more than
+        16 are in the handshake at once.
+        """
+        listener = self._live()
+        while True:
+            try:
+                sock = listener.accept(0)
+            except OSError as exc:
+                raise error_from_os(exc, f"accepting on comm channel {self._service!r}") from exc
+            if sock is None:
+                break
+            if len(pending) >= _MAX_PENDING:
+                refuse(pending[0], "too many connections in the handshake")
+            chan = CommChannel(sock, self._service, role="client")
+            deadline = time.monotonic() + self._handshake_timeout
+            pending.append(ServerHandshake(chan, sock, self._service, self._max, self._secret, deadline))
+        now = time.monotonic()
+        for hs in list(pending):
+            try:
+                if hs.step(now):
+                    pending.remove(hs)
+                    return hs.channel
+            except DocaError as exc:
+                refuse(hs, exc.message)
+        for hs in list(pending):
+            if hs.deadline <= now:
+                refuse(hs, f"no handshake within {self._handshake_timeout:g} s")
+        return None
+
     def accept(self, timeout: float | None = None) -> CommChannel:
         """The next client that completes the handshake; TIME_OUT after `timeout` seconds (None: forever).
 
@@ -517,10 +413,10 @@ class CommChannelServer:
         """
         listener = self._live()
         deadline = _deadline(timeout)
-        pending: list[_Handshake] = []
+        pending: list[ServerHandshake] = []
         refused: list[str] = []
 
-        def refuse(hs: _Handshake, why: str) -> None:
+        def refuse(hs: ServerHandshake, why: str) -> None:
             pending.remove(hs)
             hs.channel.close()
             refused.append(why)
@@ -528,27 +424,10 @@ class CommChannelServer:
 
         try:
             while True:
-                while True:
-                    try:
-                        sock = listener.accept(0)
-                    except OSError as exc:
-                        raise error_from_os(exc, f"accepting on comm channel {self._service!r}") from exc
-                    if sock is None:
-                        break
-                    if len(pending) >= _MAX_PENDING:
-                        refuse(pending[0], "too many connections in the handshake")
-                    pending.append(_Handshake(sock, self, time.monotonic() + self._handshake_timeout))
-                for hs in list(pending):
-                    try:
-                        if hs.step():
-                            pending.remove(hs)
-                            return hs.channel
-                    except DocaError as exc:
-                        refuse(hs, exc.message)
+                chan = self.poll(pending, refuse)
+                if chan is not None:
+                    return chan
                 now = time.monotonic()
-                for hs in list(pending):
-                    if hs.deadline <= now:
-                        refuse(hs, f"no handshake within {self._handshake_timeout:g} s")
                 left = _left(deadline)
                 if left == 0:
                     summary = ""

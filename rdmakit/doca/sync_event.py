@@ -18,24 +18,31 @@ pending waits (SHUTDOWN). Arithmetic is modulo 2**64, like the C ``uint64_t``.
 The task API of DOCA 2.5+ (``task_get``, ``task_notify_set``,
 ``task_notify_add``, ``task_wait_gt``) is in ``rdmakit.doca.sync_event_tasks``.
 
-Locations: the CPU of this process, and a remote peer on the network
+Locations: the CPU of this process, a remote peer on the network
 (`add_publisher_location_remote_net`): `export_to_remote_net` gives the peer
 a descriptor of the counter, which it imports as a
 ``rdmakit.doca.sync_event_remote.SyncEventRemoteNet`` and reads, sets and adds
-to with RDMA tasks. DPU, DPA and GPU locations are not modelled.
+to with RDMA tasks; and the DPU (`add_publisher_location_dpu`, DOCA 2.0-2.6;
+``remote_pci`` later): `export_to_dpu` and `SyncEvent.create_from_export` share
+the counter with another process (``rdmakit.doca.sync_event_dpu``). DPA and
+GPU locations are not modelled.
+
+`set_addr` puts the counter in the caller's own 8 bytes (IDLE only); such an
+event is this process's memory, so `export_to_dpu` refuses it (NOT_SUPPORTED).
 """
 
 import contextlib
-import mmap
 import os
 import sys
 import threading
 import time
+from typing import Self
 
 from rdmakit.doca.ctx import CtxState, Job
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode
 from rdmakit.doca.mmap import AccessFlag, Mmap
+from rdmakit.doca.sync_event_dpu import export_blob, import_page, page_locked, shared_page
 from rdmakit.doca.sync_event_tasks import (
     U64_MAX,
     SyncEventAddJob,
@@ -79,14 +86,18 @@ class SyncEvent(SyncEventTaskApi):
     def __init__(self) -> None:
         super().__init__()
         # The counter is a native-order uint64 in a page of its own, so a remote
-        # peer's RDMA READ, WRITE and FETCH_ADD reach it as they reach any memory.
-        self._page = mmap.mmap(-1, mmap.PAGESIZE)
+        # peer's RDMA READ, WRITE and FETCH_ADD reach it as they reach any memory,
+        # and a sealed memfd, so that a DPU process can map it (export_to_dpu).
+        self._memfd, self._page = shared_page()
         self._cell = memoryview(self._page)[:8]
         self._cond = threading.Condition()
         self._waits: list[_WaitJob] = []
         self._efd = -1
         self._cpu_dev: Dev | None = None
         self._remote_net = False
+        self._dpu = False  # a DPU location was added, or this is the DPU's handle (create_from_export)
+        self._imported = False
+        self._user_addr = False
         self._export: Mmap | None = None
 
     @property
@@ -122,6 +133,85 @@ class SyncEvent(SyncEventTaskApi):
         """
         self._require_idle("add_publisher_location_remote_net")
         self._remote_net = True
+
+    def add_publisher_location_dpu(self) -> None:
+        """The DPU publishes (``doca_sync_event_add_publisher_location_dpu``; later ``_remote_pci``)."""
+        self._location_dpu("add_publisher_location_dpu")
+
+    def add_subscriber_location_dpu(self) -> None:
+        """The DPU subscribes (``doca_sync_event_add_subscriber_location_dpu``; later ``_remote_pci``)."""
+        self._location_dpu("add_subscriber_location_dpu")
+
+    add_publisher_location_remote_pci = add_publisher_location_dpu
+    add_subscriber_location_remote_pci = add_subscriber_location_dpu
+
+    def _location_dpu(self, what: str) -> None:
+        self._require_idle(what)
+        if self._imported:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, f"{what}: this event was created from an export")
+        self._dpu = True
+
+    def set_addr(self, addr: bytearray | memoryview) -> None:
+        """Keep the counter in `addr`, 8 writable bytes of the caller's (``doca_sync_event_set_addr``).
+
+        IDLE only.
+        """
+        self._require_idle("set_addr")
+        if self._imported:
+            raise DocaError(DocaErrorCode.NOT_PERMITTED, "set_addr: this event was created from an export")
+        view = memoryview(addr)
+        if view.readonly or view.nbytes != 8:
+            raise DocaError(DocaErrorCode.INVALID_VALUE, "set_addr takes 8 writable bytes")
+        self._cell = view.cast("B")
+        self._user_addr = True
+
+    def export_to_dpu(self, dev: Dev) -> bytes:
+        """The blob the DPU process turns into its handle (``doca_sync_event_export_to_dpu``).
+
+        RUNNING only (BAD_STATE), with a DPU location (NOT_PERMITTED) and the
+        event's own page (NOT_SUPPORTED after `set_addr`). The blob goes with
+        `export_fd` over a Unix-socket comm channel.
+        """
+        self._check_running()
+        if self._imported:
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED, "export_to_dpu: a sync event is exported from the host CPU only"
+            )
+        if not self._dpu or self._cpu_dev is None:
+            raise DocaError(
+                DocaErrorCode.NOT_PERMITTED,
+                "export_to_dpu: declare a DPU location and a CPU location (publisher and subscriber) first",
+            )
+        if self._user_addr:
+            raise DocaError(
+                DocaErrorCode.NOT_SUPPORTED,
+                "export_to_dpu: the counter is at a user address (set_addr); another process cannot map it",
+            )
+        return export_blob()
+
+    @property
+    def export_fd(self) -> int:
+        """rdmakit: the descriptor of the counter's page, sent with `export_to_dpu`'s blob (still ours)."""
+        return self._memfd
+
+    @classmethod
+    def create_from_export(cls, dev: Dev, blob: bytes, fd: int | None) -> Self:
+        """The DPU's handle on a host's event (``doca_sync_event_create_from_export``); start it to use it.
+
+        `fd` is the descriptor that came with the blob (a duplicate is kept).
+        INVALID_VALUE for a malformed blob or a descriptor that is not a sealed
+        one-page file.
+        """
+        own, page = import_page(blob, fd)
+        event = cls()
+        event._cell.release()
+        event._page.close()
+        os.close(event._memfd)
+        event._memfd, event._page = own, page
+        event._cell = memoryview(page)[:8]
+        event._dpu = event._imported = True
+        event._cpu_dev = dev
+        return event
 
     def export_to_remote_net(self) -> bytes:
         """The descriptor a peer turns into a `SyncEventRemoteNet` (``doca_sync_event_export_to_remote_net``).
@@ -179,6 +269,12 @@ class SyncEvent(SyncEventTaskApi):
         if self._efd >= 0:
             os.close(self._efd)
             self._efd = -1
+        if self._memfd >= 0:
+            self._cell.release()
+            with contextlib.suppress(BufferError):
+                self._page.close()
+            os.close(self._memfd)
+            self._memfd = -1
 
     def _check_running(self) -> None:
         if self._state is not CtxState.RUNNING:
@@ -210,6 +306,11 @@ class SyncEvent(SyncEventTaskApi):
         self._check_running()
         _check_u64("value", value)
         with self._cond:
+            if self._dpu and not self._user_addr:  # another process adds to the same page
+                with page_locked(self._memfd):
+                    before = self._value
+                    self._publish((before + value) & U64_MAX)
+                return before
             before = self._value
             self._publish((before + value) & U64_MAX)
         return before
@@ -229,7 +330,7 @@ class SyncEvent(SyncEventTaskApi):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise DocaError(DocaErrorCode.TIME_OUT, f"sync event wait timed out after {timeout}s")
-                if self._remote_net:  # a peer's RDMA update notifies nobody: look again soon
+                if self._remote_net or self._dpu:  # a peer's update notifies nobody: look again soon
                     left = _REMOTE_POLL if left is None else min(left, _REMOTE_POLL)
                 self._cond.wait(left)
 

@@ -19,6 +19,8 @@ def test_every_module_is_covered() -> None:
     assert MODULES == [
         "backend",
         "buf",
+        "comch",
+        "comch_tasks",
         "comm_channel",
         "ctx",
         "descriptor",
@@ -41,6 +43,7 @@ def test_every_module_is_covered() -> None:
         "soft",
         "soft_cm",
         "sync_event",
+        "sync_event_dpu",
         "sync_event_remote",
         "sync_event_tasks",
         "tasks",
