@@ -54,7 +54,7 @@ def test_lat_report_as_json_in_the_working_directory(new_ip: Callable[[], str], 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     base = [sys.executable, "-m", "rdmakit", "perftest", "ib_read_lat", "-p", port, "-n", "50"]
     server = subprocess.Popen(
-        [*base, "-d", new_ip()], cwd=tmp_path / "..", env=env, stdout=subprocess.DEVNULL
+        [*base, "-d", new_ip()], cwd=tmp_path.parent, env=env, stdout=subprocess.DEVNULL, text=True
     )
     try:
         wait_listening(int(port), server)
