@@ -68,9 +68,15 @@ def _round_trips(duo: Duo, src: Buf, dst: Buf, *, free_each: bool) -> Callable[[
         job = RdmaWriteJob(ctx=duo.a.rdma, src_buf=src, dst_buf=dst)
         got: list[Event] = []
 
+        def retrieved() -> bool:
+            ev = wq.progress_retrieve()  # doca_workq_progress_retrieve
+            if ev is not None:
+                got.append(ev)
+            return bool(got)
+
         def one() -> None:
             wq.submit(job)
-            duo._until(lambda: bool(ev := wq.progress_retrieve()) and not got.append(ev), lambda: "the event")
+            duo._until(retrieved, lambda: "the event")
             assert got.pop().ok
 
     else:
