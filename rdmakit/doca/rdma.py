@@ -450,7 +450,8 @@ class Rdma(RdmaPropsApi):
         """Collect this connection's completions (the device's pump did the I/O)."""
         if self._closed:
             return False
-        busy = self._cm_progress()  # connection events: their callbacks run here, in progress
+        # Connection events (by address only): their callbacks run here, in progress.
+        busy = self._cm_hub is not None and self._cm_progress()
         return self._reap() or busy
 
     def _reap(self) -> bool:
