@@ -17,7 +17,6 @@ registration; they become the DOCA objects a peer's ``doca_rdma_export`` and
 """
 
 import contextlib
-import select
 import statistics
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from rdmakit.doca import (
     RdmaWriteJob,
     WorkQ,
 )
+from rdmakit.transport.driver import wait_readable
 
 Api = Literal["job", "task"]
 #: Seconds without a completion before the run fails, as the engine's row.
@@ -86,7 +86,7 @@ def _wait(pe: PE, step: Callable[[], tuple[bool, bool]], spin: float, what: str)
         if done:
             pe.clear_notification()
             return
-        select.select([pe.fileno()], [], [], min(0.05, deadline - now))
+        wait_readable(pe.fileno(), min(0.05, deadline - now))
         pe.clear_notification()
 
 
