@@ -15,7 +15,9 @@ figure beside the raw-socket baseline that does the same thing without RDMA:
   the same way: from the first send to the last byte acknowledged;
 - 1 MiB WRITE and READ over RoCEv2/UDP at MTU 4096 against a flow-controlled
   GSO→GRO stream of RoCE-sized datagrams in the same direction, through the
-  soft device's own socket setup.
+  soft device's own socket setup;
+- the polling WRITE round trip through the DOCA job and task APIs against the
+  engine's, with the same far side (`rdmakit.cli.bench_doca`).
 
 Where installed, C tools run on the same two addresses as a second baseline
 (`rdmakit.cli.bench_tools`): iperf3 for the TCP stream, fi_pingpong (libfabric,
@@ -118,7 +120,7 @@ def headline(m: Measure, args: argparse.Namespace, rep: Report) -> None:
         return lambda: m.rdma_rtt(op, 8, pings, s, compare_add, swap) * 1e6
 
     common = {"baseline": ping.value, "baseline_name": ping.name}
-    add(
+    write_poll = add(
         "rtt_write_poll",
         "RDMA WRITE 8 B round trip, polling",
         "µs",
@@ -155,21 +157,21 @@ def headline(m: Measure, args: argparse.Namespace, rep: Report) -> None:
         c_baseline_name="sockperf ping-pong -m 14 (its minimum), blocking",
     )
 
-    # The DOCA layer: both ends in this process, one progress engine, busy polling.
-    job = add(
+    # The DOCA layer: the same round trip and far side as the engine's row, this side through DOCA.
+    vs_engine = {"baseline": write_poll.value, "baseline_name": write_poll.name}
+    add(
         "doca_job_rtt",
         "DOCA job API: WRITE 8 B round trip, polling",
         "µs",
-        lambda: bench_doca.write_round_trip("job", m.a, m.b, pings) * 1e6,
-        **common,
+        lambda: bench_doca.write_round_trip("job", m.child, m.a, m.b, pings, spin) * 1e6,
+        **vs_engine,
     )
     add(
         "doca_task_rtt",
         "DOCA task API: the same",
         "µs",
-        lambda: bench_doca.write_round_trip("task", m.a, m.b, pings) * 1e6,
-        baseline=job.value,
-        baseline_name=job.name,
+        lambda: bench_doca.write_round_trip("task", m.child, m.a, m.b, pings, spin) * 1e6,
+        **vs_engine,
     )
 
 

@@ -1,115 +1,200 @@
-"""The DOCA-level figure of ``rdmakit bench``: an 8-byte RDMA WRITE round trip, job API vs task API.
+"""The DOCA rows of ``rdmakit bench``: the engine's 8-byte WRITE round trip, through the job and task APIs.
 
-Two soft RoCEv2 devices in this process on one progress engine, one `Rdma`
-context each; the requester writes 8 bytes into the responder's memory and
-waits for the completion, one at a time. Through the job API that is
-``WorkQ.submit`` and ``progress_retrieve`` (``doca_workq``); through the task
-API ``doca_task_submit`` and ``doca_pe_progress`` until the task's callback
-ran, resubmitting the same task object. Both run the same context code, so
-the figure is the cost of each API's layer.
+Like for like with the engine's row (``rtt_write_poll``): the same far side
+(the child's RDMA responder, `rdmakit.cli.bench_peer.Responder`), the same
+8 bytes, one operation at a time, the same warm-up and the same spin policy;
+only this side differs. Here one `Rdma` context on a soft RoCEv2 device and
+its progress engine make the requests: through the job API ``WorkQ.submit``
+and ``progress_retrieve`` (``doca_workq``), through the task API
+``doca_task_submit`` of the same task object and ``doca_pe_progress`` until
+its callback ran. A WRITE's responder does no DOCA work on any NIC, so the
+ratio of these rows to the engine's is what the DOCA layer costs per job.
+
+The far side's queue pair and memory come as the engine's endpoint and
+registration; they become the DOCA objects a peer's ``doca_rdma_export`` and
+``doca_mmap_export_rdma`` would have given (`ConnectionDescriptor`,
+`MmapDescriptor`), whose fields are exactly those.
 """
 
 import contextlib
 import statistics
 import time
-from typing import Literal
+from collections.abc import Callable
+from ipaddress import IPv6Address, ip_address
+from typing import Any, Literal
 
+from rdmakit.cli.bench_measure import WARM_PINGS
+from rdmakit.cli.bench_peer import Child
+from rdmakit.cli.errors import CliError
 from rdmakit.doca import (
     PE,
     AccessFlag,
     BufInventory,
+    ConnectionDescriptor,
     CtxState,
     Dev,
     DocaError,
+    Event,
     Mmap,
+    MmapDescriptor,
     Rdma,
     RdmaTaskWrite,
     RdmaWriteJob,
     WorkQ,
 )
+from rdmakit.transport.driver import wait_readable
 
 Api = Literal["job", "task"]
+#: Seconds without a completion before the run fails, as the engine's row.
+TIMEOUT = 10.0
+#: What the far side's registration grants (`rdmakit.cli.bench_peer.EVERY`), as an mmap would.
+FAR_ACCESS = (
+    AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC
+)
 
 
-def write_round_trip(api: Api, ip_a: str, ip_b: str, count: int) -> float:
-    """Median seconds of `count` 8-byte WRITE round trips through `api` (after a warm-up)."""
+def _far_connection(ep: dict[str, Any]) -> ConnectionDescriptor:
+    return ConnectionDescriptor(
+        transport="roce-udp", gid=IPv6Address(ep["gid"]), ip=ip_address(ep["ip"]), port=ep["port"],
+        qpn=ep["qpn"], psn=ep["psn"], mtu=ep["mtu"],
+    )  # fmt: skip
+
+
+def _wait(pe: PE, step: Callable[[], tuple[bool, bool]], spin: float, what: str) -> None:
+    """Run `step` (done, busy) until done: `spin` seconds of polling after the last event, then
+    block on the engine's notification handle (``doca_pe_request_notification``), as the engine's
+    requester does with its driver."""
+    clock = time.perf_counter
+    idle_since: float | None = None
+    deadline = clock() + TIMEOUT
+    while True:
+        done, busy = step()
+        if done:
+            return
+        now = clock()
+        if busy:
+            idle_since, deadline = None, now + TIMEOUT
+            continue
+        if idle_since is None:
+            idle_since = now
+        if now - idle_since < spin:
+            continue
+        if now > deadline:
+            raise CliError(f"{what}: no completion within {TIMEOUT:g} s")
+        pe.request_notification()
+        done, _ = step()
+        if done:
+            pe.clear_notification()
+            return
+        wait_readable(pe.fileno(), min(0.05, deadline - now))
+        pe.clear_notification()
+
+
+def write_round_trip(api: Api, child: Child, ip_a: str, ip_b: str, count: int, spin: float) -> float:
+    """Median seconds of `count` 8-byte WRITE round trips through `api` (after the warm-up)."""
+    child.send(op="rdma", transport="roce-udp", ip=ip_b, size=8, spin=spin, n=1)
+    far = child.recv()
+    peer = far["endpoints"][0]
     pe = PE()
-    devs = [Dev.open(ip, pe=pe) for ip in (ip_a, ip_b)]
-    ctxs = [Rdma(), Rdma()]
-    wqs: list[WorkQ] = []
+    dev = Dev.open(ip_a, pe=pe)
+    rdma = Rdma()
+    wq: WorkQ | None = None
     done: list[RdmaTaskWrite] = []
-    inv = BufInventory(8)
+    inv = BufInventory(2)
     inv.start()
     mmaps: list[Mmap] = []
+    serving = False
     try:
-        for dev, rdma, perms in zip(
-            devs, ctxs, (AccessFlag.LOCAL_READ_WRITE, AccessFlag.RDMA_WRITE), strict=True
-        ):
-            rdma.add_dev(dev)
-            rdma.set_permissions(perms | AccessFlag.LOCAL_READ_WRITE)
-            if api == "job":
-                wqs.append(WorkQ(4, pe=pe))
-                rdma.workq_add(wqs[-1])
-            else:
-                pe.connect_ctx(rdma)
-                rdma.task_write_set_conf(lambda t, u, c: done.append(t), lambda t, u, c: done.append(t), 1)
-            rdma.start()
-        a, b = ctxs
-        da, db = a.export(), b.export()
-        a.connect(db)
-        b.connect(da)
-        # doca_rdma_connect: on a PE the contexts are RUNNING after the next progress.
-        while a.state is CtxState.STARTING or b.state is CtxState.STARTING:
-            pe.progress()
-        for dev, mem, perms in (
-            (devs[0], bytearray(b"8 bytes!"), AccessFlag.LOCAL_READ_WRITE),
-            (devs[1], bytearray(8), AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_WRITE),
-        ):
-            m = Mmap()
-            m.set_permissions(perms)
-            m.set_memrange(mem)
-            m.add_dev(dev)
-            m.start()
-            mmaps.append(m)
-        remote = Mmap.create_from_export(mmaps[1].export_rdma(devs[1]), devs[0])
-        mmaps.append(remote)
-        src = inv.get_by_data(mmaps[0], mmaps[0].addr, 8)
-        dst = inv.get_by_addr(remote, remote.addr, 8)
-        samples: list[float] = []
+        rdma.add_dev(dev)
+        rdma.set_permissions(AccessFlag.LOCAL_READ_WRITE)
         if api == "job":
-            wq = wqs[0]
-            job = RdmaWriteJob(ctx=a, src_buf=src, dst_buf=dst)
-            for _ in range(count + 20):
-                dst.set_data(dst.addr, 0)
-                t0 = time.perf_counter()
-                wq.submit(job)
-                while (ev := wq.progress_retrieve()) is None:
-                    pass
-                samples.append(time.perf_counter() - t0)
-                if not ev.ok:
-                    raise RuntimeError(f"the WRITE failed: {ev.error}")
+            wq = WorkQ(4, pe=pe)
+            rdma.workq_add(wq)
         else:
-            task = a.task_write_allocate_init(src, dst)
-            for _ in range(count + 20):
-                dst.set_data(dst.addr, 0)
-                t0 = time.perf_counter()
-                task.submit()
-                while not done:
-                    pe.progress()
-                samples.append(time.perf_counter() - t0)
-                done.clear()
-                if task.error is not None:
-                    raise RuntimeError(f"the WRITE failed: {task.error}")
+            pe.connect_ctx(rdma)
+            rdma.task_write_set_conf(lambda t, u, c: done.append(t), lambda t, u, c: done.append(t), 1)
+        rdma.start()
+        child.send(endpoints=[ConnectionDescriptor.from_bytes(rdma.export()).to_backend()])
+        serving = True
+        rdma.connect(_far_connection(peer))
+        child.recv()  # the far side connected its queue pair
+        while rdma.state is CtxState.STARTING:  # doca_rdma_connect: RUNNING after the next progress
+            pe.progress()
+        local = Mmap()
+        local.set_permissions(AccessFlag.LOCAL_READ_WRITE)
+        local.set_memrange(bytearray(b"8 bytes!"))
+        local.add_dev(dev)
+        local.start()
+        mmaps.append(local)
+        far_mem = MmapDescriptor(
+            addr=far["addr"], length=8, rkey=far["rkey"], access=FAR_ACCESS, device=f"udp:{ip_b}",
+            gid=IPv6Address(peer["gid"]), mtu=peer["mtu"],
+        )  # fmt: skip
+        mmaps.append(Mmap.create_from_export(far_mem.to_bytes(), dev))
+        src = inv.get_by_data(local, local.addr, 8)
+        dst = inv.get_by_addr(mmaps[1], mmaps[1].addr, 8)
+        if wq is not None:
+            samples = _job_round_trips(pe, wq, RdmaWriteJob(ctx=rdma, src_buf=src, dst_buf=dst), count, spin)
+        else:
+            task = rdma.task_write_allocate_init(src, dst)
+            samples = _task_round_trips(pe, task, done, count, spin)
             task.free()
-        return float(statistics.median(samples[20:]))
+        return float(statistics.median(samples[WARM_PINGS:]))
     finally:
-        for rdma in ctxs:
-            rdma.close()
-        for wq in wqs:
+        rdma.close()
+        if wq is not None:
             wq.close()
         for m in reversed(mmaps):
             with contextlib.suppress(DocaError):  # best effort: buffers may still hold it
                 m.destroy()
-        for dev in devs:
-            dev.close_all()  # teardown: what the buffers still hold goes too
-        pe.close_all()  # teardown on every exit
+        dev.close_all()  # teardown: what the buffers still hold goes too
+        pe.close_all()
+        if serving:
+            child.send(op="stop")
+            child.recv()  # the far side's counters: it stopped serving
+
+
+def _job_round_trips(pe: PE, wq: WorkQ, job: RdmaWriteJob, count: int, spin: float) -> list[float]:
+    dst = job.dst_buf
+    got: list[Event] = []
+
+    def step() -> tuple[bool, bool]:
+        ev = wq.progress_retrieve()  # doca_workq_progress_retrieve: it progresses the engine
+        if ev is None:
+            return False, False
+        got.append(ev)
+        return True, True
+
+    out: list[float] = []
+    for _ in range(WARM_PINGS + count):
+        dst.set_data(dst.addr, 0)  # the WRITE appends at the data's end: the same 8 bytes each time
+        t0 = time.perf_counter()
+        wq.submit(job)
+        _wait(pe, step, spin, "DOCA job API WRITE")
+        out.append(time.perf_counter() - t0)
+        ev = got.pop()
+        if not ev.ok:
+            raise CliError(f"the DOCA WRITE job failed: {ev.error}")
+    return out
+
+
+def _task_round_trips(
+    pe: PE, task: RdmaTaskWrite, done: list[RdmaTaskWrite], count: int, spin: float
+) -> list[float]:
+    dst = task.get_dst_buf()
+
+    def step() -> tuple[bool, bool]:
+        busy = pe.progress()  # doca_pe_progress: the task's callback runs in here
+        return bool(done), busy
+
+    out: list[float] = []
+    for _ in range(WARM_PINGS + count):
+        dst.set_data(dst.addr, 0)
+        t0 = time.perf_counter()
+        task.submit()
+        _wait(pe, step, spin, "DOCA task API WRITE")
+        out.append(time.perf_counter() - t0)
+        done.clear()
+        if task.error is not None:
+            raise CliError(f"the DOCA WRITE task failed: {task.error}")
+    return out

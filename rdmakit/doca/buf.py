@@ -172,6 +172,18 @@ class Buf:
             )
         self._data_len += n
 
+    def _plan_key(self) -> tuple[object, ...]:
+        """What a job planned on this buffer (and the rest of its list) depends on.
+
+        The descriptor's mmap, liveness, geometry and list neighbours; a job's
+        plan (``rdmakit.doca.rdma_jobs.plan_key``) is reused while it is equal.
+        """
+        key = (self, self._mmap, self._refcount != 0, self._addr, self._length, self._data, self._data_len)
+        if self._next is None and self._prev is None:
+            return key
+        rest = () if self._next is None else self._next._plan_key()
+        return (*key, self._prev is None, rest)
+
     # -- lists ----------------------------------------------------------------------
 
     @property

@@ -471,15 +471,24 @@ class Ctx(Generic[J]):
         entry = self._pending.get(id(job))
         return entry is not None and entry[0] is job
 
-    def _complete(self, job: J, *, result: object = None, error: DocaError | None = None) -> None:
-        """For subclasses: `job` finished, successfully unless `error` is given."""
+    def _complete(
+        self, job: J, *, result: object = None, error: DocaError | None = None, event: Event | None = None
+    ) -> None:
+        """For subclasses: `job` finished, successfully unless `error` is given.
+
+        `event` is the finished event itself, when the subclass keeps one to reuse
+        (a value: a resubmitted job's success is the same event each time).
+        """
         entry = self._pending.get(id(job))
         if entry is None or entry[0] is not job:
             raise DocaError(DocaErrorCode.UNEXPECTED, f"{type(job).__name__} completed but is not in flight")
         del self._pending[id(job)]
-        status = DocaErrorCode.SUCCESS if error is None else DocaErrorCode.IO_FAILED
-        entry[1]._deliver(Event(job=job, status=status, result=result, error=error))
-        self._check_drained()
+        if event is None:
+            status = DocaErrorCode.SUCCESS if error is None else DocaErrorCode.IO_FAILED
+            event = Event(job=job, status=status, result=result, error=error)
+        entry[1]._deliver(event)
+        if self._state is CtxState.STOPPING:
+            self._check_drained()
 
     def _flush(self, reason: str) -> None:
         """Complete every in-flight job as failed with SHUTDOWN."""

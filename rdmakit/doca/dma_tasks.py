@@ -34,13 +34,12 @@ class DmaTaskMemcpy(Task):
 
     __slots__ = ("_dst", "_src")
     doca_name = "doca_dma_task_memcpy"
+    _job_class = DmaMemcpyJob
+    _job_fields = (("_src", "src"), ("_dst", "dst"))
 
     def __init__(self, ctx: Ctx[Any], src: Buf, dst: Buf, user_data: object = None) -> None:
         super().__init__(ctx, user_data)
         self._src, self._dst = src, dst
-
-    def _make_job(self) -> Job:
-        return DmaMemcpyJob(ctx=self._ctx, src=self._src, dst=self._dst)
 
     def get_src(self) -> Buf:
         """``doca_dma_task_memcpy_get_src``."""

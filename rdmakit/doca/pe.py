@@ -81,6 +81,9 @@ class ProgressEngine:
     def __init__(self) -> None:
         """``doca_pe_create``."""
         self._ctxs: list[PeContext] = []
+        # What progress runs, as tuples remade on each change: a pass needs no copy of its own.
+        self._run_pumps: tuple[Pump, ...] = ()
+        self._run_ctxs: tuple[PeContext, ...] = ()
         self._deferred: deque[Callable[[], None]] = deque()  # task callbacks for the next progress
         # A pump -> (our duplicate of its descriptor or -1, how many devices use it).
         self._pumps: dict[Pump, tuple[int, int]] = {}
@@ -111,6 +114,7 @@ class ProgressEngine:
             )
         ctx._pe_connected(self)
         self._ctxs.append(ctx)
+        self._run_ctxs = tuple(self._ctxs)
 
     def _connect(self, ctx: PeContext) -> None:
         """For WorkQs: progress `ctx`, whose jobs the WorkQ runs."""
@@ -118,11 +122,13 @@ class ProgressEngine:
         if any(c is ctx for c in self._ctxs):
             raise DocaError(DocaErrorCode.ALREADY_EXIST, f"{ctx!r} is already connected to this engine")
         self._ctxs.append(ctx)
+        self._run_ctxs = tuple(self._ctxs)
 
     def disconnect_ctx(self, ctx: PeContext) -> None:
         """Stop progressing `ctx`; a no-op if it is not connected."""
         if any(c is ctx for c in self._ctxs):
             self._ctxs = [c for c in self._ctxs if c is not ctx]
+            self._run_ctxs = tuple(self._ctxs)
             ctx._pe_disconnected(self)
 
     @property
@@ -157,6 +163,7 @@ class ProgressEngine:
         fd = pump.fileno()
         dup = -1 if fd is None else self._register(fd)
         self._pumps[pump] = (dup, 1)
+        self._run_pumps = tuple(self._pumps)
 
     def remove_pump(self, pump: Pump) -> None:
         """Undo one `add_pump`; the pump is no longer run once every device using it left."""
@@ -168,6 +175,7 @@ class ProgressEngine:
             self._pumps[pump] = (dup, count - 1)
             return
         del self._pumps[pump]
+        self._run_pumps = tuple(self._pumps)
         self._unregister(dup)
 
     @property
@@ -216,10 +224,10 @@ class ProgressEngine:
         self._in_progress = True
         try:
             busy = False
-            for pump in list(self._pumps):
+            for pump in self._run_pumps:
                 if pump.progress():
                     busy = True
-            for ctx in list(self._ctxs):
+            for ctx in self._run_ctxs:
                 if ctx._progress():
                     busy = True
             deferred = self._deferred
@@ -309,6 +317,7 @@ class ProgressEngine:
             self.disconnect_ctx(ctx)
         self._deferred.clear()
         self._pumps.clear()
+        self._run_pumps = ()
         self._watched.clear()
         self._epoll.close()
         self._finalizer()

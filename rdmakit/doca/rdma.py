@@ -80,7 +80,7 @@ from dataclasses import replace
 from enum import IntEnum
 
 from rdmakit.doca.backend import BackendQP
-from rdmakit.doca.ctx import CtxState, Job, _Sink
+from rdmakit.doca.ctx import CtxState, Event, Job, _Sink
 from rdmakit.doca.descriptor import ConnectionDescriptor
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
@@ -88,6 +88,7 @@ from rdmakit.doca.mmap import AccessFlag
 from rdmakit.doca.rdma_conns import RdmaConnection
 from rdmakit.doca.rdma_jobs import (
     JOBS,
+    JobSpec,
     Planning,
     Posted,
     RdmaAtomicCmpSwpJob,
@@ -102,6 +103,7 @@ from rdmakit.doca.rdma_jobs import (
     RdmaWriteImmJob,
     RdmaWriteJob,
     _OnConnection,
+    plan_key,
     wc_error,
 )
 from rdmakit.doca.rdma_props import RDMA_PERMISSIONS, RdmaPropsApi, RdmaTransportType
@@ -146,6 +148,11 @@ class Rdma(RdmaPropsApi):
         self._qp_key: tuple[QpCaps, int] | None = None  # what the QP was created with
         self._posted: dict[int, Posted] = {}
         self._wr_ids = itertools.count(1)
+        # What start decides once for every job: the planning limits and the job classes the
+        # device runs. The epoch changes at each start and flush, and with it every plan.
+        self._planning: Planning | None = None
+        self._runs: dict[type[Job], JobSpec] = {}
+        self._epoch = 0
         self._error: DocaError | None = None
         self._export_ids = itertools.count(1)  # export_connection's handles: -1, -2, ...
         if dev is not None:
@@ -232,6 +239,9 @@ class Rdma(RdmaPropsApi):
         self._qp.connect_attrs = replace(self._qp.connect_attrs, rnr_retry=self._rnr_retry)
         # IBTA §10.6.3.1: the responder's remote-access rights are the QP's access flags.
         self._qp.init(self._qp_access())
+        self._planning = Planning(dev, caps.max_sge, self._recv_buf_chain_len)
+        self._runs = {cls: spec for cls, spec in JOBS.items() if spec.job_type in caps.job_types}
+        self._epoch += 1
         self._error = None
         self._by_descriptor = False
         return False  # STARTING until connect()
@@ -370,6 +380,7 @@ class Rdma(RdmaPropsApi):
 
     def _cancel(self) -> None:
         self._posted.clear()
+        self._epoch += 1  # a flushed work request's late completion must not match a new plan
         for qp in self._cm_lanes():
             qp.to_error()  # the buffers of flushed jobs are the caller's again
 
@@ -399,31 +410,36 @@ class Rdma(RdmaPropsApi):
         super()._dispatch(job, sink)
 
     def _submit(self, job: Job) -> None:
-        dev = self.dev
-        spec = JOBS.get(type(job))
-        if spec is None or not isinstance(job, _OnConnection):
+        if not isinstance(job, _OnConnection) or type(job) not in JOBS:
             raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{type(job).__name__} is not an RDMA job")
         qp, conn = self._cm_route(job.connection, isinstance(job, RdmaRecvJob))
-        if qp is None or dev is None:
+        dev, planning = self.dev, self._planning
+        if qp is None or dev is None or planning is None:
             raise DocaError(DocaErrorCode.BAD_STATE, "the RDMA context has no queue pair")
-        caps = dev.backend.caps
-        if spec.job_type not in caps.job_types:
+        spec = self._runs.get(type(job))
+        if spec is None:
             raise DocaError(
                 DocaErrorCode.NOT_SUPPORTED,
-                f"{dev.name} does not run {spec.job_type.value} jobs",
+                f"{dev.name} does not run {JOBS[type(job)].job_type.value} jobs",
                 Fault.SYSTEM,
             )
-        wr_id = next(self._wr_ids)
-        posted, wr = spec.plan(job, wr_id, Planning(dev, caps.max_sge, self._recv_buf_chain_len))
+        key = plan_key(self._epoch, spec.bufs(job))
+        posted = job._plan
+        if posted is None or posted.key != key:
+            posted, planned = spec.plan(job, next(self._wr_ids), planning)
+            posted.wr, posted.key = planned, key
+            object.__setattr__(job, "_plan", posted)  # the job's private cache, not a field
+        wr = posted.wr
+        assert wr is not None
         posted.lane, posted.conn = qp, conn
-        self._posted[wr_id] = posted
+        self._posted[wr.wr_id] = posted
         try:
             if isinstance(wr, RecvWR):
                 qp.post_recv(wr)
             else:
                 qp.post_send(wr)
         except BaseException:
-            del self._posted[wr_id]
+            del self._posted[wr.wr_id]
             raise
         if qp.state in (QpState.ERR, QpState.SQE):
             self._reap()  # flushed at once: deliver now, before the caller arms its WorkQ
@@ -434,7 +450,8 @@ class Rdma(RdmaPropsApi):
         """Collect this connection's completions (the device's pump did the I/O)."""
         if self._closed:
             return False
-        busy = self._cm_progress()  # connection events: their callbacks run here, in progress
+        # Connection events (by address only): their callbacks run here, in progress.
+        busy = self._cm_hub is not None and self._cm_progress()
         return self._reap() or busy
 
     def _reap(self) -> bool:
@@ -485,7 +502,10 @@ class Rdma(RdmaPropsApi):
             buf.commit_append(n)
         if posted.remote_append is not None:
             posted.remote_append.commit_append(posted.length)
-        self._complete(job, result=RdmaResult(length=posted.length, connection=conn))
+        ok = posted.ok
+        if ok is None or not isinstance(ok.result, RdmaResult) or ok.result.connection is not conn:
+            ok = posted.ok = Event(job=job, result=RdmaResult(length=posted.length, connection=conn))
+        self._complete(job, event=ok)
 
     def __repr__(self) -> str:
         qpn = "" if self._qp is None else f" qpn={self._qp.qpn:#x}"

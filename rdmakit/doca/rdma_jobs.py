@@ -28,22 +28,29 @@ byte count, the immediate and the connection.
 
 `JOBS` is the table the context consults: per job class, its `JobType`
 (the device capability it needs), the permission the responder must grant
-(guide §5.1.4) and its planner, which checks the job against this side's
-buffers and device and returns the work request with what to do with the
-buffers when it completes (`Posted`). A job class the table does not list is
-not an RDMA job. `wc_error` says why a work completion failed, in the terms
-of the job.
+(guide §5.1.4), the buffers it names and its planner, which checks the job
+against this side's buffers and device and returns the work request with
+what to do with the buffers when it completes (`Posted`). A job class the
+table does not list is not an RDMA job. `wc_error` says why a work
+completion failed, in the terms of the job.
+
+A plan is the job's work-queue entry, as a NIC driver writes one into a slot
+of its ring: the context keeps it on the job (`plan_key` says what it was
+checked against) and posts it again while the job's buffers and the
+context's start are the same, so resubmitting a job, or a task, allocates no
+job, work request or event.
 """
 
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from rdmakit.doca.backend import BackendQP, JobType
 from rdmakit.doca.buf import Buf
-from rdmakit.doca.ctx import Job
+from rdmakit.doca.ctx import Event, Job
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode, error_from_wc_status
 from rdmakit.doca.mmap import AccessFlag, MmapDescriptor
@@ -106,6 +113,8 @@ class _OnConnection(Job):
     """An RDMA job names the connection it runs on; None: the context's only one."""
 
     connection: RdmaConnection | None = None
+    #: The context's plan of this job (`Posted`), reused while `plan_key` holds; not a field.
+    _plan: "Posted | None" = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,7 +229,7 @@ def _flag_names(flags: AccessFlag) -> str:
 
 @dataclass(slots=True)
 class Posted:
-    """A work request in flight: its job and what to do with the buffers when it succeeds."""
+    """A job's plan: its work request and what to do with the buffers when it succeeds."""
 
     job: Job
     what: str  # names the job in error messages: a format string for ``what_args``
@@ -231,6 +240,19 @@ class Posted:
     remote: MmapDescriptor | None = None
     lane: BackendQP | None = None  # the queue pair it was posted to
     conn: RdmaConnection | None = None  # the connection of that queue pair, if by address
+    wr: "SendWR | RecvWR | None" = None  # what is posted; its wr_id is the plan's
+    key: tuple[object, ...] = ()  # what it was planned against (`plan_key`)
+    ok: Event | None = None  # its success event, made at the first success on `conn`
+
+
+def plan_key(epoch: int, bufs: tuple[Buf | None, ...]) -> tuple[object, ...]:
+    """What a plan depends on: the context's start (`epoch`) and each buffer's place and list.
+
+    A live buffer's mmap cannot be stopped or destroyed (``doca_mmap_stop``:
+    buffers still point into it), so its registration and permissions hold
+    as long as the buffer is the same descriptor of the same mmap.
+    """
+    return (epoch, *[b._plan_key() if isinstance(b, Buf) else b for b in bufs])
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,17 +465,29 @@ class JobSpec(NamedTuple):
     job_type: JobType  # the device capability the job needs
     needs: AccessFlag | None  # what the responder's mmap and context must grant (guide §5.1.4)
     plan: Callable[[Any, int, Planning], Plan]  # the job (of this row's class), its wr_id
+    bufs: Callable[[Any], tuple[Buf | None, ...]]  # the buffers the job names, for `plan_key`
 
 
+def _bufs(*names: str) -> Callable[[Any], tuple[Buf | None, ...]]:
+    get: Callable[[Any], Any] = attrgetter(*names)
+    return (lambda job: (get(job),)) if len(names) == 1 else get
+
+
+_DST = _bufs("dst_buf")
+_SRC = _bufs("src_buf")
+_SRC_DST = _bufs("src_buf", "dst_buf")
+_ATOMIC = _bufs("dst_buf", "result_buf")
 JOBS: dict[type[Job], JobSpec] = {
-    RdmaRecvJob: JobSpec(JobType.RDMA_RECV, None, _plan_recv),
-    RdmaSendJob: JobSpec(JobType.RDMA_SEND, None, _plan_send),
-    RdmaSendImmJob: JobSpec(JobType.RDMA_SEND_IMM, None, _plan_send),
-    RdmaReadJob: JobSpec(JobType.RDMA_READ, AccessFlag.RDMA_READ, _plan_read),
-    RdmaWriteJob: JobSpec(JobType.RDMA_WRITE, AccessFlag.RDMA_WRITE, _plan_write),
-    RdmaWriteImmJob: JobSpec(JobType.RDMA_WRITE_IMM, AccessFlag.RDMA_WRITE, _plan_write),
-    RdmaAtomicCmpSwpJob: JobSpec(JobType.RDMA_ATOMIC_CMP_SWP, AccessFlag.RDMA_ATOMIC, _plan_atomic),
-    RdmaAtomicFetchAddJob: JobSpec(JobType.RDMA_ATOMIC_FETCH_ADD, AccessFlag.RDMA_ATOMIC, _plan_atomic),
+    RdmaRecvJob: JobSpec(JobType.RDMA_RECV, None, _plan_recv, _DST),
+    RdmaSendJob: JobSpec(JobType.RDMA_SEND, None, _plan_send, _SRC),
+    RdmaSendImmJob: JobSpec(JobType.RDMA_SEND_IMM, None, _plan_send, _SRC),
+    RdmaReadJob: JobSpec(JobType.RDMA_READ, AccessFlag.RDMA_READ, _plan_read, _SRC_DST),
+    RdmaWriteJob: JobSpec(JobType.RDMA_WRITE, AccessFlag.RDMA_WRITE, _plan_write, _SRC_DST),
+    RdmaWriteImmJob: JobSpec(JobType.RDMA_WRITE_IMM, AccessFlag.RDMA_WRITE, _plan_write, _SRC_DST),
+    RdmaAtomicCmpSwpJob: JobSpec(JobType.RDMA_ATOMIC_CMP_SWP, AccessFlag.RDMA_ATOMIC, _plan_atomic, _ATOMIC),
+    RdmaAtomicFetchAddJob: JobSpec(
+        JobType.RDMA_ATOMIC_FETCH_ADD, AccessFlag.RDMA_ATOMIC, _plan_atomic, _ATOMIC
+    ),
 }
 
 

@@ -139,13 +139,12 @@ class RdmaTaskReceive(_RdmaTask):
 
     __slots__ = ("_dst_buf",)
     doca_name = "doca_rdma_task_receive"
+    _job_class = RdmaRecvJob
+    _job_fields = (("_connection", "connection"), ("_dst_buf", "dst_buf"))
 
     def __init__(self, ctx: Ctx[Any], dst_buf: Buf | None, user_data: object = None) -> None:
         super().__init__(ctx, user_data)
         self._dst_buf = dst_buf
-
-    def _make_job(self) -> Job:
-        return RdmaRecvJob(ctx=self._ctx, connection=self._connection, dst_buf=self._dst_buf)
 
     def get_dst_buf(self) -> Buf | None:
         return self._dst_buf
@@ -177,13 +176,12 @@ class RdmaTaskSend(_SrcBuf):
 
     __slots__ = ()
     doca_name = "doca_rdma_task_send"
+    _job_class = RdmaSendJob
+    _job_fields = (("_connection", "connection"), ("_src_buf", "src_buf"))
 
     def __init__(self, ctx: Ctx[Any], src_buf: Buf | None, user_data: object = None) -> None:
         super().__init__(ctx, user_data)
         self._src_buf = src_buf
-
-    def _make_job(self) -> Job:
-        return RdmaSendJob(ctx=self._ctx, connection=self._connection, src_buf=self._src_buf)
 
 
 class RdmaTaskSendImm(_SrcBuf):
@@ -191,16 +189,13 @@ class RdmaTaskSendImm(_SrcBuf):
 
     __slots__ = ("_immediate",)
     doca_name = "doca_rdma_task_send_imm"
+    _job_class = RdmaSendImmJob
+    _job_fields = (("_connection", "connection"), ("_src_buf", "src_buf"), ("_immediate", "immediate"))
 
     def __init__(self, ctx: Ctx[Any], src_buf: Buf | None, immediate_data: int, user_data: object) -> None:
         super().__init__(ctx, user_data)
         self._src_buf = src_buf
         self._immediate = immediate_data
-
-    def _make_job(self) -> Job:
-        return RdmaSendImmJob(
-            ctx=self._ctx, connection=self._connection, src_buf=self._src_buf, immediate=self._immediate
-        )
 
     def get_immediate_data(self) -> int:
         return self._immediate
@@ -215,15 +210,12 @@ class RdmaTaskRead(_SrcDst):
 
     __slots__ = ()
     doca_name = "doca_rdma_task_read"
+    _job_class = RdmaReadJob
+    _job_fields = (("_connection", "connection"), ("_src_buf", "src_buf"), ("_dst_buf", "dst_buf"))
 
     def __init__(self, ctx: Ctx[Any], src_buf: Buf, dst_buf: Buf, user_data: object = None) -> None:
         super().__init__(ctx, user_data)
         self._src_buf, self._dst_buf = src_buf, dst_buf
-
-    def _make_job(self) -> Job:
-        return RdmaReadJob(
-            ctx=self._ctx, connection=self._connection, src_buf=self._src_buf, dst_buf=self._dst_buf
-        )
 
     def get_result_len(self) -> int:
         """Bytes read (``doca_rdma_task_read_get_result_len``)."""
@@ -235,15 +227,12 @@ class RdmaTaskWrite(_SrcDst):
 
     __slots__ = ()
     doca_name = "doca_rdma_task_write"
+    _job_class = RdmaWriteJob
+    _job_fields = (("_connection", "connection"), ("_src_buf", "src_buf"), ("_dst_buf", "dst_buf"))
 
     def __init__(self, ctx: Ctx[Any], src_buf: Buf, dst_buf: Buf, user_data: object = None) -> None:
         super().__init__(ctx, user_data)
         self._src_buf, self._dst_buf = src_buf, dst_buf
-
-    def _make_job(self) -> Job:
-        return RdmaWriteJob(
-            ctx=self._ctx, connection=self._connection, src_buf=self._src_buf, dst_buf=self._dst_buf
-        )
 
 
 class RdmaTaskWriteImm(_SrcDst):
@@ -251,21 +240,19 @@ class RdmaTaskWriteImm(_SrcDst):
 
     __slots__ = ("_immediate",)
     doca_name = "doca_rdma_task_write_imm"
+    _job_class = RdmaWriteImmJob
+    _job_fields = (
+        ("_connection", "connection"),
+        ("_src_buf", "src_buf"),
+        ("_dst_buf", "dst_buf"),
+        ("_immediate", "immediate"),
+    )
 
     def __init__(
         self, ctx: Ctx[Any], src_buf: Buf, dst_buf: Buf, immediate_data: int, user_data: object = None
     ) -> None:
         super().__init__(ctx, user_data)
         self._src_buf, self._dst_buf, self._immediate = src_buf, dst_buf, immediate_data
-
-    def _make_job(self) -> Job:
-        return RdmaWriteImmJob(
-            ctx=self._ctx,
-            connection=self._connection,
-            src_buf=self._src_buf,
-            dst_buf=self._dst_buf,
-            immediate=self._immediate,
-        )
 
     def get_immediate_data(self) -> int:
         return self._immediate
@@ -300,22 +287,20 @@ class RdmaTaskAtomicCmpSwp(_Atomic):
 
     __slots__ = ("_cmp", "_swap")
     doca_name = "doca_rdma_task_atomic_cmp_swp"
+    _job_class = RdmaAtomicCmpSwpJob
+    _job_fields = (
+        ("_connection", "connection"),
+        ("_dst_buf", "dst_buf"),
+        ("_result_buf", "result_buf"),
+        ("_cmp", "cmp"),
+        ("_swap", "swap"),
+    )
 
     def __init__(
         self, ctx: Ctx[Any], dst_buf: Buf, result_buf: Buf, cmp_data: int, swap_data: int, user_data: object
     ) -> None:
         super().__init__(ctx, user_data)
         self._dst_buf, self._result_buf, self._cmp, self._swap = dst_buf, result_buf, cmp_data, swap_data
-
-    def _make_job(self) -> Job:
-        return RdmaAtomicCmpSwpJob(
-            ctx=self._ctx,
-            connection=self._connection,
-            dst_buf=self._dst_buf,
-            result_buf=self._result_buf,
-            cmp=self._cmp,
-            swap=self._swap,
-        )
 
     def get_cmp_data(self) -> int:
         return self._cmp
@@ -337,21 +322,19 @@ class RdmaTaskAtomicFetchAdd(_Atomic):
 
     __slots__ = ("_add",)
     doca_name = "doca_rdma_task_atomic_fetch_add"
+    _job_class = RdmaAtomicFetchAddJob
+    _job_fields = (
+        ("_connection", "connection"),
+        ("_dst_buf", "dst_buf"),
+        ("_result_buf", "result_buf"),
+        ("_add", "add"),
+    )
 
     def __init__(
         self, ctx: Ctx[Any], dst_buf: Buf, result_buf: Buf, add_data: int, user_data: object
     ) -> None:
         super().__init__(ctx, user_data)
         self._dst_buf, self._result_buf, self._add = dst_buf, result_buf, add_data
-
-    def _make_job(self) -> Job:
-        return RdmaAtomicFetchAddJob(
-            ctx=self._ctx,
-            connection=self._connection,
-            dst_buf=self._dst_buf,
-            result_buf=self._result_buf,
-            add=self._add,
-        )
 
     def get_add_data(self) -> int:
         return self._add

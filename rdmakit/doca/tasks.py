@@ -19,6 +19,12 @@ allocating past it, or a type never configured, is NO_MEMORY ("no more tasks
 to allocate", ``doca_rdma.h``); `Task.free` returns a task to its pool, also
 from inside its own callback. A task is allocated and submitted in RUNNING
 only (``enum doca_ctx_states``: "ctx can allocate tasks, submit tasks").
+As in DOCA the pool's task objects are reused: ``set_conf`` makes the first
+`PREALLOCATED` of them, the rest are made the first time they are taken, and
+a freed task joins the back of the pool's queue, ``allocate_init`` taking
+from the front, so allocating, submitting and freeing tasks allocates nothing
+once the pool is warm. A stale reference to a freed task may then see it
+allocated again, as a stale ``doca_task`` pointer would in C.
 
 Completion (``doca_task_completion_cb_t``): ``cb(task, task_user_data,
 ctx_user_data)``, the success callback when the task's status
@@ -36,17 +42,21 @@ DMA does) and their error callbacks run in ``progress``; the context reaches
 IDLE, with its state-changed callback, after the last of them.
 
 One core: a task is a mutable front for the context's job of the same kind.
-``submit`` builds that job (cached until a setter changes a field) and hands
-it to the context's ``_dispatch`` with the task as the sink, exactly as a
-`WorkQ` hands a job with itself as the sink; the context plans, posts and
-completes it with the same code, and the task keeps the `Event`'s status and
-result. The job API and the task API differ only in where completions go.
+``submit`` builds that job (kept while its fields are the task's: across
+submits, and across ``free`` and ``allocate_init`` when they are the same)
+and hands it to the context's ``_dispatch`` with the task as the sink,
+exactly as a `WorkQ` hands a job with itself as the sink; the context plans,
+posts and completes it with the same code, and the task keeps the `Event`'s
+status and result. The job API and the task API differ only in where
+completions go.
 """
 
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
 from rdmakit.doca.ctx import Ctx, CtxState, Event, Job
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
@@ -57,10 +67,18 @@ if TYPE_CHECKING:
 __all__ = ["Task", "TaskCallback", "TaskConf", "TaskState"]
 
 U32 = (1 << 32) - 1
+#: Task objects of a type that ``set_conf`` makes at once (the rest of the pool on first use).
+PREALLOCATED = 64
 
 T = TypeVar("T", bound="Task")
 #: ``doca_task_completion_cb_t`` and the per-type callbacks: (task, task user data, ctx user data).
 TaskCallback = Callable[[T, object, object], None]
+
+
+def _values(names: tuple[str, ...]) -> Callable[[Any], tuple[object, ...]]:
+    """The named attributes of an object, as a tuple (one name too)."""
+    get = attrgetter(*names)
+    return get if len(names) > 1 else lambda obj: (get(obj),)
 
 
 class TaskState(Enum):
@@ -79,6 +97,7 @@ class TaskConf(Generic[T]):
     error_cb: TaskCallback[T]
     num_tasks: int
     allocated: int = 0
+    idle: deque[T] = field(default_factory=deque)  # the pool's objects not allocated, oldest first
 
 
 def set_task_conf(
@@ -92,9 +111,11 @@ def set_task_conf(
         raise DocaError(DocaErrorCode.INVALID_VALUE, f"num_tasks must be a positive u32, got {num_tasks!r}")
     conf: TaskConf[T] | None = ctx._task_confs.get(kind)
     if conf is None:
-        ctx._task_confs[kind] = TaskConf(success_cb, error_cb, num_tasks)
+        conf = ctx._task_confs[kind] = TaskConf(success_cb, error_cb, num_tasks)
     else:  # tasks still allocated keep counting against the pool
         conf.success_cb, conf.error_cb, conf.num_tasks = success_cb, error_cb, num_tasks
+    more = min(num_tasks, PREALLOCATED) - conf.allocated - len(conf.idle)
+    conf.idle.extend(kind._blank() for _ in range(more))
 
 
 class Task:
@@ -104,7 +125,9 @@ class Task:
         "_completions",
         "_conf",
         "_ctx",
+        "_dirty",
         "_error",
+        "_finish_cb",
         "_job",
         "_pe",
         "_result",
@@ -113,8 +136,44 @@ class Task:
         "_user_data",
     )
 
+    _job: Job | None  # built by submit, kept while it fits the task's fields
+    _dirty: bool  # a field may have changed since `_job` was built
+    _finish_cb: Callable[[], None]  # `_finish`, bound once
+
     #: The C name of the type, for messages, e.g. ``doca_rdma_task_write``.
     doca_name = "doca_task"
+    #: The job a task of this type runs, and which of its fields come from which of the task's
+    #: (task attribute, job field); a type without them defines `_make_job` itself.
+    _job_class: ClassVar[type[Job] | None] = None
+    _job_fields: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # Made from `_job_fields`: the task's values, the job's, and the job's field names, in order.
+    _task_values: ClassVar[Callable[[Any], tuple[object, ...]]]
+    _job_values: ClassVar[Callable[[Any], tuple[object, ...]]]
+    _job_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_job_fields" in cls.__dict__:
+            mine, theirs = zip(*cls._job_fields, strict=True)
+            cls._task_values = _values(mine)
+            cls._job_values = _values(theirs)
+            cls._job_names = theirs
+
+    @classmethod
+    def _blank(cls) -> Self:
+        """A task object of the pool, to be initialised when it is allocated."""
+        task = object.__new__(cls)
+        task._job = None
+        task._finish_cb = task._finish  # made once: completions defer it without allocating
+        return task
+
+    def __new__(cls, ctx: Ctx[Any], *args: object, **kwargs: object) -> Self:
+        # The pool's next idle object (`__init__` takes it once its checks pass), else a new one.
+        conf: TaskConf[Any] | None = ctx._task_confs.get(cls)
+        if conf is not None and conf.idle:
+            task: Self = conf.idle[0]
+            return task
+        return cls._blank()
 
     def __init__(self, ctx: Ctx[Any], user_data: object) -> None:
         """Take a task from `ctx`'s pool of this type (the ``*_alloc_init`` functions)."""
@@ -138,6 +197,9 @@ class Task:
                 Fault.CALLER,
             )
         conf.allocated += 1
+        idle = conf.idle
+        if idle and idle[0] is self:
+            idle.popleft()
         self._ctx = ctx
         self._conf = conf
         self._user_data = user_data
@@ -145,19 +207,31 @@ class Task:
         self._status = DocaErrorCode.SUCCESS
         self._error: DocaError | None = None
         self._result: object = None
-        self._job: Job | None = None
+        self._dirty = True  # the subclass sets the fields: check the kept job at the next submit
         self._pe: ProgressEngine | None = None
         self._completions = 0  # callbacks run so far (rdmakit.doca.aio waits on it)
 
     # -- what a task type defines -------------------------------------------------------------
 
     def _make_job(self) -> Job:
-        """The context's job for this task's current fields."""
-        raise NotImplementedError
+        """The context's job for this task's current fields (`_job_fields` of `_job_class`)."""
+        if self._job_class is None:
+            raise NotImplementedError
+        cls = type(self)
+        return self._job_class(
+            ctx=self._ctx, **dict(zip(cls._job_names, cls._task_values(self), strict=True))
+        )
+
+    def _job_fits(self, job: Job) -> bool:
+        """Whether `job` is the one `_make_job` would build now (only with `_job_fields`)."""
+        if self._job_class is None or type(job) is not self._job_class or job.ctx is not self._ctx:
+            return False
+        cls = type(self)
+        return cls._job_values(job) == cls._task_values(self)
 
     def _changed(self) -> None:
-        """For setters: the job must be built again at the next submit."""
-        self._job = None
+        """For setters: the job is checked, and built again if it differs, at the next submit."""
+        self._dirty = True
 
     # -- doca_task ------------------------------------------------------------------------------
 
@@ -216,8 +290,10 @@ class Task:
                 DocaErrorCode.NOT_CONNECTED, "the context is not connected to a progress engine (connect_ctx)"
             )
         job = self._job
-        if job is None:
-            job = self._job = self._make_job()
+        if job is None or self._dirty:
+            if job is None or not self._job_fits(job):
+                job = self._job = self._make_job()
+            self._dirty = False
         self._pe = pe
         self._state = TaskState.SUBMITTED
         try:
@@ -241,8 +317,9 @@ class Task:
                 raise DocaError(DocaErrorCode.IN_USE, f"this {self.doca_name} task is submitted")
             raise DocaError(DocaErrorCode.BAD_STATE, f"this {self.doca_name} task was already freed")
         self._state = TaskState.FREED
-        self._conf.allocated -= 1
-        self._job = None
+        conf = self._conf
+        conf.allocated -= 1
+        conf.idle.append(self)
         self._ctx._check_drained()  # a STOPPING context waits for its tasks to be freed
 
     # -- completion: the sink of the context's job ------------------------------------------------
@@ -256,7 +333,7 @@ class Task:
         self._ctx._held += 1
         pe = self._pe
         assert pe is not None
-        pe.defer(self._finish)
+        pe.defer(self._finish_cb)
 
     def _finish(self) -> None:
         self._state = TaskState.ALLOCATED

@@ -49,8 +49,8 @@ def test_headline_rows_each_against_its_like(tmp_path: Path, new_ip: Callable[[]
         "rtt_write_poll": "ping_poll",  # the same spin policy
         "rtt_read_poll": "ping_poll",
         "rtt_write_event": "ping_block",  # both event-driven
-        "doca_job_rtt": "ping_poll",
-        "doca_task_rtt": "doca_job_rtt",  # the task API against the job API
+        "doca_job_rtt": "rtt_write_poll",  # the engine's round trip, the same far side
+        "doca_task_rtt": "rtt_write_poll",
     }
     for key, base in pairs.items():
         assert rows[key]["baseline"] == rows[base]["value"], key
@@ -68,7 +68,13 @@ def test_headline_rows_each_against_its_like(tmp_path: Path, new_ip: Callable[[]
     assert rows["rtt_write_event"]["target"] == "≤ 1.3 vs raw"
     assert rows["udp_write"]["target"] == rows["udp_read"]["target"] == "≥ 0.9 vs raw"
     assert rows["tcp_write"]["target"] == "≥ 1 vs C"
-    assert rows["doca_task_rtt"]["target"] == "≤ 1.05 vs job API"
+    assert rows["doca_job_rtt"]["target"] == "≤ 1.15 vs engine"
+    assert rows["doca_job_rtt"]["ratio"] == rows["doca_job_rtt"]["value"] / rows["rtt_write_poll"]["value"]
+    assert [t["target"] for t in rows["doca_task_rtt"]["targets"]] == [
+        "≤ 1.15 vs engine",
+        "≤ 1.05 vs job API",
+    ]
+    assert rows["doca_task_rtt"]["ratio"] == rows["doca_task_rtt"]["value"] / rows["rtt_write_poll"]["value"]
     # --check fails exactly when a verdict of this run is a miss.
     missed = [k for k, r in rows.items() if any(t["pass"] is False for t in r["targets"])]
     assert out.returncode == (1 if missed else 0), out.stderr

@@ -43,6 +43,8 @@ def test_every_target_is_in_the_one_table_like_for_like() -> None:
         ("udp_write", "baseline", 0.9, None),
         ("udp_read", "baseline", 0.9, None),
         ("tcp_write", "c_baseline", 1.0, None),
+        ("doca_job_rtt", "baseline", None, 1.15),
+        ("doca_task_rtt", "baseline", None, 1.15),
         ("doca_task_rtt", "doca_job_rtt", None, 1.05),
     }
     for ts in TARGETS.values():
