@@ -181,9 +181,11 @@ class Window:
 
 class Pacer:
     """A token bucket at the window's pace (``PACING_*``); ``rate`` is None (not paced)
-    until a NAK-sequence error or an implied NAK shows a queue that overflowed, so a
-    clean path sends what rxe sends. A timeout alone does not start it: on a long path
-    the local ACK timeout can expire before the first round trip is measured."""
+    until a NAK-sequence error shows a queue that overflowed with what the requester sent
+    (SEND or WRITE data), so a clean path sends what rxe sends. A timeout alone does not
+    start it (on a long path the local ACK timeout can expire before the first round trip
+    is measured), nor a lost READ response: a READ's data is the responder's, released
+    whole by its request, and pacing the requests only delays them."""
 
     __slots__ = ("armed", "burst", "rate", "tokens", "tokens_at")
 

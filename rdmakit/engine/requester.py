@@ -307,7 +307,7 @@ class Requester:
                         self.cc.on_timeout(now, rtt, floor)
                     else:
                         self.cc.on_loss(now, rtt, floor)
-                    self.pacer.on_cut(now, not timeout)
+                    self.pacer.on_cut(now, not timeout and sq[0].kind == SEND_WRITE)
         else:
             self.qp.fail_send(WcStatus.RETRY_EXC_ERR)
 
