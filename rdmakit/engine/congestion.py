@@ -28,13 +28,14 @@ events, keep a QP alive where a TCP connection stays alive:
   increase stages counted by a timer and a byte counter. Before the first
   CNP the QP is not paced, as DCQCN starts at line rate.
 
-- ``Pacer``: once a loss has cut the window, the window's packets are spread
-  over the round trip rather than sent as ACKs release them: Linux TCP's
-  pacing rate (``tcp_update_pacing_rate()``: 200 % of cwnd/SRTT in slow
-  start, 120 % after), in bursts of at most about a millisecond of it, as
-  its TSO autosizing (``tcp_tso_autosize()``) sizes a burst. A window the
-  size of a shallow queue otherwise leaves in bursts of half a window (one
-  per AckReq), and a 64 KB queue overflows long before the window fills the
+- ``Pacer``: once a queue overflowed with SEND or WRITE data (a NAK-sequence
+  error cut the window), the window's packets are spread over the round
+  trip rather than sent as ACKs release them: Linux TCP's pacing rate
+  (``tcp_update_pacing_rate()``: 200 % of cwnd/SRTT in slow start, 120 %
+  after), in bursts of at most about a millisecond of it, as its TSO
+  autosizing (``tcp_tso_autosize()``) sizes a burst. A window the size of a
+  shallow queue otherwise leaves in bursts of half a window (one per
+  AckReq), and a 64 KB queue overflows long before the window fills the
   path.
 
 The requester sends while ``psn_diff(req_psn, comp_psn) < min(window,
@@ -209,9 +210,9 @@ class Pacer:
         self.burst = min(max(rate * PACING_BURST_TIME, 2.0 * packet), float(DCQCN_BURST))
 
     def on_cut(self, now: float, loss: bool) -> None:
-        """The window was cut (``loss``: by a NAK-sequence error or an implied NAK, which arms
-        the pacer): what the bucket saved leaves at the pace, not in a burst. The queue
-        that overflowed is still full of what goes-back-N will discard, and a burst of the resent
+        """The window was cut (``loss``: SEND or WRITE data was lost, which arms the pacer):
+        what the bucket saved leaves at the pace, not in a burst. The queue that
+        overflowed is still full of what go-back-N will discard, and a burst of the resent
         PSNs would be dropped behind it, the head of them with it: the responder sends one
         NAK-sequence per gap (IBTA §9.7.5.1.2), so only the retransmit timer would find that."""
         self.armed |= loss
