@@ -28,8 +28,18 @@ events, keep a QP alive where a TCP connection stays alive:
   increase stages counted by a timer and a byte counter. Before the first
   CNP the QP is not paced, as DCQCN starts at line rate.
 
+- ``Pacer``: once a queue overflowed with SEND or WRITE data (a NAK-sequence
+  error cut the window), the window's packets are spread over the round
+  trip rather than sent as ACKs release them: Linux TCP's pacing rate
+  (``tcp_update_pacing_rate()``: 200 % of cwnd/SRTT in slow start, 120 %
+  after), in bursts of at most about a millisecond of it, as its TSO
+  autosizing (``tcp_tso_autosize()``) sizes a burst. A window the size of a
+  shallow queue otherwise leaves in bursts of half a window (one per
+  AckReq), and a 64 KB queue overflows long before the window fills the
+  path.
+
 The requester sends while ``psn_diff(req_psn, comp_psn) < min(window,
-Window.packets())`` and, while a rate holds, as ``Dcqcn.allowance`` allows.
+Window.packets())`` and, while a rate holds, as ``paced`` allows.
 """
 
 import math
@@ -95,6 +105,21 @@ _RECOVERED = 0.99
 _MAX_EVENTS = 1 << 16
 
 
+# -- the window's pacer (Linux net/ipv4/tcp_input.c, tcp_output.c) --
+
+#: sysctl_tcp_pacing_ss_ratio: the pace in slow start, of cwnd / SRTT.
+PACING_SS_GAIN = 2.0
+#: sysctl_tcp_pacing_ca_ratio: the pace in congestion avoidance.
+PACING_CA_GAIN = 1.2
+#: A burst is at most this many seconds of the pace (sk_pacing_shift 10: about 1 ms), at
+#: least two packets, at most ``DCQCN_BURST``.
+PACING_BURST_TIME = 1e-3
+#: The pacer lets packets go in quanta of this many at least (where the bucket holds them):
+#: one send of a few packets per wake-up keeps the GSO batches a userspace sender needs,
+#: as fq's quantum keeps TSO bursts (Linux net/sched/sch_fq.c, ``quantum``).
+PACING_QUANTUM = 16
+
+
 class Window:
     """A NewReno congestion window in packets (RFC 5681 §3.1, RFC 6582), at most ``limit``."""
 
@@ -153,6 +178,79 @@ class Window:
         self.cwnd = float(K_MINIMUM_WINDOW)
         self.recovery_until = now + rtt
         self.slow_restart = True
+
+
+class Pacer:
+    """A token bucket at the window's pace (``PACING_*``); ``rate`` is None (not paced)
+    until a NAK-sequence error shows a queue that overflowed with what the requester sent
+    (SEND or WRITE data), so a clean path sends what rxe sends. A timeout alone does not
+    start it (on a long path the local ACK timeout can expire before the first round trip
+    is measured), nor a lost READ response: a READ's data is the responder's, released
+    whole by its request, and pacing the requests only delays them."""
+
+    __slots__ = ("armed", "burst", "rate", "tokens", "tokens_at")
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.rate: float | None = None
+        self.burst = 0.0
+        self.tokens = 0.0
+        self.tokens_at = 0.0
+
+    def update(self, window: Window, srtt: float | None, packet: int, now: float) -> None:
+        """Bytes per second from the window and the smoothed round trip."""
+        if not self.armed or not srtt:
+            self.rate = None
+            return
+        gain = PACING_SS_GAIN if window.cwnd < window.ssthresh else PACING_CA_GAIN
+        rate = gain * window.cwnd * packet / srtt
+        if self.rate is None:
+            self.tokens_at = now  # the bucket fills from here (``on_cut`` emptied it)
+        self.rate = rate
+        self.burst = min(max(rate * PACING_BURST_TIME, 2.0 * packet), float(DCQCN_BURST))
+
+    def on_cut(self, now: float, loss: bool) -> None:
+        """The window was cut (``loss``: SEND or WRITE data was lost, which arms the pacer):
+        what the bucket saved leaves at the pace, not in a burst. The queue that
+        overflowed is still full of what go-back-N will discard, and a burst of the resent
+        PSNs would be dropped behind it, the head of them with it: the responder sends one
+        NAK-sequence per gap (IBTA §9.7.5.1.2), so only the retransmit timer would find that."""
+        self.armed |= loss
+        self.tokens, self.tokens_at = 0.0, now
+
+    def allowance(self, now: float) -> float:
+        rate = self.rate
+        if rate is None:
+            return math.inf
+        t = self.tokens + max(now - self.tokens_at, 0.0) * rate
+        self.tokens = min(t, self.burst)
+        self.tokens_at = now
+        return self.tokens
+
+    def next_send(self, now: float, size: int) -> float:
+        rate = self.rate
+        if rate is None:
+            return now
+        # A tenth of a microsecond over: at the deadline itself, floating point could leave the
+        # bucket a fraction of a byte short of the quantum, and the wake-up would find nothing.
+        return now + max((size - self.tokens) / rate + 1e-7, 1e-6)
+
+    def sent(self, nbytes: int) -> None:
+        if self.rate is not None:
+            self.tokens -= nbytes
+
+
+def paced(dcqcn: "Dcqcn", pacer: Pacer, now: float, packet: int, budget: int) -> tuple[int, float]:
+    """Of ``budget`` packets of ``packet`` bytes on the wire, how many the DCQCN rate and the
+    window's pace let leave now; with none, when the next may (the pacing deadline)."""
+    allowance = min(dcqcn.allowance(now), pacer.allowance(now))
+    if allowance >= budget * packet:
+        return budget, now
+    allowed = int(allowance // packet)
+    quantum = min(budget, max(int(pacer.burst // packet), 1), PACING_QUANTUM) if pacer.rate is not None else 1
+    if allowed >= quantum:
+        return allowed, now
+    return 0, max(dcqcn.next_send(now, packet), pacer.next_send(now, quantum * packet))
 
 
 class DeliveryRate:

@@ -34,7 +34,17 @@ from enum import IntEnum
 
 from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet, Train
 
-from .congestion import K_MAX_RTO, K_MIN_RTO, PACKET_OVERHEAD, Dcqcn, DeliveryRate, RttEstimator, Window
+from .congestion import (
+    K_MAX_RTO,
+    K_MIN_RTO,
+    PACKET_OVERHEAD,
+    Dcqcn,
+    DeliveryRate,
+    Pacer,
+    RttEstimator,
+    Window,
+    paced,
+)
 from .context import QpContext
 from .memory import gather
 from .timers import INFINITE_RETRY, MAX_PKT_PER_ACK, rnr_delay, transport_timeout
@@ -154,7 +164,7 @@ class Requester:
 
     __slots__ = (
         "acked_mark", "cc", "cc_on", "comp_opcode", "comp_psn", "delivery", "draining", "fast",
-        "max_rd_atomic", "mtu", "need_retry", "next_idx", "noack", "pace_deadline", "progress_at",
+        "max_rd_atomic", "mtu", "need_retry", "next_idx", "noack", "pace_deadline", "pacer", "progress_at",
         "qp", "rate", "rd_out", "req_off", "req_psn", "retry_cnt", "retry_left", "rexmit_deadline",
         "rnr_deadline", "rnr_left", "rnr_retry", "rto_backoff", "rtt", "rtt_psn", "rtt_sent",
         "sent_hwm", "sq", "started_retry", "timeout", "window",
@@ -197,6 +207,7 @@ class Requester:
         self.rtt = RttEstimator()
         self.delivery = DeliveryRate()
         self.rate = Dcqcn()
+        self.pacer = Pacer()
         #: ``comp_psn`` as the window last counted it (PSNs past it are newly acknowledged).
         self.acked_mark = 0
         #: The PSN being timed for a round-trip sample and when it first left (Karn's rule).
@@ -296,6 +307,7 @@ class Requester:
                         self.cc.on_timeout(now, rtt, floor)
                     else:
                         self.cc.on_loss(now, rtt, floor)
+                    self.pacer.on_cut(now, not timeout and sq[0].kind == SEND_WRITE)
         else:
             self.qp.fail_send(WcStatus.RETRY_EXC_ERR)
 
@@ -378,14 +390,16 @@ class Requester:
                 window = cwnd
                 if cwnd < 2 * MAX_PKT_PER_ACK + 4:
                     per_ack = max(cwnd // 2, 1) - 2
-            if rate.rate is not None and (self.next_idx < len(self.sq) or self.need_retry):
-                allowance = rate.allowance(now)  # infinite once the rate has recovered
-                if allowance < budget * (mtu + PACKET_OVERHEAD):
-                    allowed = int(allowance // (mtu + PACKET_OVERHEAD))
-                    if allowed < 1:
-                        self.pace_deadline = rate.next_send(now, mtu + PACKET_OVERHEAD)
-                        return 0
-                    budget = allowed
+            pacer = self.pacer
+            pacer.update(self.cc, self.rtt.smoothed, mtu + PACKET_OVERHEAD, now)
+            # A quantum waits for no more than the window has room for (all of it after a
+            # rewind); a full window waits for ACKs, not for the pacer.
+            room = window if self.need_retry else window - ((self.req_psn - self.comp_psn) & _MASK)
+            if room > 0 and (self.next_idx < len(self.sq) or self.need_retry):
+                budget, deadline = paced(rate, pacer, now, mtu + PACKET_OVERHEAD, min(budget, room))
+                if not budget:
+                    self.pace_deadline = deadline
+                    return 0
         if self.need_retry:
             self.rewind()
         sq = self.sq
@@ -581,4 +595,5 @@ class Requester:
                 self.rexmit_deadline = now + (self.rexmit_timeout() or self.timeout)
             if self.cc_on:
                 rate.sent(n * (mtu + PACKET_OVERHEAD), now)
+                self.pacer.sent(n * (mtu + PACKET_OVERHEAD))
         return n

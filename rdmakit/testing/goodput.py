@@ -79,7 +79,7 @@ def _perftest(bed: NetBed, version: int, test: str) -> tuple[float | None, str]:
     rk = [sys.executable, "-m", "rdmakit", "perftest", test]
     srv: tuple[Side, list[str]] = ("b", [*rk, "-d", bed.addr("b", version)])
     cli: tuple[Side, list[str]] = ("a", [*rk, "-d", bed.addr("a", version), bed.addr("b", version)])
-    _server, client = bed.pair(srv, cli, timeout=180)
+    _server, client = bed.pair(srv, cli, delay=1.5, timeout=180)  # a loaded host starts servers slowly
     got = _BW_ROW.findall(client.out)
     if client.rc != 0 or not got:
         return None, (client.err.strip().splitlines() or [f"status {client.rc}"])[-1][:200]

@@ -12,7 +12,7 @@ deep or a shallow buffer (``limit``), or a rate far above the path's with a
 segmentation does (tbf segments a GSO packet longer than its burst). This
 kernel may lack ``sch_netem``; tbf is all the bed uses.
 
-Names are prefixed (``r28`` and the process id) so beds of parallel runs do
+Names are prefixed (``net-`` and the process id) so beds of parallel runs do
 not meet; ``close`` kills what still runs in them and deletes them.
 
     with NetBed(BedSpec(shaping=SEGMENTING)) as bed:
@@ -42,12 +42,26 @@ _counter = itertools.count()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Red:
+    """RED marking ECN (``tc qdisc ... red ... ecn``) as tbf's child: CE from ``min`` bytes
+    queued, with ``probability`` at ``max``; drops past ``limit`` (or past ``max`` for
+    packets that are not ECN-capable). DCQCN's switch (Zhu et al. 2015, §5) is RED on ECN."""
+
+    min: int
+    max: int
+    limit: int
+    probability: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Shaping:
-    """A tbf qdisc on R's egress (``tc qdisc add ... tbf rate R burst B limit L``)."""
+    """A tbf qdisc on R's egress (``tc qdisc add ... tbf rate R burst B limit L``), with a RED
+    child that marks ECN when ``red`` is given."""
 
     rate: str
     burst: str
     limit: str
+    red: Red | None = None
 
 
 #: R segments GSO batches (burst below 64 KiB) without throttling them.
@@ -58,6 +72,9 @@ SEGMENTING = Shaping(rate="20gbit", burst="16kb", limit="4mb")
 GBIT_DEEP = Shaping(rate="1gbit", burst="256kb", limit="4mb")
 GBIT_DEEP_SEGMENTING = Shaping(rate="1gbit", burst="64kb", limit="4mb")
 GBIT_SHALLOW = Shaping(rate="1gbit", burst="64kb", limit="64kb")
+#: The shallow bottleneck marking CE (RED, ECN) from 16 KB queued, at most 64 KB queued.
+ECN_RED = Red(min=16_000, max=48_000, limit=64_000, probability=0.1)
+GBIT_ECN = Shaping(rate="1gbit", burst="64kb", limit="64kb", red=ECN_RED)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,12 +95,40 @@ def unavailable() -> str | None:
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"the routed namespace bed needs {tool!r} (iproute2)"
-    probe = f"r28probe{os.getpid()}"
+    probe = f"net-probe{os.getpid()}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
     if made.returncode:
         return f"ip netns add failed: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
     return None
+
+
+def red_unavailable() -> str | None:
+    """Why R cannot mark ECN with RED here (None: it can): the bed, and ``sch_red``."""
+    why = unavailable()
+    if why is not None:
+        return why
+    probe = f"net-red{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", probe], capture_output=True, check=False)
+    try:
+        run = ["ip", "netns", "exec", probe]
+        subprocess.run([*run, "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1"], check=False)
+        red = [*run, "tc", "qdisc", "add", "dev", "v0", "root", *_red_args(ECN_RED)]
+        done = subprocess.run(red, capture_output=True, text=True, check=False)
+        if done.returncode:
+            return f"this kernel has no RED qdisc (sch_red): {done.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
+    return None
+
+
+def _red_args(red: Red, rate: str = "1gbit") -> list[str]:
+    """tc's words for ``red`` (its burst as tc-red(8) advises: (2 min + max) / (3 avpkt))."""
+    burst = max((2 * red.min + red.max) // 3300, 2)
+    return [
+        "red", "limit", str(red.limit), "min", str(red.min), "max", str(red.max), "avpkt", "1100",
+        "burst", str(burst), "probability", str(red.probability), "bandwidth", rate, "ecn",
+    ]  # fmt: skip
 
 
 #: The status ``pair`` reports for a program it had to kill.
@@ -107,7 +152,7 @@ class NetBed:
 
     def __init__(self, spec: BedSpec | None = None) -> None:
         self.spec = spec or BedSpec()
-        tag = f"r28-{os.getpid()}-{next(_counter)}"
+        tag = f"net-{os.getpid()}-{next(_counter)}"
         self.ns: dict[Side, str] = {"a": f"{tag}-a", "r": f"{tag}-r", "b": f"{tag}-b"}
         self._made: list[str] = []
         self._procs: list[subprocess.Popen[str]] = []
@@ -170,8 +215,22 @@ class NetBed:
         if s.shaping is not None:
             sh = s.shaping
             for dev in ("ar", "rb"):
-                tbf = ["tc", "qdisc", "add", "dev", dev, "root", "tbf"]
+                tbf = ["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf"]
                 self.sh([*tbf, "rate", sh.rate, "burst", sh.burst, "limit", sh.limit], "r")
+                if sh.red is not None:
+                    red = [
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "parent",
+                        "1:1",
+                        "handle",
+                        "10:",
+                        *_red_args(sh.red),
+                    ]
+                    self.sh(red, "r")
 
     # -- using ----------------------------------------------------------------------------
     @staticmethod

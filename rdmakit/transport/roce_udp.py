@@ -358,6 +358,9 @@ class UdpPort:
             before = qp.stats.packets_out
             pkts = qp.poll_transmit_trains(now) if trains else qp.poll_transmit(now)
             if not pkts:
+                # Paced (its rate holds the next packet back): a new deadline, which the
+                # device must see to wake for it (``SoftDevice.progress`` rescans when busy).
+                busy |= not qp.may_transmit()
                 continue
             busy = True
             n = qp.stats.packets_out - before  # packets, trains counted in full

@@ -11,7 +11,16 @@ from dataclasses import dataclass, replace
 import pytest
 
 from rdmakit.engine import QpCaps, WrOpcode
-from rdmakit.engine.congestion import DCQCN_CNP_INTERVAL, DCQCN_MIN_RATE, Dcqcn, Window
+from rdmakit.engine.congestion import (
+    DCQCN_CNP_INTERVAL,
+    DCQCN_MIN_RATE,
+    PACING_CA_GAIN,
+    PACING_QUANTUM,
+    Dcqcn,
+    Pacer,
+    Window,
+    paced,
+)
 from rdmakit.testing.engine import make_pair, send_wr
 from rdmakit.testing.faults import BOTTLENECK_DEEP, BOTTLENECK_ECN, BOTTLENECK_SHALLOW, GIGABIT, WAN, Faults
 
@@ -21,6 +30,7 @@ SEED = 28
 
 @dataclass
 class Run:
+    count: int
     ok: bool
     seconds: float
     retransmits: int
@@ -31,23 +41,27 @@ class Run:
 
     @property
     def goodput(self) -> float:
-        return 4 * MSG / self.seconds
+        return self.count * MSG / self.seconds
 
 
-def run(faults: Faults, cc: bool, *, seed: int = SEED, timeout: int = 14, window: int = 1024) -> Run:
-    """Four 512 KB WRITEs from a to b, a 1024-PSN window (ib_write_bw's scale), MTU 1024."""
+def run(
+    faults: Faults, cc: bool, *, seed: int = SEED, timeout: int = 14, window: int = 1024, count: int = 4
+) -> Run:
+    """``count`` 512 KB WRITEs from a to b, a 1024-PSN window (ib_write_bw's scale), MTU 1024."""
     caps = QpCaps(max_unacked_psns=window, congestion_control=cc)
     p = make_pair(seed, faults, caps=caps, mem_size=MSG, mtu=1024, timeout=timeout)
     a, b = p.a, p.b
-    for i in range(4):
+    for i in range(count):
         sge = (a.sge(0, MSG),)
         a.qp.post_send(send_wr(i, WrOpcode.RDMA_WRITE, sge, remote_addr=b.mr.addr, rkey=b.mr.rkey))
-    ok = p.run_until_completions(4, max_time=120.0)
+    ok = p.run_until_completions(count, max_time=120.0)
     st, net = a.qp.stats, p.net.stats
     lost = net["lost"] + net["queue_full"]
-    print(f"seed {seed} cc={cc}: {4 * MSG / p.net.now / 1e6:.1f} MB/s, {st.retransmits} resent, {lost} lost, "
+    mbs = count * MSG / p.net.now / 1e6
+    print(f"seed {seed} cc={cc}: {mbs:.1f} MB/s, {st.retransmits} resent, {lost} lost, "
           f"{st.timeouts} timeouts, {st.cnps_received} CNPs")  # fmt: skip
     return Run(
+        count,
         ok and all(c.status.name == "SUCCESS" for c in a.sent),
         p.net.now,
         st.retransmits,
@@ -77,6 +91,44 @@ def test_a_shallow_buffer_no_longer_collapses_goodput() -> None:
     assert on.goodput > 1.5 * off.goodput
     assert on.retransmits * 20 < off.retransmits
     assert on.lost * 20 < off.lost
+
+
+def test_after_the_first_overflow_a_paced_window_keeps_a_shallow_queue() -> None:
+    """Sixteen 512 KB WRITEs into a 64 KB queue. The first window overflows it (as it does for
+    rxe: both start at the spec's window); after the first NAK-sequence error the window is
+    paced over the round trip, so what is lost after the first window is a few packets per
+    cut, not the half window each AckReq releases at once (which overflowed the queue and
+    lost the resent head, found only by the retransmit timer)."""
+    on = run(BOTTLENECK_SHALLOW, True, count=16)
+    assert on.ok
+    assert on.timeouts <= 2  # the first window's tail, and slow start's first overshoot
+    assert on.lost <= 1024 + 32
+    assert on.goodput > 0.4 * GIGABIT
+
+
+def test_the_pacer_starts_at_an_overflow_and_paces_in_quanta() -> None:
+    w, p, d = Window(1024), Pacer(), Dcqcn()
+    pkt = 1100
+    p.update(w, 0.001, pkt, 0.0)
+    assert p.rate is None  # a clean path: not paced
+    w.on_timeout(0.0, 0.001)
+    p.on_cut(0.0, False)
+    p.update(w, 0.001, pkt, 0.0)
+    assert p.rate is None  # a timeout alone (a long path's first round trip) does not start it
+    w = Window(1024)
+    w.on_loss(1.0, 0.001)
+    p.on_cut(1.0, True)
+    p.update(w, 0.001, pkt, 1.0)
+    rate = p.rate
+    assert rate == pytest.approx(PACING_CA_GAIN * w.cwnd * pkt / 0.001)
+    assert rate is not None
+    n, when = paced(d, p, 1.0, pkt, 1 << 30)
+    assert n == 0  # the cut emptied the bucket: nothing leaves in a burst
+    assert when == pytest.approx(1.0 + PACING_QUANTUM * pkt / rate, abs=1e-6)
+    n, _ = paced(d, p, when, pkt, 1 << 30)
+    assert n == PACING_QUANTUM  # a quantum at once, not a packet per wake-up
+    n, _ = paced(d, p, when + 1.0, pkt, 1 << 30)
+    assert n * pkt <= p.burst  # a long pause saves at most a burst
 
 
 @pytest.mark.parametrize("loss", [0.001, 0.01, 0.05])
