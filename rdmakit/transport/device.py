@@ -12,7 +12,15 @@ import random
 import time
 from collections.abc import Iterable
 
-from rdmakit.engine import CompletionQueue, EngineError, ProtectionDomain, QpCaps, QpState, QueuePair
+from rdmakit.engine import (
+    CompletionQueue,
+    EngineError,
+    ProtectionDomain,
+    QpCaps,
+    QpState,
+    QueuePair,
+    SharedReceiveQueue,
+)
 from rdmakit.engine.cm import CmEndpoint
 from rdmakit.wire import ROCE_UDP_PORT, Payload
 
@@ -110,6 +118,7 @@ class SoftDevice:
         recv_cq: CompletionQueue,
         caps: QpCaps | None = None,
         pd: ProtectionDomain | None = None,
+        srq: SharedReceiveQueue | None = None,
     ) -> QueuePair:
         if self.closed:
             raise EngineError("BAD_STATE", "device is closed")
@@ -119,11 +128,15 @@ class SoftDevice:
         if caps is None:
             tcp = self.transport == "tcp"
             caps = QpCaps(large_mtu=tcp, congestion_control=not tcp)  # TCP controls its own
-        qp = QueuePair(pd or self.pd, qpn=qpn, send_cq=send_cq, recv_cq=recv_cq, caps=caps, rng=self.rng)
+        qp = QueuePair(
+            pd or self.pd, qpn=qpn, send_cq=send_cq, recv_cq=recv_cq, caps=caps, rng=self.rng, srq=srq
+        )
         self._qps[qpn] = qp
         return qp
 
     def destroy_qp(self, qp: QueuePair) -> None:
+        if qp.srq is not None:
+            qp.srq.detach(qp)
         if self._qps.get(qp.qpn) is qp:
             del self._qps[qp.qpn]
             self._port.forget(qp)
