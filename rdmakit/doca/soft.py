@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from ipaddress import IPv6Address
 
 from rdmakit.doca._addresses import address_problem, gid_mismatch
-from rdmakit.doca.backend import BackendCm, ConnectAttrs, DeviceCaps, JobType
+from rdmakit.doca.backend import BackendCm, BackendSRQ, ConnectAttrs, DeviceCaps, JobType
 from rdmakit.doca.device import DevInfo, register_provider, register_resolver
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_engine, error_from_os
 from rdmakit.doca.soft_cm import soft_cm
@@ -41,6 +41,7 @@ from rdmakit.engine import (
     QueuePair,
     RecvWR,
     SendWR,
+    SharedReceiveQueue,
 )
 from rdmakit.engine.types import SGE
 from rdmakit.transport.connect import ConnectOptions, Endpoint, connect_qp, init_qp, local_endpoint
@@ -52,7 +53,7 @@ from rdmakit.transport.port import TransportName
 from rdmakit.transport.tcp_port import TCP_MTU
 from rdmakit.wire import PSN_MASK, ROCE_UDP_PORT
 
-__all__ = ["SOFT_CAPS", "SoftBackendDevice", "SoftBackendQP", "soft_devinfo"]
+__all__ = ["SOFT_CAPS", "SoftBackendDevice", "SoftBackendQP", "SoftBackendSRQ", "soft_devinfo"]
 
 _RDMA_JOBS = frozenset(
     {
@@ -110,15 +111,43 @@ def _release(dev: SoftDevice) -> None:
     dev.close()
 
 
+class SoftBackendSRQ:
+    """An engine `SharedReceiveQueue` in the device's protection domain (errors as `DocaError`)."""
+
+    def __init__(self, owner: "SoftBackendDevice", max_wr: int, max_sge: int) -> None:
+        try:
+            self.engine_srq = SharedReceiveQueue(owner.soft.pd, max_wr=max_wr, max_sge=max_sge)
+        except EngineError as e:
+            raise error_from_engine(e) from e
+        self.max_wr = max_wr
+        self._owner = owner
+
+    def post_recv(self, wr: RecvWR) -> None:
+        try:
+            self.engine_srq.post_recv(wr)
+        except EngineError as e:
+            raise error_from_engine(e) from e
+
+    def close(self) -> None:
+        if not self.engine_srq.closed:
+            try:
+                self.engine_srq.close()
+            except EngineError as e:
+                raise error_from_engine(e) from e
+            self._owner._srqs.pop(id(self), None)
+
+
 class SoftBackendQP:
     """An engine QP with its own CQ, pumped by its device's driver."""
 
-    def __init__(self, owner: "SoftBackendDevice", caps: QpCaps) -> None:
+    def __init__(self, owner: "SoftBackendDevice", caps: QpCaps, srq: SoftBackendSRQ | None = None) -> None:
         self._owner = owner
         self._dev = owner.soft
-        depth = caps.max_send_wr + caps.max_recv_wr
+        depth = caps.max_send_wr + (caps.max_recv_wr if srq is None else srq.max_wr)
         self._cq = CompletionQueue(depth)
-        self._qp: QueuePair = self._dev.create_qp(send_cq=self._cq, recv_cq=self._cq, caps=caps)
+        self._qp: QueuePair = self._dev.create_qp(
+            send_cq=self._cq, recv_cq=self._cq, caps=caps, srq=None if srq is None else srq.engine_srq
+        )
         self._psn = self._dev.rng.getrandbits(24) & PSN_MASK
         self._access = ConnectOptions().access
         self.connect_attrs = ConnectAttrs()
@@ -253,6 +282,7 @@ class SoftBackendDevice:
         self.pump = Driver()
         self.pump.add(self.soft)
         self._qps: list[SoftBackendQP] = []
+        self._srqs: dict[int, SoftBackendSRQ] = {}
         self._closed = False
         if transport == "roce-udp":
             soft_cm(self.soft)  # QP1 answers from the start, as a NIC's CM does (REJ when nobody listens)
@@ -281,7 +311,17 @@ class SoftBackendDevice:
         """The device's connection manager: rdma_cm over its QP1 (RoCE-UDP only)."""
         return soft_cm(self.soft)
 
-    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> SoftBackendQP:
+    def create_srq(self, max_wr: int, max_sge: int) -> SoftBackendSRQ:
+        """An SRQ of the engine (``rdmakit.engine.srq``) in the device's protection domain."""
+        if self._closed:
+            raise DocaError(DocaErrorCode.BAD_STATE, f"{self.name} is closed", Fault.CALLER)
+        srq = SoftBackendSRQ(self, max_wr, max_sge)
+        self._srqs[id(srq)] = srq
+        return srq
+
+    def create_qp(
+        self, caps: QpCaps, gid_index: int | None = None, srq: BackendSRQ | None = None
+    ) -> SoftBackendQP:
         if self._closed:
             raise DocaError(DocaErrorCode.BAD_STATE, f"{self.name} is closed", Fault.CALLER)
         if gid_index not in (None, 0):
@@ -292,7 +332,10 @@ class SoftBackendDevice:
                 max_recv_sge=caps.max_recv_sge, large_mtu=True, max_unacked_psns=caps.max_unacked_psns,
                 congestion_control=False,  # TCP's own
             )  # fmt: skip
-        qp = SoftBackendQP(self, caps)
+        own = None if srq is None else self._srqs.get(id(srq))
+        if srq is not None and own is not srq:  # IBTA §10.2.9: a QP and its SRQ share a PD
+            raise DocaError(DocaErrorCode.INVALID_VALUE, f"{srq!r} is not an SRQ of {self.name}")
+        qp = SoftBackendQP(self, caps, own)
         self._qps.append(qp)
         return qp
 

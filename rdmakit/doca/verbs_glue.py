@@ -21,7 +21,7 @@ from dataclasses import replace
 from ipaddress import IPv4Address, IPv6Address
 from typing import TYPE_CHECKING
 
-from rdmakit.doca.backend import BackendQP, CmEvent, ConnectAttrs, DeviceCaps
+from rdmakit.doca.backend import BackendQP, BackendSRQ, CmEvent, ConnectAttrs, DeviceCaps
 from rdmakit.doca.device import DevInfo, register_provider
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.engine.states import QpState
@@ -30,6 +30,7 @@ from rdmakit.verbs import ConnectOptions, VerbsDeviceInfo, VerbsError, list_devi
 
 if TYPE_CHECKING:
     from rdmakit.verbs.device import VerbsDevice, VerbsMR, VerbsQP
+    from rdmakit.verbs.srq import VerbsSRQ
 
 __all__ = [
     "VerbsBackendCm",
@@ -141,6 +142,24 @@ class VerbsBackendQP:
             self.verbs.close()
 
 
+class VerbsBackendSRQ:
+    """A `VerbsSRQ` as a DOCA ``BackendSRQ`` (errors as `DocaError`)."""
+
+    def __init__(self, srq: "VerbsSRQ", registry: dict[int, "VerbsBackendSRQ"]) -> None:
+        self.verbs = srq
+        self.max_wr = srq.max_wr
+        self._registry = registry
+
+    def post_recv(self, wr: RecvWR) -> None:
+        with _doca_errors():
+            self.verbs.post_recv(wr)
+
+    def close(self) -> None:
+        self._registry.pop(id(self), None)
+        with _doca_errors():
+            self.verbs.close()
+
+
 class VerbsPump:
     """A verbs device's `Pump`: the completion channels of its QPs, in one epoll set.
 
@@ -204,6 +223,7 @@ class VerbsBackendDevice:
         self.caps = _doca_caps(dev.info)
         self.pump = VerbsPump()
         self._cm: VerbsBackendCm | None = None
+        self._srqs: dict[int, VerbsBackendSRQ] = {}  # by id: QPs may only use the device's own
 
     @property
     def name(self) -> str:
@@ -247,9 +267,21 @@ class VerbsBackendDevice:
             self._cm = VerbsBackendCm(self)
         return self._cm
 
-    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> VerbsBackendQP:
+    def create_srq(self, max_wr: int, max_sge: int) -> VerbsBackendSRQ:
         with _doca_errors():
-            qp = VerbsBackendQP(self.verbs.create_qp(caps, gid_index), self.pump)
+            srq = VerbsBackendSRQ(self.verbs.create_srq(max_wr, max_sge), self._srqs)
+        self._srqs[id(srq)] = srq
+        return srq
+
+    def create_qp(
+        self, caps: QpCaps, gid_index: int | None = None, srq: BackendSRQ | None = None
+    ) -> VerbsBackendQP:
+        mine = None if srq is None else self._srqs.get(id(srq))
+        if srq is not None and mine is not srq:  # IBTA §10.2.9: a QP and its SRQ share a PD
+            raise DocaError(DocaErrorCode.INVALID_VALUE, f"{srq!r} is not an SRQ of {self.name}")
+        with _doca_errors():
+            own = self.verbs.create_qp(caps, gid_index, None if mine is None else mine.verbs)
+            qp = VerbsBackendQP(own, self.pump)
         self.pump.add(qp)
         return qp
 

@@ -16,6 +16,7 @@ from rdmakit.doca import (
     BackendCm,
     BackendDevice,
     BackendQP,
+    BackendSRQ,
     Buf,
     BufInventory,
     CtxState,
@@ -441,8 +442,13 @@ class _NoResolve:
     def deregister(self, registration: object) -> None:
         self._inner.deregister(registration)  # type: ignore[arg-type]
 
-    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> BackendQP:
+    def create_qp(
+        self, caps: QpCaps, gid_index: int | None = None, srq: BackendSRQ | None = None
+    ) -> BackendQP:
         return self._inner.create_qp(caps)
+
+    def create_srq(self, max_wr: int, max_sge: int) -> BackendSRQ:
+        return self._inner.create_srq(max_wr, max_sge)
 
     def cm(self) -> BackendCm:
         return self._inner.cm()
