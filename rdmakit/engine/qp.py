@@ -44,7 +44,8 @@ from .errors import EngineError
 from .memory import ProtectionDomain
 from .requester import WC_OPCODE, Requester, SendWqe
 from .resp_runs import fast_middle
-from .responder import RecvWqe, Responder
+from .responder import Responder
+from .rwqe import RecvWqe
 from .srq import SharedReceiveQueue
 from .states import QpState, check_transition
 from .stats import QpStats

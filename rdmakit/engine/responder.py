@@ -45,7 +45,6 @@ Invariants:
 
 import sys
 from collections import deque
-from typing import TYPE_CHECKING
 
 from rdmakit.wire import (
     OPCODE_INFO,
@@ -63,15 +62,13 @@ from rdmakit.wire import (
 )
 
 from .context import QpContext
-from .errors import EngineError
-from .memory import ProtectionDomain, scatter
+from .memory import scatter
 from .rdatomic import RdAtomicResources
 from .resp_output import ReadReply, ResponseOutput
+from .rwqe import RecvWqe
+from .srq import SharedReceiveQueue
 from .timers import MAX_MSG_SIZE
-from .types import Access, Completion, RecvWR, WcOpcode, WcStatus
-
-if TYPE_CHECKING:
-    from .srq import SharedReceiveQueue
+from .types import Access, Completion, WcOpcode, WcStatus
 
 _MASK = PSN_MASK
 _HALF = PSN_HALF
@@ -90,34 +87,6 @@ _RWQE_OPS = frozenset(op for op, i in OPCODE_INFO.items() if i.consumes_rwqe)
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)
 _REMOTE_READ = int(Access.REMOTE_READ)
 _REMOTE_ATOMIC = int(Access.REMOTE_ATOMIC)
-
-
-class RecvWqe:
-    """A posted receive work request; ``segs`` is None if an SGE failed its L_Key check."""
-
-    __slots__ = ("length", "segs", "wr_id")
-
-    def __init__(self, wr_id: int, segs: list[memoryview] | None, length: int) -> None:
-        self.wr_id = wr_id
-        self.segs = segs
-        self.length = length
-
-    @classmethod
-    def resolve(cls, pd: ProtectionDomain, wr: RecvWR) -> "RecvWqe":
-        """`wr`'s WQE, its SGEs resolved in `pd` now (a bad one fails when a message lands in it)."""
-        segs: list[memoryview] | None = []
-        length = 0
-        local_slice = pd.local_slice
-        for sge in wr.sg_list:
-            if sge.length < 0:
-                raise EngineError("INVALID_VALUE", f"negative SGE length {sge.length}")
-            length += sge.length
-            view = local_slice(sge, True)
-            if view is None:
-                segs = None
-            elif segs is not None and len(view):
-                segs.append(view)
-        return cls(wr.wr_id, segs, length)
 
 
 class _Fatal(Exception):
@@ -168,7 +137,7 @@ class Responder(ResponseOutput):
         self.out: deque[Packet | ReadReply] = deque()
         self.reset()
 
-    def attach(self, srq: "SharedReceiveQueue") -> None:
+    def attach(self, srq: SharedReceiveQueue) -> None:
         """Take receive WQEs from `srq` (IBTA §10.2.9): ``rq`` becomes its queue."""
         self.srq = srq
         self.rq = srq.rq

@@ -36,15 +36,22 @@ Events are small frozen values queued on the SRQ and read with
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .errors import EngineError
 from .memory import ProtectionDomain
-from .responder import RecvWqe
+from .rwqe import RecvWqe
 from .types import RecvWR
 
-if TYPE_CHECKING:
-    from .qp import QueuePair
+
+class _Attached(Protocol):
+    """What the SRQ knows of a QP attached to it."""
+
+    @property
+    def qpn(self) -> int: ...
+    @property
+    def pd(self) -> ProtectionDomain: ...
+
 
 __all__ = ["SharedReceiveQueue", "SrqEvent", "SrqEventKind"]
 
@@ -82,7 +89,7 @@ class SharedReceiveQueue:
         self.rq: deque[RecvWqe] = deque()
         self._limit = 0
         self._events: deque[SrqEvent] = deque()
-        self._qps: dict[int, QueuePair] = {}
+        self._qps: dict[int, _Attached] = {}
         self.closed = False
         self.arm(srq_limit)
 
@@ -95,7 +102,7 @@ class SharedReceiveQueue:
         return self._limit
 
     @property
-    def qps(self) -> tuple["QueuePair", ...]:
+    def qps(self) -> tuple[_Attached, ...]:
         return tuple(self._qps.values())
 
     def arm(self, limit: int) -> None:
@@ -122,7 +129,7 @@ class SharedReceiveQueue:
 
     # -- the engine's side --
 
-    def attach(self, qp: "QueuePair") -> None:
+    def attach(self, qp: _Attached) -> None:
         """`qp` takes its receive WQEs from here (its PD must be the SRQ's, IBTA §10.2.9)."""
         if self.closed:
             raise EngineError("BAD_STATE", "the SRQ is destroyed")
@@ -130,7 +137,7 @@ class SharedReceiveQueue:
             raise EngineError("INVALID_VALUE", "a QP and its SRQ must be in one protection domain")
         self._qps[qp.qpn] = qp
 
-    def detach(self, qp: "QueuePair") -> None:
+    def detach(self, qp: _Attached) -> None:
         """`qp` was destroyed; idempotent."""
         if self._qps.get(qp.qpn) is qp:
             del self._qps[qp.qpn]

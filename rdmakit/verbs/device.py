@@ -265,7 +265,8 @@ class VerbsDevice:
     # -- queue pairs ------------------------------------------------------------------
     def create_srq(self, max_wr: int, max_sge: int) -> VerbsSRQ:
         """A shared receive queue of the device's PD (``rdmakit.verbs.srq``)."""
-        return VerbsSRQ(self, max_wr, max_sge)
+        _, pd = self._check_open()
+        return VerbsSRQ(pd, self, max_wr, max_sge)
 
     def create_qp(self, caps: QpCaps, gid_index: int | None = None, srq: VerbsSRQ | None = None) -> "VerbsQP":
         """An RC QP in RESET with its own CQ and channel, using the RoCE v2 GID at `gid_index`;

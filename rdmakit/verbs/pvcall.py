@@ -9,12 +9,14 @@ from pyverbs.wr import SGE as PvSGE
 from rdmakit.verbs.errors import ErrorCode, VerbsError, code_for_errno
 from rdmakit.verbs.mr import VerbsMR
 
-__all__ = ["call", "pv_sges", "reraise"]
+__all__ = ["HasZeroMR", "call", "pv_sges", "reraise"]
 
 _T = TypeVar("_T")
 
 
-class _HasZeroMR(Protocol):
+class HasZeroMR(Protocol):
+    """A device's zero-length registration, the SGE of an empty work request."""
+
     @property
     def zero_mr(self) -> VerbsMR: ...
 
@@ -36,7 +38,7 @@ def call(what: str, fn: Callable[[], _T]) -> _T:
         reraise(e, what)
 
 
-def pv_sges(dev: "_HasZeroMR", sg_list: Sequence[tuple[int, int, int]]) -> list[PvSGE]:
+def pv_sges(dev: "HasZeroMR", sg_list: Sequence[tuple[int, int, int]]) -> list[PvSGE]:
     """pyverbs SGEs of `sg_list`; an empty list is one zero-length SGE of `dev`'s zero MR."""
     if not sg_list:
         z = dev.zero_mr

@@ -7,19 +7,15 @@ ids from `rdmakit.verbs.wr.SRQ_FIRST_ID` on, so the QP whose CQ reports one
 maps it back to the caller's ``wr_id`` through the SRQ's tracker.
 """
 
-from typing import TYPE_CHECKING
-
+from pyverbs.pd import PD
 from pyverbs.pyverbs_error import PyverbsError
 from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from pyverbs.wr import RecvWR as PvRecvWR
 
 from rdmakit.engine.types import RecvWR
 from rdmakit.verbs.errors import VerbsError
-from rdmakit.verbs.pvcall import call, pv_sges, reraise
+from rdmakit.verbs.pvcall import HasZeroMR, call, pv_sges, reraise
 from rdmakit.verbs.wr import SRQ_FIRST_ID, WrTracker
-
-if TYPE_CHECKING:
-    from rdmakit.verbs.device import VerbsDevice
 
 __all__ = ["VerbsSRQ"]
 
@@ -28,10 +24,9 @@ _SRQ_LIMIT = 1 << 1
 
 
 class VerbsSRQ:
-    """An ``ibv_srq`` of `dev`'s protection domain."""
+    """An ``ibv_srq`` of a device's protection domain `pd`; `dev` gives empty receives their SGE."""
 
-    def __init__(self, dev: "VerbsDevice", max_wr: int, max_sge: int) -> None:
-        _, pd = dev._check_open()
+    def __init__(self, pd: PD, dev: HasZeroMR, max_wr: int, max_sge: int) -> None:
         self._dev = dev
         self.max_wr = max_wr
         self.max_sge = max_sge
