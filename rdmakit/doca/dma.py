@@ -317,6 +317,7 @@ class Dma(DmaTaskApi):
             buf.commit_append(seg.length)
         return plan.total
 
+
 def _scatter_gather(sources: Sequence[memoryview], targets: Sequence[memoryview]) -> None:
     """Copy the concatenation of `sources` into the concatenation of `targets` (same total)."""
     if len(sources) == 1 and len(targets) == 1:

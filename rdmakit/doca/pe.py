@@ -273,6 +273,16 @@ class ProgressEngine:
             self._armed = False
             os.eventfd_write(self._efd, 1)
 
+    def wake(self) -> None:
+        """From another thread: work may be waiting; make the handle readable, armed or not.
+
+        A device shared by several engines is pumped by whichever progresses
+        first; the others' waiters are woken so that they collect what it did
+        (a spurious wake-up at worst, never a lost one).
+        """
+        if not self.closed:
+            os.eventfd_write(self._efd, 1)
+
     # -- lifetime ------------------------------------------------------------------------------
 
     @property

@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import logging
 import select
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -66,6 +67,8 @@ class VerbsBackendQP:
     def __init__(self, qp: "VerbsQP", pump: "VerbsPump | None" = None) -> None:
         self.verbs = qp
         self._pump = pump
+        # The QP's work-request tracker is shared by its poster and whichever thread pumps it.
+        self._lock = pump.lock if pump is not None else threading.RLock()
         self.connect_attrs = ConnectAttrs()
 
     @property
@@ -81,13 +84,13 @@ class VerbsBackendQP:
         return self.verbs.export()
 
     def init(self, access: Access) -> None:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             if self.verbs.state is QpState.RESET:
                 self.verbs.options = replace(self.verbs.options, access=int(access))
                 self.verbs.init()
 
     def to_error(self) -> None:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.to_error()
 
     def apply_connect_attrs(self) -> "VerbsQP":
@@ -102,30 +105,30 @@ class VerbsBackendQP:
 
     def connect(self, remote: Mapping[str, object]) -> None:
         self.apply_connect_attrs()
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.connect(remote)
 
     def transport_fault(self) -> str | None:
         return None  # rdma-core reports a lost peer by completion status only
 
     def reset(self) -> None:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.reset()
 
     def post_send(self, wr: SendWR) -> None:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.post_send(wr)
 
     def post_recv(self, wr: RecvWR) -> None:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.post_recv(wr)
 
     def poll(self, max_entries: int) -> Sequence[Completion]:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             return self.verbs.poll(max_entries)
 
     def progress(self) -> bool:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             return self.verbs.progress()
 
     def fileno(self) -> int | None:
@@ -138,25 +141,28 @@ class VerbsBackendQP:
     def close(self) -> None:
         if self._pump is not None:
             self._pump.forget(self)  # before the channel's descriptor is closed
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.close()
 
 
 class VerbsBackendSRQ:
     """A `VerbsSRQ` as a DOCA ``BackendSRQ`` (errors as `DocaError`)."""
 
-    def __init__(self, srq: "VerbsSRQ", registry: dict[int, "VerbsBackendSRQ"]) -> None:
+    def __init__(
+        self, srq: "VerbsSRQ", registry: dict[int, "VerbsBackendSRQ"], lock: threading.RLock
+    ) -> None:
         self.verbs = srq
         self.max_wr = srq.max_wr
         self._registry = registry
+        self._lock = lock  # the device's: the SRQ's tracker is read by every QP's completions
 
     def post_recv(self, wr: RecvWR) -> None:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.post_recv(wr)
 
     def close(self) -> None:
         self._registry.pop(id(self), None)
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.close()
 
 
@@ -170,6 +176,8 @@ class VerbsPump:
     def __init__(self) -> None:
         self._qps: list[VerbsBackendQP] = []
         self._epoll = select.epoll()
+        #: Serialises the device's pump with its QPs' calls: engines of several threads may run it.
+        self.lock = threading.RLock()
 
     def add(self, qp: VerbsBackendQP) -> None:
         self._qps.append(qp)
@@ -200,9 +208,10 @@ class VerbsPump:
 
     def progress(self) -> bool:
         busy = False
-        for qp in list(self._qps):
-            if qp.progress():
-                busy = True
+        with self.lock:
+            for qp in list(self._qps):
+                if qp.progress():
+                    busy = True
         return busy
 
     def fileno(self) -> int | None:
@@ -269,7 +278,7 @@ class VerbsBackendDevice:
 
     def create_srq(self, max_wr: int, max_sge: int) -> VerbsBackendSRQ:
         with _doca_errors():
-            srq = VerbsBackendSRQ(self.verbs.create_srq(max_wr, max_sge), self._srqs)
+            srq = VerbsBackendSRQ(self.verbs.create_srq(max_wr, max_sge), self._srqs, self.pump.lock)
         self._srqs[id(srq)] = srq
         return srq
 

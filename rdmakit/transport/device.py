@@ -9,6 +9,7 @@ the QPs produced. Connection set-up is :mod:`rdmakit.transport.connect`.
 
 import ipaddress
 import random
+import threading
 import time
 from collections.abc import Iterable
 
@@ -76,6 +77,9 @@ class SoftDevice:
         self.rng = rng if rng is not None else random.SystemRandom()
         self.gid = gid_of(self.ip)
         self.counters = DeviceCounters()
+        #: Held by whoever touches the device's state from several threads (its pump, its QPs'
+        #: work requests and completions, memory registration): the engine is not thread-safe.
+        self.lock = threading.RLock()
         self._qps: dict[int, QueuePair] = {}
         #: The RoCE-UDP port and its link, or the TCP port and its link: one of the two.
         self.udp_port: UdpPort | None = None
