@@ -1,8 +1,8 @@
 """The verbs backend: a device, its memory registrations and RC QPs, through pyverbs.
 
-With ``rdmakit.verbs.cm``, the only module of rdmakit that imports pyverbs. ``rdmakit.doca.verbs_glue``
-puts the DOCA layer's backend protocols (``rdmakit.doca.backend``) over it;
-every value that crosses it is one of the engine's verbs value types.
+With ``rdmakit.verbs.cm``, ``.srq`` and ``.pvcall``, the only modules that import pyverbs.
+``rdmakit.doca.verbs_glue`` puts the DOCA backend protocols (``rdmakit.doca.backend``) over
+it; every value that crosses it is one of the engine's verbs value types.
 Attribute values are decided by the pure `rdmakit.verbs.attrs` and
 `rdmakit.verbs.wr`; this module copies them into pyverbs objects.
 
@@ -10,6 +10,7 @@ Object model (pyverbs'): a `VerbsDevice` owns a ``Context`` and a ``PD``; its
 `VerbsMR` s and `VerbsQP` s are its children and are closed before it. A
 `VerbsQP` owns a completion channel, one CQ for both its queues and the
 ``QP``; the channel's file descriptor is `VerbsQP.fileno` (event-driven mode).
+A QP made with ``srq=`` (`VerbsDevice.create_srq`) takes its receives from it.
 """
 
 import errno
