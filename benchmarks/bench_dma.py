@@ -38,6 +38,7 @@ import sys
 import time
 import uuid
 
+from rdmakit.cli.dma_rdma import DmaOverRdma
 from rdmakit.doca import (
     AccessFlag,
     BufInventory,
@@ -226,7 +227,7 @@ def rdma_dpu(service: str, chunk_kib: int, addrs: str) -> None:
         CommChannel.connect(service, timeout=60) as chan,
         Rdma() as rdma,
         WorkQ(DEPTH) as rwq,
-        Dma(dev) as dma,
+        DmaOverRdma(dev) as dma,
         WorkQ(DEPTH) as workq,
     ):
         msg = json.loads(chan.recv(60))

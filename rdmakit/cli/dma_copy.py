@@ -19,7 +19,8 @@ service) the host exports its file buffer with ``export_rdma`` and each side
 opens a soft RDMA device (``--device``, by default the comm channel's local
 address). The DPU's direction reply carries its RDMA connection descriptor,
 the host connects and sends its own with the export, the DPU connects and
-its DMA jobs run as RDMA READs and WRITEs on that connection (`Dma.set_rdma`);
+its DMA jobs run as RDMA READs and WRITEs on that connection (``rdmakit.cli.dma_rdma``:
+DOCA DMA itself never crosses the network);
 the host's side answers them while it waits for the DPU's messages.
 
 Either side sends status {ok: false, error} when it fails, and a side that
@@ -47,6 +48,7 @@ from rdmakit.cli.dma_comch import ComchEndpoint
 from rdmakit.cli.dma_files import Destination, LocalFile, close_fds, local_file
 from rdmakit.cli.dma_link import HEARTBEAT, Link, ProgressBar
 from rdmakit.cli.dma_protocol import Copied, Direction, Export, PeerFailed, RemoteProtocolError, Role, Status
+from rdmakit.cli.dma_rdma import DmaOverRdma
 from rdmakit.cli.dma_setup import add_service, open_dev, pci_address, started_mmap
 from rdmakit.cli.errors import EXIT_USAGE, CliError, doca_timeouts
 from rdmakit.cli.lifecycle import Unwind, run
@@ -395,9 +397,10 @@ def _copy_chunks(
     With `rdma` (a connected context on `dev`) one of the mmaps may be the host's, over RDMA.
     """
     with ExitStack() as stack:
-        dma = stack.enter_context(Dma(dev))
+        dma = stack.enter_context(Dma(dev) if rdma is None else DmaOverRdma(dev))
         workq = stack.enter_context(WorkQ(_DEPTH))
         if rdma is not None:
+            assert isinstance(dma, DmaOverRdma)
             # Closed on the way out (the copy is its only use): a failed copy's pieces still on
             # the connection are flushed, so the mmaps they use can be destroyed.
             stack.callback(rdma.close)

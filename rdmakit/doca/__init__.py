@@ -8,6 +8,7 @@ from rdmakit.doca.backend import (
     BackendCm,
     BackendDevice,
     BackendQP,
+    BackendSRQ,
     CmEvent,
     CmEventKind,
     ConnectAttrs,
@@ -139,7 +140,7 @@ from rdmakit.doca.shm import (
     DpuDescriptor,
     SharedMemory,
 )
-from rdmakit.doca.soft import SOFT_CAPS, SoftBackendDevice, SoftBackendQP, soft_devinfo
+from rdmakit.doca.soft import SOFT_CAPS, SoftBackendDevice, SoftBackendQP, SoftBackendSRQ, soft_devinfo
 from rdmakit.doca.soft import install as _install_soft
 from rdmakit.doca.soft_cm import SoftBackendCm, soft_cm
 from rdmakit.doca.sync_event import (
@@ -194,6 +195,7 @@ __all__ = [
     "BackendCm",
     "BackendDevice",
     "BackendQP",
+    "BackendSRQ",
     "Buf",
     "BufArray",
     "BufInventory",
@@ -273,6 +275,7 @@ __all__ = [
     "SoftBackendCm",
     "SoftBackendDevice",
     "SoftBackendQP",
+    "SoftBackendSRQ",
     "StateChangedCallback",
     "SyncEvent",
     "SyncEventAddJob",

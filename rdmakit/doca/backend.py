@@ -36,6 +36,7 @@ __all__ = [
     "BackendCm",
     "BackendDevice",
     "BackendQP",
+    "BackendSRQ",
     "CmEvent",
     "CmEventKind",
     "ConnectAttrs",
@@ -211,6 +212,25 @@ class BackendQP(Protocol):
         """Destroy the QP; idempotent. Outstanding work requests are dropped."""
 
 
+class BackendSRQ(Protocol):
+    """A shared receive queue (``ibv_srq``, IBTA Vol. 1 §10.2.9) the device's QPs can take receives from.
+
+    Receives posted here are consumed by whichever attached QP a message
+    arrives on first; the completion is on that QP (`BackendQP.poll`), with
+    that QP's number. A QP of the SRQ that fails flushes only the receive it
+    was filling; the others stay for the other QPs.
+    """
+
+    @property
+    def max_wr(self) -> int: ...
+
+    def post_recv(self, wr: RecvWR) -> None:
+        """Post one receive (``ibv_post_srq_recv``); FULL past ``max_wr``."""
+
+    def close(self) -> None:
+        """Destroy the SRQ once no QP uses it (``ibv_destroy_srq``); idempotent."""
+
+
 @runtime_checkable
 class BackendCm(Protocol):
     """A device's connection manager: RDMA CM over the port's GSI QP (IBTA Vol. 1 ch. 12).
@@ -308,8 +328,17 @@ class BackendDevice(Protocol):
         range outside the region, or `write` without LOCAL_WRITE.
         """
 
-    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> BackendQP:
-        """Create an RC QP in RESET whose address vector uses `gid_index` (None: `gid_index`)."""
+    def create_qp(
+        self, caps: QpCaps, gid_index: int | None = None, srq: BackendSRQ | None = None
+    ) -> BackendQP:
+        """Create an RC QP in RESET whose address vector uses `gid_index` (None: `gid_index`).
+
+        With `srq` (one of this device's), the QP has no receive queue of its
+        own: `BackendQP.post_recv` is INVALID_VALUE and receives go to `srq`.
+        """
+
+    def create_srq(self, max_wr: int, max_sge: int) -> BackendSRQ:
+        """A shared receive queue (``ibv_create_srq``); NOT_SUPPORTED where the device has none."""
 
     def cm(self) -> BackendCm:
         """The device's connection manager, created on first use.

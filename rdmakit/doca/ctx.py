@@ -354,12 +354,12 @@ class Ctx(Generic[J]):
         self._require_idle("add_dev")
         if dev in self._devs:
             raise DocaError(DocaErrorCode.IN_USE, f"{dev.name} was already added")
-        pe = self.pe
-        if pe is not None:
-            self._check_engine(dev, pe)
         self._check_dev(dev)
         dev._adopt(self)
         self._devs.append(dev)
+        pe = self.pe
+        if pe is not None:
+            dev._share_with(pe)
 
     def rm_dev(self, dev: Dev) -> None:
         """Take a device away (``doca_ctx_dev_rm``); IDLE only."""
@@ -367,6 +367,9 @@ class Ctx(Generic[J]):
         if dev not in self._devs:
             raise DocaError(DocaErrorCode.NOT_FOUND, f"{dev.name} was never added")
         self._devs.remove(dev)
+        pe = self.pe
+        if pe is not None:
+            dev._unshare(pe)
         dev._disown(self)
 
     def workq_add(self, workq: WorkQLike) -> None:
@@ -375,9 +378,9 @@ class Ctx(Generic[J]):
         workq._check_open()
         if self._workq is not None or self._pe is not None:
             raise DocaError(DocaErrorCode.IN_USE, "context is already attached to a WorkQ or an engine")
-        for dev in self._devs:
-            self._check_engine(dev, workq.pe)
         workq.pe._connect(self)
+        for dev in self._devs:
+            dev._share_with(workq.pe)
         for fd in self._fds:
             workq.pe.watch(fd)
         workq._attach(self)
@@ -395,6 +398,8 @@ class Ctx(Generic[J]):
     def _detach_workq(self) -> None:
         workq, self._workq = self._workq, None
         if workq is not None:
+            for dev in self._devs:
+                dev._unshare(workq.pe)
             for fd in self._fds:
                 workq.pe.unwatch(fd)
             workq.pe.disconnect_ctx(self)
@@ -416,13 +421,15 @@ class Ctx(Generic[J]):
                 DocaErrorCode.BAD_STATE, f"connect_ctx: the context is {self._state.name}, not IDLE"
             )
         for dev in self._devs:
-            self._check_engine(dev, pe)
+            dev._share_with(pe)
         for fd in self._fds:
             pe.watch(fd)
         self._pe = pe
 
     def _pe_disconnected(self, pe: ProgressEngine) -> None:
         if self._pe is pe:
+            for dev in self._devs:
+                dev._unshare(pe)
             for fd in self._fds:
                 pe.unwatch(fd)
             self._pe = None
@@ -439,16 +446,6 @@ class Ctx(Generic[J]):
         pe = self.pe
         if pe is not None:
             pe.unwatch(fd)
-
-    @staticmethod
-    def _check_engine(dev: Dev, pe: ProgressEngine) -> None:
-        # The engine that progresses a context must be the one that pumps its device.
-        if dev.pe is not pe:
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE,
-                f"{dev.name} is pumped by another progress engine than the WorkQ's "
-                "(open the device and create the WorkQ with the same engine, or in the same thread)",
-            )
 
     # -- jobs ----------------------------------------------------------------------------
 

@@ -11,8 +11,13 @@ them remains: they are closed first (pyverbs' children-before-parents rule).
 `Dev.close_all` closes them itself, for error paths.
 
 A device is opened under a `ProgressEngine` (the calling thread's unless one
-is given): the engine runs the backend's pump, so the contexts that use the
-device must be progressed by the same engine.
+is given), which runs the backend's pump. As in DOCA, contexts on other
+engines may use the device too (one device, a progress engine per thread):
+each engine a context of the device is connected to runs the pump as well
+(`Dev._share_with`), the backend serialises its pump and its queue pairs'
+calls (a soft device's lock; verbs is thread-safe), and a busy pump wakes
+the other engines' waiters, so each collects its own contexts' completions
+and runs their callbacks inside its own ``progress`` only.
 """
 
 import ipaddress
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 from typing import Protocol, Self
 
-from rdmakit.doca.backend import BackendCaps, BackendDevice, DeviceCaps
+from rdmakit.doca.backend import BackendCaps, BackendDevice, DeviceCaps, Pump
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.doca.local import LocalBackendDevice
 from rdmakit.doca.pe import ProgressEngine, thread_engine
@@ -210,6 +215,26 @@ class _DevChild(Protocol):
     def _on_dev_close(self, dev: "Dev") -> None: ...
 
 
+class _DevPump:
+    """A device's pump as its engines run it: a busy run wakes every engine sharing the device."""
+
+    __slots__ = ("engines", "inner")
+
+    def __init__(self, inner: Pump) -> None:
+        self.inner = inner
+        self.engines: tuple[ProgressEngine, ...] = ()  # set while more than one engine runs it
+
+    def progress(self) -> bool:
+        busy = self.inner.progress()
+        if busy and self.engines:
+            for pe in self.engines:  # whoever waits collects its contexts' completions
+                pe.wake()
+        return busy
+
+    def fileno(self) -> int | None:
+        return self.inner.fileno()
+
+
 class Dev:
     """An open device (``doca_dev``). Use `Dev.open`; close with `close` or ``with``."""
 
@@ -218,7 +243,9 @@ class Dev:
         self._backend: BackendDevice | None = backend
         self._children: list[_DevChild] = []
         self._pe = pe if pe is not None else thread_engine()
-        self._pe.add_pump(backend.pump)
+        self._pump = _DevPump(backend.pump)
+        self._pe.add_pump(self._pump)
+        self._engines: dict[ProgressEngine, int] = {}  # other engines with contexts here: how many
 
     @classmethod
     def open(cls, spec: DevInfo | str, *, pe: ProgressEngine | None = None) -> Self:
@@ -239,8 +266,13 @@ class Dev:
 
     @property
     def pe(self) -> ProgressEngine:
-        """The progress engine that pumps this device."""
+        """The progress engine the device was opened under (others may pump it too)."""
         return self._pe
+
+    @property
+    def pump(self) -> Pump:
+        """What the device's engines run: the backend's pump."""
+        return self._pump
 
     @property
     def info(self) -> DevInfo:
@@ -268,6 +300,28 @@ class Dev:
     def _disown(self, child: _DevChild) -> None:
         if child in self._children:
             self._children.remove(child)
+
+    def _share_with(self, pe: ProgressEngine) -> None:
+        """A context of the device is progressed by `pe`: `pe` runs the device's pump too."""
+        if pe is self._pe or self._backend is None:
+            return
+        n = self._engines.get(pe, 0)
+        if not n:
+            pe.add_pump(self._pump)
+        self._engines[pe] = n + 1
+        self._pump.engines = (self._pe, *self._engines)
+
+    def _unshare(self, pe: ProgressEngine) -> None:
+        """Undo one `_share_with`."""
+        n = self._engines.get(pe, 0)
+        if not n:
+            return
+        if n > 1:
+            self._engines[pe] = n - 1
+            return
+        del self._engines[pe]
+        pe.remove_pump(self._pump)
+        self._pump.engines = (self._pe, *self._engines) if self._engines else ()
 
     def rep_list(self) -> list[DevInfo]:
         """Representors (``doca_devinfo_rep_create_list``): none without a DPU."""
@@ -314,7 +368,11 @@ class Dev:
         backend, self._backend = self._backend, None
         if backend is None:
             return
-        self._pe.remove_pump(backend.pump)
+        self._pe.remove_pump(self._pump)
+        for pe in self._engines:
+            pe.remove_pump(self._pump)
+        self._engines.clear()
+        self._pump.engines = ()
         backend.close()
 
     def __enter__(self) -> Self:

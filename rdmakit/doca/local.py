@@ -14,6 +14,7 @@ from rdmakit.doca.backend import (
     BackendCaps,
     BackendCm,
     BackendQP,
+    BackendSRQ,
     DeviceCaps,
     JobType,
     MemoryRegistration,
@@ -159,7 +160,12 @@ class LocalBackendDevice:
     def cm(self) -> BackendCm:
         raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{self._name}: no connection manager yet")
 
-    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> BackendQP:
+    def create_qp(
+        self, caps: QpCaps, gid_index: int | None = None, srq: BackendSRQ | None = None
+    ) -> BackendQP:
+        raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{self._name} is a local device without networking")
+
+    def create_srq(self, max_wr: int, max_sge: int) -> BackendSRQ:
         raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{self._name} is a local device without networking")
 
     def close(self) -> None:

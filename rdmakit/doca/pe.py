@@ -31,13 +31,14 @@ the pumps and the contexts, and counts them as progress.
 
 A `WorkQ` progresses the engine it was created with; without one it uses the
 engine of the creating thread (`thread_engine`), as does `Dev.open`. One
-engine per thread is the default because a soft device is only pumped by its
-engine: a connection whose two ends live in one thread (a loopback pair, a
-DMA context reaching memory through an RDMA context) must be progressed by
-one engine, whichever of its work queues the caller drives, and, as in DOCA,
-contexts are not thread-safe, so a thread is the unit that drives them.
-Explicit engines (`ProgressEngine()`, passed to `WorkQ` and `Dev.open`) keep
-unrelated work apart; a device and the contexts using it must share one.
+engine per thread is the default: a connection whose two ends live in one
+thread (a loopback pair) must be progressed by one engine, whichever of its
+work queues the caller drives, and, as in DOCA, contexts are not
+thread-safe, so a thread is the unit that drives them. Explicit engines
+(`ProgressEngine()`, passed to `WorkQ` and `Dev.open`) keep unrelated work
+apart. A device serves contexts on any engine: each engine with one of its
+contexts runs its pump too (``rdmakit.doca.device``), and `wake` lets
+another thread's pump wake this engine's waiter.
 """
 
 import contextlib
@@ -279,6 +280,16 @@ class ProgressEngine:
         """For contexts: something completed outside any descriptor; wake an armed waiter."""
         if self._armed and not self.closed:
             self._armed = False
+            os.eventfd_write(self._efd, 1)
+
+    def wake(self) -> None:
+        """From another thread: work may be waiting; make the handle readable, armed or not.
+
+        A device shared by several engines is pumped by whichever progresses
+        first; the others' waiters are woken so that they collect what it did
+        (a spurious wake-up at worst, never a lost one).
+        """
+        if not self.closed:
             os.eventfd_write(self._efd, 1)
 
     # -- lifetime ------------------------------------------------------------------------------

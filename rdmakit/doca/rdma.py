@@ -79,7 +79,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from enum import IntEnum
 
-from rdmakit.doca.backend import BackendQP
+from rdmakit.doca.backend import BackendQP, BackendSRQ
 from rdmakit.doca.ctx import CtxState, Event, Job, _Sink
 from rdmakit.doca.descriptor import ConnectionDescriptor
 from rdmakit.doca.device import Dev
@@ -145,7 +145,8 @@ class Rdma(RdmaPropsApi):
         """``doca_rdma_create(dev, &rdma)``: a context on `dev`; without one, `add_dev` before start."""
         super().__init__()
         self._qp: BackendQP | None = None
-        self._qp_key: tuple[QpCaps, int] | None = None  # what the QP was created with
+        self._qp_key: tuple[QpCaps, int, bool] | None = None  # what the QP was created with
+        self._srq: BackendSRQ | None = None  # the connections' shared receive queue (several of them)
         self._posted: dict[int, Posted] = {}
         self._wr_ids = itertools.count(1)
         # What start decides once for every job: the planning limits and the job classes the
@@ -229,12 +230,14 @@ class Rdma(RdmaPropsApi):
             max_send_sge=send_sge,
             max_recv_sge=self._recv_buf_chain_len,
         )
-        key = (qp_caps, gid_index)
+        key = (qp_caps, gid_index, self._cm_max > 1)
         if self._qp is not None and self._qp_key != key:
             self._qp.close()
             self._qp = None
         if self._qp is None:
-            self._qp = backend.create_qp(qp_caps, gid_index)
+            if key[2]:  # receive on any connection: IBTA §10.2.9, one queue for every QP
+                self._srq = backend.create_srq(self._recv_queue_size, self._recv_buf_chain_len)
+            self._qp = backend.create_qp(qp_caps, gid_index, self._srq)
             self._qp_key = key
         self._qp.connect_attrs = replace(self._qp.connect_attrs, rnr_retry=self._rnr_retry)
         # IBTA §10.6.3.1: the responder's remote-access rights are the QP's access flags.
@@ -251,7 +254,7 @@ class Rdma(RdmaPropsApi):
         dev = self.dev
         if dev is None or self._qp_key is None:
             raise DocaError(DocaErrorCode.BAD_STATE, "the RDMA context is not started")
-        qp = dev.backend.create_qp(*self._qp_key)
+        qp = dev.backend.create_qp(self._qp_key[0], self._qp_key[1], self._srq)
         qp.connect_attrs = replace(qp.connect_attrs, rnr_retry=self._rnr_retry)
         try:
             qp.init(self._qp_access())
@@ -375,8 +378,19 @@ class Rdma(RdmaPropsApi):
         self._cm_release()  # every connection by address disconnected
         self._flush("RDMA context stopped")
         self._cm_close_qps()
-        if self._qp is not None:
+        if self._srq is not None:
+            self._close_srq()  # its receives were flushed above; a new start makes a new one
+        elif self._qp is not None:
             self._qp.reset()  # back to RESET; start() re-initialises it with a fresh PSN
+
+    def _close_srq(self) -> None:
+        """The start queue pair, then the SRQ it shares with the other connections' (all closed)."""
+        if self._qp is not None:
+            self._qp.close()
+            self._qp = None
+        if self._srq is not None:
+            self._srq.close()
+            self._srq = None
 
     def _cancel(self) -> None:
         self._posted.clear()
@@ -387,6 +401,7 @@ class Rdma(RdmaPropsApi):
     def _close(self) -> None:
         self._cm_release()
         self._cm_close_qps()
+        self._close_srq()
         if self._qp is not None:
             self._qp.close()
             self._qp = None
@@ -412,7 +427,18 @@ class Rdma(RdmaPropsApi):
     def _submit(self, job: Job) -> None:
         if not isinstance(job, _OnConnection) or type(job) not in JOBS:
             raise DocaError(DocaErrorCode.NOT_SUPPORTED, f"{type(job).__name__} is not an RDMA job")
-        qp, conn = self._cm_route(job.connection, isinstance(job, RdmaRecvJob))
+        srq = self._srq if isinstance(job, RdmaRecvJob) else None
+        if srq is not None:
+            if job.connection is not None:
+                raise DocaError(
+                    DocaErrorCode.INVALID_VALUE,
+                    "with several connections a receive takes none: the message of any connection "
+                    "completes it (get_result_rdma_connection says which)",
+                    Fault.CALLER,
+                )
+            qp, conn = self._qp, None
+        else:
+            qp, conn = self._cm_route(job.connection, isinstance(job, RdmaRecvJob))
         dev, planning = self.dev, self._planning
         if qp is None or dev is None or planning is None:
             raise DocaError(DocaErrorCode.BAD_STATE, "the RDMA context has no queue pair")
@@ -431,9 +457,12 @@ class Rdma(RdmaPropsApi):
             object.__setattr__(job, "_plan", posted)  # the job's private cache, not a field
         wr = posted.wr
         assert wr is not None
-        posted.lane, posted.conn = qp, conn
+        posted.lane, posted.conn = (None, None) if srq is not None else (qp, conn)
         self._posted[wr.wr_id] = posted
         try:
+            if srq is not None and isinstance(wr, RecvWR):
+                srq.post_recv(wr)
+                return  # its connection is the one whose queue pair completes it
             if isinstance(wr, RecvWR):
                 qp.post_recv(wr)
             else:
@@ -461,16 +490,18 @@ class Rdma(RdmaPropsApi):
             while not self._closed and (wcs := qp.poll(64)):
                 got = True
                 for wc in wcs:
-                    self._on_completion(wc)
+                    self._on_completion(wc, qp)
         if self._cm_retired:
             self._cm_drop_drained(p.lane for p in self._posted.values() if p.lane is not None)
         return got
 
-    def _on_completion(self, wc: Completion) -> None:
+    def _on_completion(self, wc: Completion, lane: BackendQP) -> None:
         posted = self._posted.pop(wc.wr_id, None)
         if posted is None or not self._in_flight(posted.job):
             return  # a job flushed by stop or WorkQ close: forgotten
         job, qp, conn = posted.job, posted.lane, posted.conn
+        if qp is None:  # a receive of the SRQ: it belongs to the connection it came on
+            qp, conn = lane, self._cm_conn_of(lane)
         if wc.status != WcStatus.SUCCESS:
             fault = qp.transport_fault() if qp is not None else None
             cause = conn.error if conn is not None and conn.error is not None else self._error

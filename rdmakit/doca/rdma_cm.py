@@ -337,6 +337,13 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
         self._cm_retired.clear()
         self._cm_primary = None
 
+    def _cm_conn_of(self, qp: BackendQP) -> RdmaConnection | None:
+        """The connection whose queue pair `qp` is; None for the start one connected by descriptor."""
+        for conn in (*self._cm_conns.values(), *self._cm_retired):
+            if conn._qp is qp:
+                return conn
+        return None
+
     def _cm_route(self, conn: object, receive: bool) -> tuple[BackendQP | None, RdmaConnection | None]:
         """The queue pair (and connection) a job on `conn` (None: the only one) goes to."""
         if conn is None:

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from ipaddress import IPv6Address
 
 from rdmakit.doca._addresses import address_problem, gid_mismatch
-from rdmakit.doca.backend import BackendCm, ConnectAttrs, DeviceCaps, JobType
+from rdmakit.doca.backend import BackendCm, BackendSRQ, ConnectAttrs, DeviceCaps, JobType
 from rdmakit.doca.device import DevInfo, register_provider, register_resolver
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_engine, error_from_os
 from rdmakit.doca.soft_cm import soft_cm
@@ -41,6 +41,7 @@ from rdmakit.engine import (
     QueuePair,
     RecvWR,
     SendWR,
+    SharedReceiveQueue,
 )
 from rdmakit.engine.types import SGE
 from rdmakit.transport.connect import ConnectOptions, Endpoint, connect_qp, init_qp, local_endpoint
@@ -52,7 +53,7 @@ from rdmakit.transport.port import TransportName
 from rdmakit.transport.tcp_port import TCP_MTU
 from rdmakit.wire import PSN_MASK, ROCE_UDP_PORT
 
-__all__ = ["SOFT_CAPS", "SoftBackendDevice", "SoftBackendQP", "soft_devinfo"]
+__all__ = ["SOFT_CAPS", "SoftBackendDevice", "SoftBackendQP", "SoftBackendSRQ", "soft_devinfo"]
 
 _RDMA_JOBS = frozenset(
     {
@@ -110,15 +111,65 @@ def _release(dev: SoftDevice) -> None:
     dev.close()
 
 
+class _LockedPump:
+    """The device's `Driver`, run under the device's lock: any thread's progress engine may pump it."""
+
+    def __init__(self, driver: Driver, lock: "threading.RLock") -> None:
+        self.driver = driver
+        self._lock = lock
+
+    def progress(self) -> bool:
+        with self._lock:
+            return self.driver.progress()
+
+    def fileno(self) -> int:
+        return self.driver.fileno()
+
+    def close(self) -> None:
+        with self._lock:
+            self.driver.close()
+
+
+class SoftBackendSRQ:
+    """An engine `SharedReceiveQueue` in the device's protection domain (errors as `DocaError`)."""
+
+    def __init__(self, owner: "SoftBackendDevice", max_wr: int, max_sge: int) -> None:
+        try:
+            self.engine_srq = SharedReceiveQueue(owner.soft.pd, max_wr=max_wr, max_sge=max_sge)
+        except EngineError as e:
+            raise error_from_engine(e) from e
+        self.max_wr = max_wr
+        self._owner = owner
+
+    def post_recv(self, wr: RecvWR) -> None:
+        try:
+            with self._owner.soft.lock:
+                self.engine_srq.post_recv(wr)
+        except EngineError as e:
+            raise error_from_engine(e) from e
+
+    def close(self) -> None:
+        if not self.engine_srq.closed:
+            try:
+                with self._owner.soft.lock:
+                    self.engine_srq.close()
+            except EngineError as e:
+                raise error_from_engine(e) from e
+            self._owner._srqs.pop(id(self), None)
+
+
 class SoftBackendQP:
     """An engine QP with its own CQ, pumped by its device's driver."""
 
-    def __init__(self, owner: "SoftBackendDevice", caps: QpCaps) -> None:
+    def __init__(self, owner: "SoftBackendDevice", caps: QpCaps, srq: SoftBackendSRQ | None = None) -> None:
         self._owner = owner
         self._dev = owner.soft
-        depth = caps.max_send_wr + caps.max_recv_wr
+        self._lock = owner.soft.lock
+        depth = caps.max_send_wr + (caps.max_recv_wr if srq is None else srq.max_wr)
         self._cq = CompletionQueue(depth)
-        self._qp: QueuePair = self._dev.create_qp(send_cq=self._cq, recv_cq=self._cq, caps=caps)
+        self._qp: QueuePair = self._dev.create_qp(
+            send_cq=self._cq, recv_cq=self._cq, caps=caps, srq=None if srq is None else srq.engine_srq
+        )
         self._psn = self._dev.rng.getrandbits(24) & PSN_MASK
         self._access = ConnectOptions().access
         self.connect_attrs = ConnectAttrs()
@@ -137,7 +188,8 @@ class SoftBackendQP:
         return self._qp
 
     def export(self) -> dict[str, object]:
-        ep = local_endpoint(self._dev, self._qp, self._psn)
+        with self._lock:
+            ep = local_endpoint(self._dev, self._qp, self._psn)
         info: dict[str, object] = {
             "transport": ep.transport, "gid": ep.gid, "ip": ep.ip, "port": ep.port,
             "qpn": ep.qpn, "psn": ep.psn, "mtu": ep.mtu,
@@ -151,8 +203,9 @@ class SoftBackendQP:
         receives can be posted before the peer is known."""
         if access is not None:
             self._access = int(access)
-        if self._qp.state is QpState.RESET:
-            init_qp(self._qp, self._access)
+        with self._lock:
+            if self._qp.state is QpState.RESET:
+                init_qp(self._qp, self._access)
 
     def _options(self) -> ConnectOptions:
         """The transport's RTR/RTS attributes: `connect_attrs` (the TTL aside) and the access of `init`."""
@@ -187,7 +240,8 @@ class SoftBackendQP:
             why = f"ip {ip} {problem}" if problem else gid_mismatch(IPv6Address(peer.gid), ip)
             if why is not None:
                 raise DocaError(DocaErrorCode.INVALID_VALUE, f"bad connection info: {why}", Fault.PEER)
-            connect_qp(self._dev, self._qp, self._psn, peer, self._options())
+            with self._lock:
+                connect_qp(self._dev, self._qp, self._psn, peer, self._options())
         except EngineError as e:
             raise error_from_engine(e) from e
         except (KeyError, TypeError, ValueError) as e:
@@ -195,18 +249,21 @@ class SoftBackendQP:
 
     def post_send(self, wr: SendWR) -> None:
         try:
-            self._qp.post_send(wr)
+            with self._lock:
+                self._qp.post_send(wr)
         except EngineError as e:
             raise error_from_engine(e) from e
 
     def post_recv(self, wr: RecvWR) -> None:
         try:
-            self._qp.post_recv(wr)
+            with self._lock:
+                self._qp.post_recv(wr)
         except EngineError as e:
             raise error_from_engine(e) from e
 
     def poll(self, max_entries: int) -> Sequence[Completion]:
-        return self._cq.poll(max_entries)
+        with self._lock:
+            return self._cq.poll(max_entries)
 
     def progress(self) -> bool:
         """Run the device's pump (for callers without a progress engine)."""
@@ -217,25 +274,28 @@ class SoftBackendQP:
 
     def to_error(self) -> None:
         """To ERR (IBTA §10.3.1): outstanding and later work requests complete flushed."""
-        if self._qp.state not in (QpState.RESET, QpState.ERR):
-            self._qp.modify(QpState.ERR)
+        with self._lock:
+            if self._qp.state not in (QpState.RESET, QpState.ERR):
+                self._qp.modify(QpState.ERR)
 
     def transport_fault(self) -> str | None:
         return self._dev.transport_fault(self._qp.qpn)
 
     def reset(self) -> None:
         """Back to RESET with a fresh PSN (the recovery flow re-exports)."""
-        self._dev.reset_qp(self._qp)  # on TCP, the exported secret is void too
-        self._cq.poll(1 << 30)
+        with self._lock:
+            self._dev.reset_qp(self._qp)  # on TCP, the exported secret is void too
+            self._cq.poll(1 << 30)
         self._psn = self._dev.rng.getrandbits(24) & PSN_MASK
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._qp.state is not QpState.RESET:
-            self._qp.modify(QpState.ERR)
-        self._dev.destroy_qp(self._qp)
+        with self._lock:
+            if self._qp.state is not QpState.RESET:
+                self._qp.modify(QpState.ERR)
+            self._dev.destroy_qp(self._qp)
 
 
 class SoftBackendDevice:
@@ -250,9 +310,11 @@ class SoftBackendDevice:
         self.mtu = self.soft.max_mtu
         self.caps = SOFT_CAPS
         self.gid_index = 0
-        self.pump = Driver()
-        self.pump.add(self.soft)
+        driver = Driver()
+        driver.add(self.soft)
+        self.pump = _LockedPump(driver, self.soft.lock)
         self._qps: list[SoftBackendQP] = []
+        self._srqs: dict[int, SoftBackendSRQ] = {}
         self._closed = False
         if transport == "roce-udp":
             soft_cm(self.soft)  # QP1 answers from the start, as a NIC's CM does (REJ when nobody listens)
@@ -265,23 +327,36 @@ class SoftBackendDevice:
         return self.gids[index] if 0 <= index < len(self.gids) else None
 
     def local_view(self, lkey: int, addr: int, length: int, *, write: bool) -> memoryview | None:
-        return self.soft.pd.local_slice(SGE(addr, length, lkey), write)
+        with self.soft.lock:
+            return self.soft.pd.local_slice(SGE(addr, length, lkey), write)
 
     def register_memory(self, buffer: memoryview, addr: int, access: Access) -> MemoryRegion:
         try:
-            return self.soft.pd.register(buffer, addr, Access(access))
+            with self.soft.lock:
+                return self.soft.pd.register(buffer, addr, Access(access))
         except EngineError as e:
             raise error_from_engine(e) from e
 
     def deregister(self, registration: object) -> None:
         if isinstance(registration, MemoryRegion):
-            self.soft.pd.deregister(registration)
+            with self.soft.lock:
+                self.soft.pd.deregister(registration)
 
     def cm(self) -> BackendCm:
         """The device's connection manager: rdma_cm over its QP1 (RoCE-UDP only)."""
         return soft_cm(self.soft)
 
-    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> SoftBackendQP:
+    def create_srq(self, max_wr: int, max_sge: int) -> SoftBackendSRQ:
+        """An SRQ of the engine (``rdmakit.engine.srq``) in the device's protection domain."""
+        if self._closed:
+            raise DocaError(DocaErrorCode.BAD_STATE, f"{self.name} is closed", Fault.CALLER)
+        srq = SoftBackendSRQ(self, max_wr, max_sge)
+        self._srqs[id(srq)] = srq
+        return srq
+
+    def create_qp(
+        self, caps: QpCaps, gid_index: int | None = None, srq: BackendSRQ | None = None
+    ) -> SoftBackendQP:
         if self._closed:
             raise DocaError(DocaErrorCode.BAD_STATE, f"{self.name} is closed", Fault.CALLER)
         if gid_index not in (None, 0):
@@ -292,8 +367,12 @@ class SoftBackendDevice:
                 max_recv_sge=caps.max_recv_sge, large_mtu=True, max_unacked_psns=caps.max_unacked_psns,
                 congestion_control=False,  # TCP's own
             )  # fmt: skip
-        qp = SoftBackendQP(self, caps)
-        self._qps.append(qp)
+        own = None if srq is None else self._srqs.get(id(srq))
+        if srq is not None and own is not srq:  # IBTA §10.2.9: a QP and its SRQ share a PD
+            raise DocaError(DocaErrorCode.INVALID_VALUE, f"{srq!r} is not an SRQ of {self.name}")
+        with self.soft.lock:
+            qp = SoftBackendQP(self, caps, own)
+            self._qps.append(qp)
         return qp
 
     def close(self) -> None:

@@ -80,99 +80,108 @@ class SoftBackendCm:
             raise DocaError(DocaErrorCode.BAD_STATE, f"{self.dev.name}'s connection manager is closed")
 
     def listen(self, port: int) -> None:
-        self._check()
-        if type(port) is not int or not 0 < port <= 0xFFFF:
-            raise DocaError(DocaErrorCode.INVALID_VALUE, f"port {port!r} is not a port number")
-        if port in self._ports:
-            raise DocaError(DocaErrorCode.IN_USE, f"{self.dev.name} already listens on port {port}")
-        self._ports.add(port)
-        self.cma.listen(port)
+        with self.dev.lock:
+            self._check()
+            if type(port) is not int or not 0 < port <= 0xFFFF:
+                raise DocaError(DocaErrorCode.INVALID_VALUE, f"port {port!r} is not a port number")
+            if port in self._ports:
+                raise DocaError(DocaErrorCode.IN_USE, f"{self.dev.name} already listens on port {port}")
+            self._ports.add(port)
+            self.cma.listen(port)
 
     def stop_listen(self, port: int) -> None:
-        if port in self._ports:
-            self._ports.discard(port)
-            self.cma.unlisten(port)
+        with self.dev.lock:
+            if port in self._ports:
+                self._ports.discard(port)
+                self.cma.unlisten(port)
 
     def connect(
         self, qp: BackendQP, addr: IPv4Address | IPv6Address, port: int, private_data: bytes, timeout: float
     ) -> int:
-        self._check()
-        if len(private_data) > MAX_CONNECT_PRIVATE:
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE, f"connect private data is at most {MAX_CONNECT_PRIVATE} bytes"
-            )
-        if type(port) is not int or not 0 < port <= 0xFFFF:
-            raise DocaError(DocaErrorCode.INVALID_VALUE, f"port {port!r} is not a port number")
-        now = time.monotonic()
-        try:
-            handle = self.cma.connect(
-                str(ip_address(addr)), port, _engine_qp(self.dev, qp), now, private_data=private_data,
-                options=_options(qp),
-            )  # fmt: skip
-        except EngineError as e:
-            raise error_from_engine(e) from e
-        self._deadlines[handle] = now + timeout
-        return handle
+        with self.dev.lock:
+            self._check()
+            if len(private_data) > MAX_CONNECT_PRIVATE:
+                raise DocaError(
+                    DocaErrorCode.INVALID_VALUE,
+                    f"connect private data is at most {MAX_CONNECT_PRIVATE} bytes",
+                )
+            if type(port) is not int or not 0 < port <= 0xFFFF:
+                raise DocaError(DocaErrorCode.INVALID_VALUE, f"port {port!r} is not a port number")
+            now = time.monotonic()
+            try:
+                handle = self.cma.connect(
+                    str(ip_address(addr)), port, _engine_qp(self.dev, qp), now, private_data=private_data,
+                    options=_options(qp),
+                )  # fmt: skip
+            except EngineError as e:
+                raise error_from_engine(e) from e
+            self._deadlines[handle] = now + timeout
+            return handle
 
     def accept(self, conn: int, qp: BackendQP, private_data: bytes) -> None:
-        self._check()
-        if len(private_data) > MAX_ACCEPT_PRIVATE:
-            raise DocaError(
-                DocaErrorCode.INVALID_VALUE, f"accept private data is at most {MAX_ACCEPT_PRIVATE} bytes"
-            )
-        try:
-            self.cma.accept(
-                conn, _engine_qp(self.dev, qp), time.monotonic(), private_data=private_data,
-                options=_options(qp),
-            )  # fmt: skip
-        except EngineError as e:
-            raise error_from_engine(e) from e
+        with self.dev.lock:
+            self._check()
+            if len(private_data) > MAX_ACCEPT_PRIVATE:
+                raise DocaError(
+                    DocaErrorCode.INVALID_VALUE, f"accept private data is at most {MAX_ACCEPT_PRIVATE} bytes"
+                )
+            try:
+                self.cma.accept(
+                    conn, _engine_qp(self.dev, qp), time.monotonic(), private_data=private_data,
+                    options=_options(qp),
+                )  # fmt: skip
+            except EngineError as e:
+                raise error_from_engine(e) from e
 
     def reject(self, conn: int, private_data: bytes) -> None:
-        try:
-            self.cma.reject(conn, time.monotonic(), private_data=private_data)
-        except EngineError as e:
-            raise error_from_engine(e) from e
+        with self.dev.lock:
+            try:
+                self.cma.reject(conn, time.monotonic(), private_data=private_data)
+            except EngineError as e:
+                raise error_from_engine(e) from e
 
     def disconnect(self, conn: int) -> None:
-        with contextlib.suppress(EngineError):  # gone already: idempotent
+        with self.dev.lock, contextlib.suppress(EngineError):  # gone already: idempotent
             self.cma.disconnect(conn, time.monotonic())
 
     def poll_events(self) -> Sequence[CmEvent]:
-        if self._closed:
-            return ()
-        now = time.monotonic()
-        out: list[CmEvent] = []
-        for handle, deadline in list(self._deadlines.items()):
-            if now > deadline:
-                del self._deadlines[handle]
-                self.cma.cm.destroy(handle)
-                out.append(CmEvent(kind=CmEventKind.UNREACHABLE, conn=handle, detail="connection timed out"))
-        while (ev := self.cma.poll_event(now)) is not None:
-            if ev.kind is not CmaEventKind.CONNECT_REQUEST:
-                self._deadlines.pop(ev.conn, None)
-            if ev.kind is CmaEventKind.UNREACHABLE:
-                detail = "no answer from the peer's connection manager"
-            else:
-                detail = _REASONS.get(ev.reason or 0, f"REJ reason {ev.reason}" if ev.reason else "")
-            peer_port = ev.peer_port if ev.kind is CmaEventKind.CONNECT_REQUEST else 0
-            out.append(
-                CmEvent(
-                    kind=_KINDS[ev.kind],
-                    conn=ev.conn,
-                    private_data=ev.private_data,
-                    reason=ev.reason,
-                    peer=(ip_address(ev.peer_ip), peer_port),
-                    local_port=ev.listen_port,
-                    detail=detail,
-                    peer_guid=ev.peer_guid,
+        with self.dev.lock:
+            if self._closed:
+                return ()
+            now = time.monotonic()
+            out: list[CmEvent] = []
+            for handle, deadline in list(self._deadlines.items()):
+                if now > deadline:
+                    del self._deadlines[handle]
+                    self.cma.cm.destroy(handle)
+                    gone = CmEvent(kind=CmEventKind.UNREACHABLE, conn=handle, detail="connection timed out")
+                    out.append(gone)
+            while (ev := self.cma.poll_event(now)) is not None:
+                if ev.kind is not CmaEventKind.CONNECT_REQUEST:
+                    self._deadlines.pop(ev.conn, None)
+                if ev.kind is CmaEventKind.UNREACHABLE:
+                    detail = "no answer from the peer's connection manager"
+                else:
+                    detail = _REASONS.get(ev.reason or 0, f"REJ reason {ev.reason}" if ev.reason else "")
+                peer_port = ev.peer_port if ev.kind is CmaEventKind.CONNECT_REQUEST else 0
+                out.append(
+                    CmEvent(
+                        kind=_KINDS[ev.kind],
+                        conn=ev.conn,
+                        private_data=ev.private_data,
+                        reason=ev.reason,
+                        peer=(ip_address(ev.peer_ip), peer_port),
+                        local_port=ev.listen_port,
+                        detail=detail,
+                        peer_guid=ev.peer_guid,
+                    )
                 )
-            )
-        return out
+            return out
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for port in list(self._ports):
-            self.stop_listen(port)
+        with self.dev.lock:
+            if self._closed:
+                return
+            self._closed = True
+            for port in list(self._ports):
+                self.stop_listen(port)

@@ -15,13 +15,14 @@ import contextlib
 import importlib.util
 import logging
 import select
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from ipaddress import IPv4Address, IPv6Address
 from typing import TYPE_CHECKING
 
-from rdmakit.doca.backend import BackendQP, CmEvent, ConnectAttrs, DeviceCaps
+from rdmakit.doca.backend import BackendQP, BackendSRQ, CmEvent, ConnectAttrs, DeviceCaps
 from rdmakit.doca.device import DevInfo, register_provider
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.engine.states import QpState
@@ -30,6 +31,7 @@ from rdmakit.verbs import ConnectOptions, VerbsDeviceInfo, VerbsError, list_devi
 
 if TYPE_CHECKING:
     from rdmakit.verbs.device import VerbsDevice, VerbsMR, VerbsQP
+    from rdmakit.verbs.srq import VerbsSRQ
 
 __all__ = [
     "VerbsBackendCm",
@@ -65,6 +67,8 @@ class VerbsBackendQP:
     def __init__(self, qp: "VerbsQP", pump: "VerbsPump | None" = None) -> None:
         self.verbs = qp
         self._pump = pump
+        # The QP's work-request tracker is shared by its poster and whichever thread pumps it.
+        self._lock = pump.lock if pump is not None else threading.RLock()
         self.connect_attrs = ConnectAttrs()
 
     @property
@@ -80,13 +84,13 @@ class VerbsBackendQP:
         return self.verbs.export()
 
     def init(self, access: Access) -> None:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             if self.verbs.state is QpState.RESET:
                 self.verbs.options = replace(self.verbs.options, access=int(access))
                 self.verbs.init()
 
     def to_error(self) -> None:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.to_error()
 
     def apply_connect_attrs(self) -> "VerbsQP":
@@ -101,30 +105,30 @@ class VerbsBackendQP:
 
     def connect(self, remote: Mapping[str, object]) -> None:
         self.apply_connect_attrs()
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.connect(remote)
 
     def transport_fault(self) -> str | None:
         return None  # rdma-core reports a lost peer by completion status only
 
     def reset(self) -> None:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.reset()
 
     def post_send(self, wr: SendWR) -> None:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.post_send(wr)
 
     def post_recv(self, wr: RecvWR) -> None:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             self.verbs.post_recv(wr)
 
     def poll(self, max_entries: int) -> Sequence[Completion]:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             return self.verbs.poll(max_entries)
 
     def progress(self) -> bool:
-        with _doca_errors():
+        with self._lock, _doca_errors():
             return self.verbs.progress()
 
     def fileno(self) -> int | None:
@@ -137,7 +141,28 @@ class VerbsBackendQP:
     def close(self) -> None:
         if self._pump is not None:
             self._pump.forget(self)  # before the channel's descriptor is closed
-        with _doca_errors():
+        with self._lock, _doca_errors():
+            self.verbs.close()
+
+
+class VerbsBackendSRQ:
+    """A `VerbsSRQ` as a DOCA ``BackendSRQ`` (errors as `DocaError`)."""
+
+    def __init__(
+        self, srq: "VerbsSRQ", registry: dict[int, "VerbsBackendSRQ"], lock: threading.RLock
+    ) -> None:
+        self.verbs = srq
+        self.max_wr = srq.max_wr
+        self._registry = registry
+        self._lock = lock  # the device's: the SRQ's tracker is read by every QP's completions
+
+    def post_recv(self, wr: RecvWR) -> None:
+        with self._lock, _doca_errors():
+            self.verbs.post_recv(wr)
+
+    def close(self) -> None:
+        self._registry.pop(id(self), None)
+        with self._lock, _doca_errors():
             self.verbs.close()
 
 
@@ -151,6 +176,8 @@ class VerbsPump:
     def __init__(self) -> None:
         self._qps: list[VerbsBackendQP] = []
         self._epoll = select.epoll()
+        #: Serialises the device's pump with its QPs' calls: engines of several threads may run it.
+        self.lock = threading.RLock()
 
     def add(self, qp: VerbsBackendQP) -> None:
         self._qps.append(qp)
@@ -181,9 +208,10 @@ class VerbsPump:
 
     def progress(self) -> bool:
         busy = False
-        for qp in list(self._qps):
-            if qp.progress():
-                busy = True
+        with self.lock:
+            for qp in list(self._qps):
+                if qp.progress():
+                    busy = True
         return busy
 
     def fileno(self) -> int | None:
@@ -204,6 +232,7 @@ class VerbsBackendDevice:
         self.caps = _doca_caps(dev.info)
         self.pump = VerbsPump()
         self._cm: VerbsBackendCm | None = None
+        self._srqs: dict[int, VerbsBackendSRQ] = {}  # by id: QPs may only use the device's own
 
     @property
     def name(self) -> str:
@@ -247,9 +276,21 @@ class VerbsBackendDevice:
             self._cm = VerbsBackendCm(self)
         return self._cm
 
-    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> VerbsBackendQP:
+    def create_srq(self, max_wr: int, max_sge: int) -> VerbsBackendSRQ:
         with _doca_errors():
-            qp = VerbsBackendQP(self.verbs.create_qp(caps, gid_index), self.pump)
+            srq = VerbsBackendSRQ(self.verbs.create_srq(max_wr, max_sge), self._srqs, self.pump.lock)
+        self._srqs[id(srq)] = srq
+        return srq
+
+    def create_qp(
+        self, caps: QpCaps, gid_index: int | None = None, srq: BackendSRQ | None = None
+    ) -> VerbsBackendQP:
+        mine = None if srq is None else self._srqs.get(id(srq))
+        if srq is not None and mine is not srq:  # IBTA §10.2.9: a QP and its SRQ share a PD
+            raise DocaError(DocaErrorCode.INVALID_VALUE, f"{srq!r} is not an SRQ of {self.name}")
+        with _doca_errors():
+            own = self.verbs.create_qp(caps, gid_index, None if mine is None else mine.verbs)
+            qp = VerbsBackendQP(own, self.pump)
         self.pump.add(qp)
         return qp
 

@@ -10,6 +10,7 @@ from .cq import CompletionQueue
 from .errors import EngineError, ErrorCode
 from .memory import MemoryRegion, ProtectionDomain
 from .qp import QueuePair
+from .srq import SharedReceiveQueue, SrqEvent, SrqEventKind
 from .states import TRANSITIONS, QpState, Transition
 from .stats import QpStats
 from .timers import INFINITE_RETRY, RNR_TIMER_USEC, rnr_delay, transport_timeout
@@ -28,6 +29,7 @@ from .types import (
 __all__ = [
     "INFINITE_RETRY", "RNR_TIMER_USEC", "SGE", "TRANSITIONS", "Access", "Completion",
     "CompletionQueue", "EngineError", "ErrorCode", "MemoryRegion", "ModifyAttrs", "ProtectionDomain",
-    "QpAttrs", "QpCaps", "QpState", "QpStats", "QueuePair", "RecvWR", "SendWR", "Transition", "WcOpcode",
+    "QpAttrs", "QpCaps", "QpState", "QpStats", "QueuePair", "RecvWR", "SendWR", "SharedReceiveQueue",
+    "SrqEvent", "SrqEventKind", "Transition", "WcOpcode",
     "WcStatus", "WrOpcode", "rnr_delay", "transport_timeout",
 ]  # fmt: skip

@@ -4,16 +4,17 @@ from typing import Literal
 
 #: DOCA ``doca_error_t`` names (without the ``DOCA_ERROR_`` prefix) for the
 #: ways a caller can misuse a queue pair.
-ErrorCode = Literal["BAD_STATE", "FULL", "INVALID_VALUE"]
+ErrorCode = Literal["BAD_STATE", "FULL", "IN_USE", "INVALID_VALUE"]
 
 
 class EngineError(Exception):
     """The caller broke the engine's contract (never the peer's fault).
 
-    ``code`` names the failure: ``BAD_STATE`` (the QP's state forbids the
-    call), ``FULL`` (a work queue is full), ``INVALID_VALUE`` (a bad argument).
-    A peer's protocol violations never raise: they become NAKs, drops and
-    completions.
+        ``code`` names the failure: ``BAD_STATE`` (the QP's state forbids the
+        call), ``FULL`` (a work queue is full), ``IN_USE`` (an object still has
+    users: an SRQ with QPs), ``INVALID_VALUE`` (a bad argument).
+        A peer's protocol violations never raise: they become NAKs, drops and
+        completions.
     """
 
     code: ErrorCode

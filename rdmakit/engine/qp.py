@@ -44,7 +44,9 @@ from .errors import EngineError
 from .memory import ProtectionDomain
 from .requester import WC_OPCODE, Requester, SendWqe
 from .resp_runs import fast_middle
-from .responder import RecvWqe, Responder
+from .responder import Responder
+from .rwqe import RecvWqe
+from .srq import SharedReceiveQueue
 from .states import QpState, check_transition
 from .stats import QpStats
 from .timers import MAX_MSG_SIZE
@@ -94,6 +96,7 @@ class QueuePair(BulkReceive):
         recv_cq: CompletionQueue,
         caps: QpCaps = QpCaps(),  # noqa: B008 (frozen)
         rng: random.Random,
+        srq: SharedReceiveQueue | None = None,
     ) -> None:
         if type(qpn) is bool or not isinstance(qpn, int) or not 2 <= qpn <= _U24:
             raise EngineError(
@@ -130,6 +133,11 @@ class QueuePair(BulkReceive):
         self._cnp_due = False
         self._cnp_at = -DCQCN_CNP_INTERVAL
         self.resp = Responder(self, caps.fast_paths)
+        #: The shared receive queue the QP takes receive WQEs from (:mod:`.srq`), if any.
+        self.srq = srq
+        if srq is not None:
+            srq.attach(self)
+            self.resp.attach(srq)
 
     def __repr__(self) -> str:
         return f"<QueuePair qpn={self.qpn:#x} {self._state.name} dest_qpn={self.dest_qpn:#x}>"
@@ -264,6 +272,8 @@ class QueuePair(BulkReceive):
             self.push_recv(
                 Completion(wr_id=wr_id, status=WcStatus.WR_FLUSH_ERR, opcode=WcOpcode.RECV, qp_num=self.qpn)
             )
+        if self.srq is not None:
+            self.srq.qp_flushed(self.qpn)
 
     # -- completions (engine internal) --
 
@@ -391,6 +401,9 @@ class QueuePair(BulkReceive):
         error at the peer.
         """
         st = self._state
+        if self.srq is not None:
+            # rxe_post_recv: "if (qp->srq) return -EINVAL"; post to the SRQ instead.
+            raise EngineError("INVALID_VALUE", "the QP takes its receives from an SRQ: post them there")
         if st is QpState.RESET:
             raise EngineError("BAD_STATE", "post_recv needs INIT or later, the QP is in RESET")
         sges = wr.sg_list
@@ -406,19 +419,7 @@ class QueuePair(BulkReceive):
         resp = self.resp
         if len(resp.rq) + (resp.cur_recv is not None) >= self.caps.max_recv_wr:
             raise EngineError("FULL", f"the receive queue holds max_recv_wr={self.caps.max_recv_wr} requests")
-        segs: list[memoryview] | None = []
-        length = 0
-        local_slice = self.pd.local_slice
-        for sge in sges:
-            if sge.length < 0:
-                raise EngineError("INVALID_VALUE", f"negative SGE length {sge.length}")
-            length += sge.length
-            view = local_slice(sge, True)
-            if view is None:
-                segs = None
-            elif segs is not None and len(view):
-                segs.append(view)
-        resp.rq.append(RecvWqe(wr.wr_id, segs, length))
+        resp.rq.append(RecvWqe.resolve(self.pd, wr))
 
     # -- network and timers --
 

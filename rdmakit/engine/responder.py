@@ -37,6 +37,9 @@ Invariants:
   (rxe ``resp.opcode`` FIRST/MIDDLE), None between messages.
 - ``cur_recv`` is the receive WQE of the SEND being received; it has left
   ``rq`` already.
+- With a shared receive queue (:mod:`.srq`), ``rq`` is the SRQ's deque: a WQE
+  is taken only when a message's first packet needs it, and only ``cur_recv``
+  is this QP's to flush.
 - The engine keeps no reference to a received packet's payload.
 """
 
@@ -62,6 +65,8 @@ from .context import QpContext
 from .memory import scatter
 from .rdatomic import RdAtomicResources
 from .resp_output import ReadReply, ResponseOutput
+from .rwqe import RecvWqe
+from .srq import SharedReceiveQueue
 from .timers import MAX_MSG_SIZE
 from .types import Access, Completion, WcOpcode, WcStatus
 
@@ -82,17 +87,6 @@ _RWQE_OPS = frozenset(op for op, i in OPCODE_INFO.items() if i.consumes_rwqe)
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)
 _REMOTE_READ = int(Access.REMOTE_READ)
 _REMOTE_ATOMIC = int(Access.REMOTE_ATOMIC)
-
-
-class RecvWqe:
-    """A posted receive work request; ``segs`` is None if an SGE failed its L_Key check."""
-
-    __slots__ = ("length", "segs", "wr_id")
-
-    def __init__(self, wr_id: int, segs: list[memoryview] | None, length: int) -> None:
-        self.wr_id = wr_id
-        self.segs = segs
-        self.length = length
 
 
 class _Fatal(Exception):
@@ -122,6 +116,7 @@ class Responder(ResponseOutput):
         "res",
         "rq",
         "sent_psn_nak",
+        "srq",
         "w_gen",
         "w_len",
         "w_off",
@@ -137,11 +132,19 @@ class Responder(ResponseOutput):
         #: Runs of READ response MIDDLE packets take the tight loop (``QpCaps.fast_paths``).
         self.fast = fast
         self.rq: deque[RecvWqe] = deque()
+        #: The shared receive queue whose WQEs ``rq`` is (``attach``), None: the QP's own.
+        self.srq: SharedReceiveQueue | None = None
         self.out: deque[Packet | ReadReply] = deque()
         self.reset()
 
+    def attach(self, srq: SharedReceiveQueue) -> None:
+        """Take receive WQEs from `srq` (IBTA §10.2.9): ``rq`` becomes its queue."""
+        self.srq = srq
+        self.rq = srq.rq
+
     def reset(self) -> None:
-        self.rq.clear()
+        if self.srq is None:
+            self.rq.clear()  # an SRQ's WQEs are the other QPs' too: never dropped here
         self.out.clear()
         self.psn = 0
         self.ack_psn = 0
@@ -237,6 +240,8 @@ class Responder(ResponseOutput):
             if kind is _SEND:
                 self.cur_recv = self.rq.popleft()
                 self.recv_off = 0
+                if self.srq is not None:
+                    self.srq.taken()
             else:
                 rwqe = self.rq[0]
         # check_length (rxe rxe_resp_check_length(), IBTA C9-92..C9-94).
@@ -335,6 +340,8 @@ class Responder(ResponseOutput):
                 self.msn = (self.msn + 1) & _MASK
                 if rwqe is not None:
                     self.rq.popleft()
+                    if self.srq is not None:
+                        self.srq.taken()
                     qp.push_recv(
                         Completion(
                             wr_id=rwqe.wr_id,
@@ -371,6 +378,8 @@ class Responder(ResponseOutput):
         """A WRITE with immediate failed: its receive WQE completes with ``status``."""
         if rwqe is not None:
             self.rq.popleft()
+            if self.srq is not None:
+                self.srq.taken()
             self.qp.push_recv(
                 Completion(
                     wr_id=rwqe.wr_id,
@@ -479,8 +488,9 @@ class Responder(ResponseOutput):
         if r is not None:
             ids.append(r.wr_id)
             self.cur_recv = None
-        ids.extend(w.wr_id for w in self.rq)
-        self.rq.clear()
+        if self.srq is None:  # the SRQ's WQEs stay for its other QPs (``ibv_modify_qp``(3))
+            ids.extend(w.wr_id for w in self.rq)
+            self.rq.clear()
         self.out.clear()
         self.in_msg = None
         self.w_view = None

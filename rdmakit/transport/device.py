@@ -9,10 +9,19 @@ the QPs produced. Connection set-up is :mod:`rdmakit.transport.connect`.
 
 import ipaddress
 import random
+import threading
 import time
 from collections.abc import Iterable
 
-from rdmakit.engine import CompletionQueue, EngineError, ProtectionDomain, QpCaps, QpState, QueuePair
+from rdmakit.engine import (
+    CompletionQueue,
+    EngineError,
+    ProtectionDomain,
+    QpCaps,
+    QpState,
+    QueuePair,
+    SharedReceiveQueue,
+)
 from rdmakit.engine.cm import CmEndpoint
 from rdmakit.wire import ROCE_UDP_PORT, Payload
 
@@ -68,6 +77,9 @@ class SoftDevice:
         self.rng = rng if rng is not None else random.SystemRandom()
         self.gid = gid_of(self.ip)
         self.counters = DeviceCounters()
+        #: Held by whoever touches the device's state from several threads (its pump, its QPs'
+        #: work requests and completions, memory registration): the engine is not thread-safe.
+        self.lock = threading.RLock()
         self._qps: dict[int, QueuePair] = {}
         #: The RoCE-UDP port and its link, or the TCP port and its link: one of the two.
         self.udp_port: UdpPort | None = None
@@ -110,6 +122,7 @@ class SoftDevice:
         recv_cq: CompletionQueue,
         caps: QpCaps | None = None,
         pd: ProtectionDomain | None = None,
+        srq: SharedReceiveQueue | None = None,
     ) -> QueuePair:
         if self.closed:
             raise EngineError("BAD_STATE", "device is closed")
@@ -119,11 +132,15 @@ class SoftDevice:
         if caps is None:
             tcp = self.transport == "tcp"
             caps = QpCaps(large_mtu=tcp, congestion_control=not tcp)  # TCP controls its own
-        qp = QueuePair(pd or self.pd, qpn=qpn, send_cq=send_cq, recv_cq=recv_cq, caps=caps, rng=self.rng)
+        qp = QueuePair(
+            pd or self.pd, qpn=qpn, send_cq=send_cq, recv_cq=recv_cq, caps=caps, rng=self.rng, srq=srq
+        )
         self._qps[qpn] = qp
         return qp
 
     def destroy_qp(self, qp: QueuePair) -> None:
+        if qp.srq is not None:
+            qp.srq.detach(qp)
         if self._qps.get(qp.qpn) is qp:
             del self._qps[qp.qpn]
             self._port.forget(qp)

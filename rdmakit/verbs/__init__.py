@@ -3,10 +3,11 @@
 The DOCA layer's backend protocol (``rdmakit.doca.backend``) over a real verbs
 device, a kernel soft-RoCE (rxe) or an RNIC: `VerbsDevice` (``ibv_context``,
 ``ibv_pd``, memory registration), `VerbsQP` (an RC QP with its CQ and
-completion channel), and ``rdmakit.verbs.cm.VerbsCm``, the connection manager
-(librdmacm). Only ``rdmakit.verbs.device`` and ``rdmakit.verbs.cm`` import
-pyverbs, and this package imports it only when `VerbsDevice`, `VerbsQP` or
-`VerbsMR` is first used, so everything else here (discovery, the attribute and
+completion channel), ``rdmakit.verbs.srq.VerbsSRQ`` (a shared receive queue),
+and ``rdmakit.verbs.cm.VerbsCm``, the connection manager (librdmacm). Only
+``rdmakit.verbs.device``, ``.srq``, ``.pvcall`` (pyverbs calls, errors as
+`VerbsError`) and ``.cm`` import pyverbs, and this package imports it only when
+`VerbsDevice`, `VerbsQP` or `VerbsMR` is first used, so everything else here (discovery, the attribute and
 work-request mapping, librdmacm's structures) works on machines without pyverbs.
 """
 

@@ -1,8 +1,8 @@
 """The verbs backend: a device, its memory registrations and RC QPs, through pyverbs.
 
-With ``rdmakit.verbs.cm``, the only module of rdmakit that imports pyverbs. ``rdmakit.doca.verbs_glue``
-puts the DOCA layer's backend protocols (``rdmakit.doca.backend``) over it;
-every value that crosses it is one of the engine's verbs value types.
+With ``rdmakit.verbs.cm``, ``.srq`` and ``.pvcall``, the only modules that import pyverbs.
+``rdmakit.doca.verbs_glue`` puts the DOCA backend protocols (``rdmakit.doca.backend``) over
+it; every value that crosses it is one of the engine's verbs value types.
 Attribute values are decided by the pure `rdmakit.verbs.attrs` and
 `rdmakit.verbs.wr`; this module copies them into pyverbs objects.
 
@@ -10,6 +10,7 @@ Object model (pyverbs'): a `VerbsDevice` owns a ``Context`` and a ``PD``; its
 `VerbsMR` s and `VerbsQP` s are its children and are closed before it. A
 `VerbsQP` owns a completion channel, one CQ for both its queues and the
 ``QP``; the channel's file descriptor is `VerbsQP.fileno` (event-driven mode).
+A QP made with ``srq=`` (`VerbsDevice.create_srq`) takes its receives from it.
 """
 
 import errno
@@ -22,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from ipaddress import IPv6Address
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from pyverbs.addr import GID, AHAttr, GlobalRoute
 from pyverbs.cq import CQ, CompChannel
@@ -51,9 +52,13 @@ from rdmakit.verbs.attrs import (
     transition_mask,
 )
 from rdmakit.verbs.buffers import buffer_address
-from rdmakit.verbs.errors import ErrorCode, VerbsError, code_for_errno
+from rdmakit.verbs.errors import VerbsError
 from rdmakit.verbs.info import VerbsCaps, VerbsDeviceInfo, caps_of, device_info
 from rdmakit.verbs.mr import VerbsMR
+from rdmakit.verbs.pvcall import call as _call
+from rdmakit.verbs.pvcall import pv_sges
+from rdmakit.verbs.pvcall import reraise as _raise
+from rdmakit.verbs.srq import VerbsSRQ
 from rdmakit.verbs.sysfs import SYSFS_ROOT, GidEntry, SysfsDevice, event_fds, find_device, select_gid
 from rdmakit.verbs.wr import SEND_SIGNALED, WrTracker, imm_to_verbs, needs_imm
 
@@ -61,7 +66,6 @@ __all__ = ["VerbsDevice", "VerbsMR", "VerbsQP", "describe"]
 
 log = logging.getLogger("rdmakit.verbs")
 
-_T = TypeVar("_T")
 #: ``IBV_QPT_RC``.
 _QPT_RC = 2
 _RDMA_OPS = frozenset({WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ})
@@ -73,23 +77,6 @@ _RECV_STATES = frozenset({QpState.INIT, QpState.RTR, QpState.RTS})
 _POLL_BATCH = 64
 #: Serialises our own channel creation, so the fd that appears is the channel's.
 _fd_lock = threading.Lock()
-
-
-def _raise(exc: PyverbsError, what: str, code: ErrorCode | None = None) -> NoReturn:
-    """Re-raise a pyverbs failure as a `VerbsError` (``from exc``)."""
-    if isinstance(exc, PyverbsRDMAError):
-        err = getattr(exc, "error_code", None)
-        err = abs(err) if isinstance(err, int) else None
-        found, fault = code_for_errno(err)
-        raise VerbsError(code or found, f"{what}: {exc}", fault, err) from exc
-    raise VerbsError(code or "INVALID_VALUE", f"{what}: {exc}") from exc
-
-
-def _call(what: str, fn: Callable[[], _T]) -> _T:
-    try:
-        return fn()
-    except PyverbsError as e:
-        _raise(e, what)
 
 
 def _open_channel(ctx: Context) -> tuple[CompChannel, int | None]:
@@ -167,7 +154,7 @@ class VerbsDevice:
             # gets one zero-length SGE in this 1-byte region instead.
             self._zero_buf = bytearray(1)
             view = memoryview(self._zero_buf)
-            self._zero_mr = self._register(view, buffer_address(view), Access.LOCAL_WRITE)
+            self.zero_mr = self._register(view, buffer_address(view), Access.LOCAL_WRITE)
         except BaseException:
             self._ctx.close()
             self._ctx = None
@@ -277,8 +264,14 @@ class VerbsDevice:
         return None if mr is None else mr.view(addr, length, write=write)
 
     # -- queue pairs ------------------------------------------------------------------
-    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> "VerbsQP":
-        """An RC QP in RESET with its own CQ and channel, using the RoCE v2 GID at `gid_index`."""
+    def create_srq(self, max_wr: int, max_sge: int) -> VerbsSRQ:
+        """A shared receive queue of the device's PD (``rdmakit.verbs.srq``)."""
+        _, pd = self._check_open()
+        return VerbsSRQ(pd, self, max_wr, max_sge)
+
+    def create_qp(self, caps: QpCaps, gid_index: int | None = None, srq: VerbsSRQ | None = None) -> "VerbsQP":
+        """An RC QP in RESET with its own CQ and channel, using the RoCE v2 GID at `gid_index`;
+        with `srq`, its receives come from the SRQ (``ibv_qp_init_attr.srq``)."""
         self._check_open()
         if gid_index is None:
             gid_index = self.gid_index
@@ -287,7 +280,7 @@ class VerbsDevice:
             raise VerbsError(
                 "NOT_FOUND", f"{self.name} port {self.port} has no RoCE v2 GID at index {gid_index}"
             )
-        qp = VerbsQP(self, caps, gid_index=gid_index, gid=gid)
+        qp = VerbsQP(self, caps, gid_index=gid_index, gid=gid, srq=srq)
         self._qps.append(qp)
         return qp
 
@@ -302,7 +295,7 @@ class VerbsDevice:
         try:
             for qp in list(self._qps):
                 qp.close()
-            for mr in [*self._mrs, self._zero_mr]:
+            for mr in [*self._mrs, self.zero_mr]:
                 mr.close()
             self._mrs.clear()
             if self._pd is not None:
@@ -335,13 +328,21 @@ class VerbsQP:
     """
 
     def __init__(
-        self, dev: VerbsDevice, caps: QpCaps, *, gid_index: int | None = None, gid: IPv6Address | None = None
+        self,
+        dev: VerbsDevice,
+        caps: QpCaps,
+        *,
+        gid_index: int | None = None,
+        gid: IPv6Address | None = None,
+        srq: VerbsSRQ | None = None,
     ) -> None:
         ctx, pd = dev._check_open()
+        self._srq = srq
         self._dev = dev
         self._sgid_index = dev.gid_index if gid_index is None else gid_index
         self._gid = dev.gid if gid is None else gid
-        depth = min(caps.max_send_wr + caps.max_recv_wr, dev.caps.max_cqe)
+        recv_wr = caps.max_recv_wr if srq is None else srq.max_wr
+        depth = min(caps.max_send_wr + recv_wr, dev.caps.max_cqe)
         self._channel, self._fd = _open_channel(ctx)
         try:
             self._cq = _call("ibv_create_cq", lambda: CQ(ctx, depth, None, self._channel, 0))
@@ -352,16 +353,22 @@ class VerbsQP:
                 max_send_sge=caps.max_send_sge,
                 max_recv_sge=caps.max_recv_sge,
             )
-            init = QPInitAttr(qp_type=_QPT_RC, scq=self._cq, rcq=self._cq, cap=cap, sq_sig_all=0)
+            init = QPInitAttr(
+                qp_type=_QPT_RC, scq=self._cq, rcq=self._cq, srq=None if srq is None else srq.pv, cap=cap,
+                sq_sig_all=0,
+            )  # fmt: skip
             self._qp: QP = _call("ibv_create_qp", lambda: QP(pd, init))
         except BaseException:
             self._channel.close()
             raise
         self._psn = dev.rng.getrandbits(24)
         self.options = ConnectOptions()
-        self._tracker = WrTracker()
+        self._tracker = self._new_tracker()
         self._pending: deque[Completion] = deque()
         self._closed = False
+
+    def _new_tracker(self) -> WrTracker:
+        return WrTracker() if self._srq is None else WrTracker(shared=self._srq.tracker)
 
     # -- identity and state -----------------------------------------------------------
     @property
@@ -470,15 +477,12 @@ class VerbsQP:
         self._modify(QpState.RESET, lambda a: None)
         self._drain_cq()
         self._pending.clear()
-        self._tracker = WrTracker()
+        self._tracker = self._new_tracker()
         self._psn = self._dev.rng.getrandbits(24)
 
     # -- work requests ------------------------------------------------------------------
     def _sges(self, sg_list: Sequence[tuple[int, int, int]]) -> list[PvSGE]:
-        if not sg_list:
-            z = self._dev._zero_mr
-            return [PvSGE(z.addr, 0, z.lkey)]
-        return [PvSGE(addr, length, lkey) for addr, length, lkey in sg_list]
+        return pv_sges(self._dev, sg_list)
 
     def _post_failed(self, exc: PyverbsError, what: str, allowed: frozenset[QpState]) -> NoReturn:
         err = getattr(exc, "error_code", None)
@@ -514,8 +518,10 @@ class VerbsQP:
             self._post_failed(e, f"ibv_post_send {wr.opcode.name}", _SEND_STATES)
 
     def post_recv(self, wr: RecvWR) -> None:
-        """``ibv_post_recv`` of one work request."""
+        """``ibv_post_recv`` of one work request; INVALID_VALUE on a QP of an SRQ (post there)."""
         self._check_open()
+        if self._srq is not None:
+            raise VerbsError("INVALID_VALUE", "the QP takes its receives from an SRQ: post them there")
         sges = self._sges(wr.sg_list)
         iid = self._tracker.post_recv(wr.wr_id)
         try:

@@ -17,7 +17,8 @@ from pyverbs.qp import QPAttr
 from rdmakit.engine.states import QpState
 from rdmakit.engine.types import Access
 from rdmakit.verbs.attrs import QpAttrMask, gid_text, mtu_enum, qp_access
-from rdmakit.verbs.device import VerbsQP, _call
+from rdmakit.verbs.device import VerbsQP
+from rdmakit.verbs.pvcall import call as _call
 
 __all__ = ["MODIFIABLE", "modify_qp"]
 

@@ -25,6 +25,7 @@ from rdmakit.engine.types import Completion, SendWR, WcOpcode, WcStatus, WrOpcod
 
 __all__ = [
     "SEND_SIGNALED",
+    "SRQ_FIRST_ID",
     "WC_WITH_IMM",
     "Posted",
     "WrTracker",
@@ -33,6 +34,8 @@ __all__ = [
     "wc_opcode_for",
 ]
 
+#: The first internal ``wr_id`` of a shared receive queue's receives (a QP's count up from 1).
+SRQ_FIRST_ID = 1 << 62
 #: ``IBV_SEND_SIGNALED`` (``enum ibv_send_flags``).
 SEND_SIGNALED = 1 << 1
 #: ``IBV_WC_WITH_IMM`` (``enum ibv_wc_flags``): ``imm_data`` is valid.
@@ -99,12 +102,16 @@ class _WC(Protocol):
 class WrTracker:
     """Internal ``wr_id`` s for posted work requests, and completions mapped back.
 
-    Internal ids count up from 1. Receives always complete (``ibv_recv_wr`` has
-    no unsignaled form); sends complete in posting order, signaled or failed.
+    Internal ids count up from `first_id` (1). Receives always complete
+    (``ibv_recv_wr`` has no unsignaled form); sends complete in posting order,
+    signaled or failed. A QP on a shared receive queue finds its receives in
+    the SRQ's tracker (`shared`), whose ids start at `SRQ_FIRST_ID`, apart
+    from any QP's.
     """
 
-    def __init__(self) -> None:
-        self._next = 1
+    def __init__(self, first_id: int = 1, shared: "WrTracker | None" = None) -> None:
+        self._next = first_id
+        self._shared = shared
         self._sends: deque[tuple[int, Posted]] = deque()
         self._recvs: dict[int, Posted] = {}
 
@@ -133,6 +140,8 @@ class WrTracker:
     def complete(self, iid: int) -> Posted | None:
         """The work request internal id `iid` completed; None if it was never posted here."""
         posted = self._recvs.pop(iid, None)
+        if posted is None and self._shared is not None:
+            posted = self._shared._recvs.pop(iid, None)
         if posted is not None:
             return posted
         sends = self._sends

@@ -16,6 +16,7 @@ from rdmakit.doca import (
     BackendCm,
     BackendDevice,
     BackendQP,
+    BackendSRQ,
     Buf,
     BufInventory,
     CtxState,
@@ -269,10 +270,10 @@ def test_memory_not_registered_on_the_contexts_device_fails_the_job(
         mmap.destroy()
 
 
-def test_rdma_imported_memory_is_not_supported_yet(
+def test_memory_on_another_machine_is_not_supported(
     dev: Dev, dma: Dma, make_mmap: MmapFactory, inv: BufInventory
 ) -> None:
-    """Memory on another machine (export_rdma) is an RDMA READ/WRITE away: the hook says NOT_SUPPORTED."""
+    """DOCA DMA never crosses the network: memory on another machine (export_rdma) is NOT_SUPPORTED."""
     exported = make_mmap(64, AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ)
     remote = Mmap.create_from_export(exported.export_rdma(dev), dev)
     src = buf_over(inv, remote, 0, 64, 0, 64)
@@ -441,8 +442,13 @@ class _NoResolve:
     def deregister(self, registration: object) -> None:
         self._inner.deregister(registration)  # type: ignore[arg-type]
 
-    def create_qp(self, caps: QpCaps, gid_index: int | None = None) -> BackendQP:
+    def create_qp(
+        self, caps: QpCaps, gid_index: int | None = None, srq: BackendSRQ | None = None
+    ) -> BackendQP:
         return self._inner.create_qp(caps)
+
+    def create_srq(self, max_wr: int, max_sge: int) -> BackendSRQ:
+        return self._inner.create_srq(max_wr, max_sge)
 
     def cm(self) -> BackendCm:
         return self._inner.cm()

@@ -135,7 +135,7 @@ def test_destroyed_engine_refuses_work() -> None:
 def test_workq_and_device_use_the_threads_engine_unless_given_one() -> None:
     with WorkQ(4) as wq, Dev.open(local_devinfo()) as dev:
         assert wq.pe is thread_engine() is dev.pe
-        assert dev.backend.pump in dev.pe.pumps
+        assert dev.pump in dev.pe.pumps
     other: list[ProgressEngine] = []
     t = threading.Thread(target=lambda: other.append(thread_engine()))
     t.start()
@@ -145,18 +145,27 @@ def test_workq_and_device_use_the_threads_engine_unless_given_one() -> None:
 
 def test_closing_a_device_takes_its_pump_off_the_engine(pe: ProgressEngine) -> None:
     dev = Dev.open(local_devinfo(), pe=pe)
-    pump = dev.backend.pump
+    pump = dev.pump
     assert pump in pe.pumps
     dev.close()
     assert pump not in pe.pumps
 
 
-def test_a_context_is_progressed_by_the_engine_that_pumps_its_device(pe: ProgressEngine) -> None:
-    """A device on one engine and a WorkQ on another would never meet: INVALID_VALUE."""
+def test_a_context_on_another_engine_makes_that_engine_pump_the_device(pe: ProgressEngine) -> None:
+    """A device shared by several engines (one device, a PE per thread): each engine a context of the
+    device is connected to runs its pump, until the last such context leaves."""
     with Dev.open(local_devinfo(), pe=pe) as dev, Dma(dev) as dma, WorkQ(4) as elsewhere:
-        assert error_code(lambda: dma.workq_add(elsewhere)) is DocaErrorCode.INVALID_VALUE
+        pump = dev.pump
+        assert pump not in elsewhere.pe.pumps
+        dma.workq_add(elsewhere)
+        assert pump in elsewhere.pe.pumps
+        assert dma in elsewhere.pe.ctxs
+        dma.workq_rm(elsewhere)
+        assert pump not in elsewhere.pe.pumps
+        assert pump in pe.pumps
         with WorkQ(4, pe=pe) as wq:
             dma.workq_add(wq)
             assert dma in pe.ctxs
             dma.workq_rm(wq)
             assert dma not in pe.ctxs
+            assert pump in pe.pumps

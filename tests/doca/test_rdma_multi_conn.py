@@ -263,9 +263,7 @@ def _check_tasks(net: Net, server: Peer, pairs: list[tuple[RdmaConnection, RdmaC
     client_mems = []
     for i, (cc, sc) in enumerate(pairs):
         client: Peer = next(p for p in net.peers if p.rdma is cc.rdma)
-        recvs.append(
-            server.rdma.task_receive_allocate_init(server.dst(recv_m, i * SLOT, SLOT), i, rdma_connection=sc)
-        )
+        recvs.append(server.rdma.task_receive_allocate_init(server.dst(recv_m, i * SLOT, SLOT), i))
         cm, cmem = client.mmap(pattern(i) + bytes(SLOT))
         client_mems.append(cmem)
         remote = client.remote(server, srv_m)
@@ -292,11 +290,14 @@ def _check_tasks(net: Net, server: Peer, pairs: list[tuple[RdmaConnection, RdmaC
         t.submit()
     net.tasks(*sends, *writes, *reads, *pushes)
     net.until(lambda: all(any(t is d for d in server.done) for t in recvs))
+    # The receives take no connection: each completes with the message of whichever came first.
+    slot_of = {id(r.get_result_rdma_connection()): j for j, r in enumerate(recvs)}
+    assert sorted(slot_of.values()) == list(range(n))
     for i, (_, sc) in enumerate(pairs):
         for task in (recvs[i], sends[i], writes[i], reads[i], pushes[i]):
             assert task.get_status() is DocaErrorCode.SUCCESS, task.error
-        assert recvs[i].get_result_rdma_connection() is sc
-        assert bytes(recv_mem[i * SLOT : i * SLOT + 32]) == pattern(i)
+        j = slot_of[id(sc)]
+        assert bytes(recv_mem[j * SLOT : j * SLOT + 32]) == pattern(i)
         assert bytes(srv_mem[i * SLOT : i * SLOT + 32]) == pattern(i)
         assert bytes(client_mems[i][32:64]) == pattern(100 + i)
         assert bytes(client_mems[i][64:96]) == pattern(200 + i)
@@ -333,7 +334,10 @@ def test_one_client_context_with_three_connections(net: Net) -> None:
     assert error_code(task.submit) is DocaErrorCode.INVALID_VALUE
     task.set_rdma_connection(pairs[2][0])
     rm, _ = server.mmap(8)
-    recv = server.rdma.task_receive_allocate_init(server.dst(rm, 0, 8), rdma_connection=pairs[2][1])
+    named = server.rdma.task_receive_allocate_init(server.dst(rm, 0, 8), rdma_connection=pairs[2][1])
+    assert error_code(named.submit) is DocaErrorCode.INVALID_VALUE  # a receive takes any connection
+    named.free()
+    recv = server.rdma.task_receive_allocate_init(server.dst(rm, 0, 8))
     recv.submit()
     net.tasks(task)
     net.until(lambda: recv in server.done)
@@ -352,13 +356,11 @@ def test_jobs_name_their_connection(net: Net) -> None:
     jobs: list[RdmaWriteJob | RdmaReadJob | RdmaSendJob] = []
     recvs: list[RdmaRecvJob] = []
     cmems = []
-    for i, (cc, sc) in enumerate(pairs):
+    for i, (cc, _) in enumerate(pairs):
         srv_mem[i * SLOT + 32 : (i + 1) * SLOT] = pattern(50 + i)
         cm, cmem = client.mmap(pattern(10 + i) + bytes(32))
         cmems.append(cmem)
-        recvs.append(
-            RdmaRecvJob(ctx=server.rdma, connection=sc, dst_buf=server.dst(srv_m, i * SLOT + 16, 16))
-        )
+        recvs.append(RdmaRecvJob(ctx=server.rdma, dst_buf=server.dst(srv_m, i * SLOT + 16, 16)))
         into, outof = client.dst(remote, i * SLOT, 16), client.src(remote, i * SLOT + 32, 32)
         jobs += [
             RdmaWriteJob(ctx=client.rdma, connection=cc, src_buf=client.src(cm, 0, 16), dst_buf=into),
@@ -371,13 +373,18 @@ def test_jobs_name_their_connection(net: Net) -> None:
         assert isinstance(ev.result, RdmaResult)
         assert ev.result.connection is job.connection
     net.until(lambda: all(id(j) in server.events for j in recvs))
-    for i, (_, sc) in enumerate(pairs):
-        ev = server.events.pop(id(recvs[i]))
+    came_on = [sc for _, sc in pairs]
+    seen = set()
+    for j in range(len(pairs)):
+        ev = server.events.pop(id(recvs[j]))
         assert ev.ok
         assert isinstance(ev.result, RdmaResult)
-        assert ev.result.connection is sc
-        assert bytes(srv_mem[i * SLOT : i * SLOT + 32]) == pattern(10 + i)  # written, then sent
+        i = next(k for k, sc in enumerate(came_on) if sc is ev.result.connection)  # the sender
+        seen.add(i)
+        assert bytes(srv_mem[j * SLOT + 16 : j * SLOT + 32]) == pattern(10 + i)[16:32]  # sent
+        assert bytes(srv_mem[i * SLOT : i * SLOT + 16]) == pattern(10 + i)[:16]  # written
         assert bytes(cmems[i][32:64]) == pattern(50 + i)
+    assert seen == set(range(len(pairs)))
     # Bad connection arguments are refused at submit: none named among several, not a
     # connection, the server's.
     m, _ = client.mmap(8)
@@ -391,25 +398,20 @@ def test_jobs_name_their_connection(net: Net) -> None:
 
 @pytest.mark.parametrize("who", ["client", "server"])
 def test_disconnect_of_one_connection_leaves_the_others(net: Net, who: str) -> None:
-    """Disconnect connection 1 from either side: its receive is flushed, 0 and 2 carry on."""
+    """Disconnect connection 1 from either side: 0 and 2 carry on, and the receives, which take any
+    connection (one queue shared by the connections), stay for them."""
     server = net.peer("server", 3)
     client = net.peer("client", 3)
     listen(net, server)
     pairs = pair_up(net, server, [client], 3)
     recv_m, recv_mem = server.mmap(SLOT * 3)
-    recvs = [
-        server.rdma.task_receive_allocate_init(server.dst(recv_m, i * SLOT, SLOT), rdma_connection=sc)
-        for i, (_, sc) in enumerate(pairs)
-    ]
+    recvs = [server.rdma.task_receive_allocate_init(server.dst(recv_m, i * SLOT, SLOT)) for i in range(3)]
     for t in recvs:
         t.submit()
     gone_c, gone_s = pairs[1]
     (gone_c if who == "client" else gone_s).disconnect()
     net.until(lambda: gone_s in server.seen("disconnect") and gone_c in client.seen("disconnect"))
-    net.until(lambda: recvs[1] in server.done)
-    assert recvs[1].get_status() is not DocaErrorCode.SUCCESS  # flushed with its connection
-    assert recvs[0] not in server.done
-    assert recvs[2] not in server.done
+    assert not [r for r in recvs if r in server.done]  # the SRQ's receives are not the connection's
     assert server.seen("disconnect") == [gone_s]
     assert client.seen("disconnect") == [gone_c]
     assert gone_s.state == gone_c.state == "closed"
@@ -425,9 +427,11 @@ def test_disconnect_of_one_connection_leaves_the_others(net: Net, who: str) -> N
         for i in (0, 2)
     ]
     net.tasks(*sends)
-    net.until(lambda: recvs[0] in server.done and recvs[2] in server.done)
-    assert bytes(recv_mem[0:32]) == pattern(7)
-    assert bytes(recv_mem[2 * SLOT : 2 * SLOT + 32]) == pattern(9)
+    net.until(lambda: len([r for r in recvs if r in server.done]) == 2)
+    got = {id(r.get_result_rdma_connection()): j for j, r in enumerate(recvs) if r in server.done}
+    j0, j2 = got[id(pairs[0][1])], got[id(pairs[2][1])]
+    assert bytes(recv_mem[j0 * SLOT : j0 * SLOT + 32]) == pattern(7)
+    assert bytes(recv_mem[j2 * SLOT : j2 * SLOT + 32]) == pattern(9)
     # The freed place takes a new connection, with the freed id.
     again = connect(net, client, server, user_data="again")
     assert again.get_id() == 1
@@ -503,16 +507,20 @@ def test_a_requested_connection_takes_no_tasks_until_accepted(net: Net) -> None:
     assert sc.qpn is None
     assert sc.get_id() == 1
     m, mem = server.mmap(16)
-    recv = server.rdma.task_receive_allocate_init(server.dst(m, 0, 16), rdma_connection=sc)
-    assert error_code(recv.submit) is DocaErrorCode.BAD_STATE
+    early = server.rdma.task_send_allocate_init(server.src(m, 0, 1), rdma_connection=sc)
+    assert error_code(early.submit) is DocaErrorCode.BAD_STATE
+    early.free()
+    recv = server.rdma.task_receive_allocate_init(server.dst(m, 0, 16))  # any connection: posted now
+    recv.submit()
     sc.accept()
     net.until(lambda: cc.state == "established" and sc.state == "established")
     assert sc.qpn is not None
     assert sc.qpn not in (first.qpn, server.rdma.qpn)
     src_m, _ = clients[1].mmap(pattern(3, 16))
-    net.tasks(recv, clients[1].rdma.task_send_allocate_init(clients[1].src(src_m, 0, 16)))
+    net.tasks(clients[1].rdma.task_send_allocate_init(clients[1].src(src_m, 0, 16)))
     net.until(lambda: recv in server.done)
     assert recv.get_status() is DocaErrorCode.SUCCESS
+    assert recv.get_result_rdma_connection() is sc
     assert bytes(mem) == pattern(3, 16)
 
 
@@ -576,9 +584,7 @@ def test_await_each_connection_with_trio(net: Net) -> None:
                 sc.set_user_data(i)
             for i, cc in enumerate(conns):
                 sc = next(s for s in srv if s.get_user_data() == i)
-                recv = server.rdma.task_receive_allocate_init(
-                    server.dst(recv_m, i * SLOT, 32), rdma_connection=sc
-                )
+                recv = server.rdma.task_receive_allocate_init(server.dst(recv_m, i * SLOT, 32))
                 recv.submit()
                 send = client.rdma.task_send_allocate_init(client.src(src_m, 32 * i, 32), rdma_connection=cc)
                 await aio.run_task(send)
@@ -592,13 +598,12 @@ def test_await_each_connection_with_trio(net: Net) -> None:
             assert err.code is DocaErrorCode.CONNECTION_RESET
             send = client.rdma.task_send_allocate_init(client.src(src_m, 64, 32), rdma_connection=conns[2])
             sc2 = next(s for s in srv if s.get_user_data() == 2)
-            recv = server.rdma.task_receive_allocate_init(
-                server.dst(recv_m, 2 * SLOT + 32, 32), rdma_connection=sc2
-            )
+            recv = server.rdma.task_receive_allocate_init(server.dst(recv_m, 2 * SLOT + 32, 32))
             recv.submit()
             await aio.run_task(send)
             await settle(recv)
             assert recv.get_status() is DocaErrorCode.SUCCESS
+            assert recv.get_result_rdma_connection() is sc2
             with pytest.raises(Exception, match="disconnected"):
                 await aio.wait_connected(client.rdma, conns[0])
 

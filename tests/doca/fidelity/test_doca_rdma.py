@@ -1,6 +1,8 @@
 """``doca_rdma.h`` (2.5, and the newer connection-aware header): connecting, connections,
 capabilities and properties."""
 
+from functools import partial
+
 import pytest
 
 from rdmakit.doca import (
@@ -17,6 +19,10 @@ from rdmakit.doca.rdma_tasks import RdmaTaskReceive
 from tests.doca.fidelity.conftest import DuoFactory
 from tests.doca.task_harness import Duo
 from tests.doca.util import error_code
+
+
+def _done(d: Duo, task: object) -> bool:
+    return any(t is task for t in d.done)
 
 
 def _started(d: Duo) -> None:
@@ -79,23 +85,18 @@ def test_two_connections_through_export_and_connect(make_duo: DuoFactory) -> Non
     d._until(lambda: a.state is CtxState.RUNNING and b.state is CtxState.RUNNING, lambda: "RUNNING")
     mb, mem = d.b.mmap(16)
     ma, _ = d.a.mmap(b"zero one")
-    recvs = [
-        b.task_receive_allocate_init(d.b.room(mb, 8 * i, 8), rdma_connection=p[3])
-        for i, p in enumerate(pairs)
-    ]
-    for r in recvs:
-        r.submit()
     sends = [
         a.task_send_allocate_init(d.a.data(ma, 5 * i, 4 - i), rdma_connection=p[1])
         for i, p in enumerate(pairs)
     ]
-    for t in reversed(sends):
-        t.submit()
-    d._until(lambda: all(any(t is x for x in d.done) for t in recvs + sends), lambda: "both messages")
-    assert [t.get_status() for t in recvs + sends] == [DocaErrorCode.SUCCESS] * 4
-    for i, r in enumerate(recvs):
-        assert isinstance(r, RdmaTaskReceive)
-        conn = r.get_result_rdma_connection()
+    for i in (1, 0):  # one message at a time, the second connection's first
+        recv = b.task_receive_allocate_init(d.b.room(mb, 8 * i, 8))
+        recv.submit()
+        sends[i].submit()
+        d._until(partial(_done, d, recv), lambda: "the message")
+        assert recv.get_status() is DocaErrorCode.SUCCESS
+        assert isinstance(recv, RdmaTaskReceive)
+        conn = recv.get_result_rdma_connection()
         assert isinstance(conn, RdmaConnection)
         assert conn is pairs[i][3]
         assert conn.get_user_data() == f"b{i}"
@@ -242,13 +243,61 @@ def test_export_connect_and_cm_on_one_context(make_duo: DuoFactory, transport: s
     server_side = next(c for c, _ in established if c is not by_addr)
     mb, mem = d.b.mmap(16)
     ma, _ = d.a.mmap(b"desc" + b"cm!!")
-    r1 = b.task_receive_allocate_init(d.b.room(mb, 0, 8), rdma_connection=conn_b)
-    r2 = b.task_receive_allocate_init(d.b.room(mb, 8, 8), rdma_connection=server_side)
-    for r in (r1, r2):
-        r.submit()
+    r1 = b.task_receive_allocate_init(d.b.room(mb, 0, 8))
+    r1.submit()
     a.task_send_allocate_init(d.a.data(ma, 0, 4), rdma_connection=conn_a).submit()
+    d._until(lambda: any(t is r1 for t in d.done), lambda: "the receive by descriptor")
+    r2 = b.task_receive_allocate_init(d.b.room(mb, 8, 8))
+    r2.submit()
     a.task_send_allocate_init(d.a.data(ma, 4, 4), rdma_connection=by_addr).submit()
-    d._until(lambda: all(any(t is x for x in d.done) for t in (r1, r2)), lambda: "both receives")
+    d._until(lambda: any(t is r2 for t in d.done), lambda: "the receive by address")
     assert (bytes(mem[0:4]), bytes(mem[8:12])) == (b"desc", b"cm!!")
+    assert isinstance(r1, RdmaTaskReceive)
     assert isinstance(r2, RdmaTaskReceive)
+    assert r1.get_result_rdma_connection() is conn_b
     assert r2.get_result_rdma_connection() is server_side
+
+
+def test_a_receive_takes_no_connection_and_names_the_one_the_message_came_on(
+    make_duo: DuoFactory,
+) -> None:
+    """Connection-aware doca_rdma_task_receive_allocate_init(rdma, dst_buf, user_data, task) takes no
+    connection: with several connections, a receive is completed by the message of whichever arrives;
+    doca_rdma_task_receive_get_result_rdma_connection returns the connection it was received on. A
+    receive naming a connection there is INVALID_VALUE (the receives are one queue, IBTA §10.2.9)."""
+    d = make_duo("task")
+    for s in d.sides:
+        s.rdma.set_max_num_connections(3)
+    _started(d)
+    a, b = d.a.rdma, d.b.rdma
+    conns = []
+    for i in range(3):
+        blob_a, conn_a = a.export_connection()
+        blob_b, conn_b = b.export_connection()
+        conn_b.set_user_data(i)
+        a.connect(blob_b, conn_a)
+        b.connect(blob_a, conn_b)
+        conns.append((conn_a, conn_b))
+    d._until(lambda: a.state is CtxState.RUNNING and b.state is CtxState.RUNNING, lambda: "RUNNING")
+    mb, mem = d.b.mmap(3 * 16)
+    named = b.task_receive_allocate_init(d.b.room(mb, 0, 16), rdma_connection=conns[0][1])
+    assert error_code(named.submit) is DocaErrorCode.INVALID_VALUE
+    named.free()
+    recvs = [b.task_receive_allocate_init(d.b.room(mb, 16 * j, 16)) for j in range(3)]
+    for r in recvs:
+        r.submit()  # posted before any message: each may take any connection's
+    ma, _ = d.a.mmap(b"".join(f"message {i}".encode().ljust(16, b".") for i in range(3)))
+    for i in (2, 0, 1):
+        a.task_send_allocate_init(d.a.data(ma, 16 * i, 16), rdma_connection=conns[i][0]).submit()
+    d._until(lambda: all(any(t is r for t in d.done) for r in recvs), lambda: "three messages")
+    senders = []
+    for j, r in enumerate(recvs):
+        assert r.get_status() is DocaErrorCode.SUCCESS
+        conn = r.get_result_rdma_connection()
+        assert isinstance(conn, RdmaConnection)
+        k = conn.get_user_data()
+        assert isinstance(k, int)
+        assert conn is conns[k][1]
+        assert bytes(mem[16 * j : 16 * j + 16]) == f"message {k}".encode().ljust(16, b".")
+        senders.append(k)
+    assert sorted(senders) == [0, 1, 2]

@@ -1,4 +1,4 @@
-"""DOCA DMA jobs over RDMA: memory on another machine (``export_rdma``) through `Dma.set_rdma`.
+"""dma-copy's DMA jobs over RDMA: memory on another machine (``export_rdma``) through `DmaOverRdma.set_rdma`.
 
 Two soft devices on distinct loopback addresses play the two machines: the
 exporter ("host") holds memory and answers RDMA requests; the copier ("DPU")
@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from rdmakit.cli.dma_rdma import DmaOverRdma
 from rdmakit.doca import (
     AccessFlag,
     Buf,
     BufInventory,
     CtxState,
     Dev,
-    Dma,
     DmaMemcpyJob,
     DocaError,
     DocaErrorCode,
@@ -44,7 +44,7 @@ class Link:
     host_rdma: Rdma
     dpu: Dev
     rdma: Rdma
-    dma: Dma
+    dma: DmaOverRdma
     wq: WorkQ
     inv: BufInventory
     mmaps: list[Mmap] = field(default_factory=list)
@@ -108,7 +108,7 @@ def _open_link(new_ip: Callable[[], str], host_perms: int = REMOTE_RW, sq: int =
     rdma.start()
     host_rdma.connect(rdma.export())
     rdma.connect(host_rdma.export())
-    dma = Dma(dpu)
+    dma = DmaOverRdma(dpu)
     wq = WorkQ(64, event_driven=True)
     dma.workq_add(wq)
     dma.set_rdma(rdma)
@@ -230,7 +230,7 @@ def test_local_to_local_needs_no_connected_rdma(link: Link) -> None:
     """With a connection given but not connected, local memory still copies (a memcpy)."""
     rdma = Rdma()
     rdma.add_dev(link.dpu)
-    with rdma, Dma(link.dpu) as dma, WorkQ(4) as wq:
+    with rdma, DmaOverRdma(link.dpu) as dma, WorkQ(4) as wq:
         dma.set_rdma(rdma)
         dma.workq_add(wq)
         dma.start()
@@ -330,7 +330,7 @@ def test_destination_in_flight_is_in_use(link: Link) -> None:
 
 
 def test_without_a_connection_remote_memory_is_not_supported(link: Link) -> None:
-    dma = Dma(link.dpu)
+    dma = DmaOverRdma(link.dpu)
     with dma, WorkQ(4) as wq:
         dma.workq_add(wq)
         dma.start()
@@ -342,14 +342,14 @@ def test_without_a_connection_remote_memory_is_not_supported(link: Link) -> None
             with pytest.raises(DocaError) as exc:
                 wq.submit(DmaMemcpyJob(ctx=dma, src=src, dst=dst))
             assert exc.value.code is DocaErrorCode.NOT_SUPPORTED
-            assert "Dma.set_rdma" in exc.value.message
+            assert "DmaOverRdma.set_rdma" in exc.value.message
             assert dma.num_inflight == 0
 
 
 def test_a_connection_not_yet_connected_is_bad_state(link: Link, new_ip: Callable[[], str]) -> None:
     rdma = Rdma()
     rdma.add_dev(link.dpu)
-    dma = Dma(link.dpu)
+    dma = DmaOverRdma(link.dpu)
     with rdma, dma, WorkQ(4) as wq:
         dma.set_rdma(rdma)
         dma.workq_add(wq)
@@ -369,7 +369,7 @@ def test_set_rdma_is_idle_only_and_checks_the_device(link: Link, new_ip: Callabl
     assert link.dma.rdma is link.rdma
     assert error_code(lambda: link.dma.set_rdma(None)) is DocaErrorCode.BAD_STATE
     assert error_code(lambda: link.dma.set_rdma(object())) is DocaErrorCode.BAD_STATE  # type: ignore[arg-type]
-    with Dma(link.dpu) as dma:
+    with DmaOverRdma(link.dpu) as dma:
         assert error_code(lambda: dma.set_rdma(object())) is DocaErrorCode.INVALID_VALUE  # type: ignore[arg-type]
         dma.set_rdma(link.host_rdma)  # on another device
         assert error_code(dma.start) is DocaErrorCode.INVALID_VALUE
