@@ -45,6 +45,7 @@ from .memory import ProtectionDomain
 from .requester import WC_OPCODE, Requester, SendWqe
 from .resp_runs import fast_middle
 from .responder import RecvWqe, Responder
+from .small_tx import SmallTransmit
 from .states import QpState, check_transition
 from .stats import QpStats
 from .timers import MAX_MSG_SIZE
@@ -82,7 +83,7 @@ _MIDDLE_OPS = MIDDLE_OPCODES
 _NO_EXT_HEADERS = (None,) * 6
 
 
-class QueuePair(BulkReceive):
+class QueuePair(BulkReceive, SmallTransmit):
     """One Reliable Connection queue pair (``ibv_qp`` of type RC)."""
 
     def __init__(

@@ -356,7 +356,11 @@ class UdpPort:
             if not qp.may_transmit():
                 continue
             before = qp.stats.packets_out
-            pkts = qp.poll_transmit_trains(now) if trains else qp.poll_transmit(now)
+            one = qp.tx_small(now) if trains else None  # the requester's common case (small_ops)
+            if one is not None:
+                pkts: list[Packet] | list[Packet | Train] = [one]
+            else:
+                pkts = qp.poll_transmit_trains(now) if trains else qp.poll_transmit(now)
             if not pkts:
                 continue
             busy = True
