@@ -42,7 +42,8 @@ def fingerprint(
     window: int = 128,
     cnp_every: int = 0,
 ) -> tuple[Any, ...]:
-    """Run ``rounds`` rounds (MTU 256, up to ``MAX_LEN`` bytes: one and two packets).
+    """Run ``rounds`` rounds (MTU 256, up to ``MAX_LEN`` bytes: one and two packets); the last
+    item is what the one-packet paths took, the rest is the run.
 
     ``window``: the requesters' window in PSNs; ``cnp_every``: every that many
     rounds, a CNP reaches both requesters (DCQCN then paces them).

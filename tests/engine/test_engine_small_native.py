@@ -50,6 +50,7 @@ from rdmakit.wire import (
 )
 from tests.engine.qp_state import requester_state, responder_state
 from tests.engine.seeds import SeedSample
+from tests.engine.small_run import counting_tx
 from tests.transport.test_device_fastpath import _Counting
 
 pytestmark = pytest.mark.skipif(fastpath.NATIVE is None, reason=f"native data plane: {fastpath.describe()}")
@@ -325,10 +326,16 @@ def decode_or_bytes(d: bytes) -> object:
 def test_the_port_takes_the_native_path_on_real_sockets(
     new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Over two soft devices on loopback, WRITE, READ and both atomics complete through it."""
+    """Over two soft devices on loopback, WRITE, READ and both atomics complete through it,
+    each request sent by ``tx_small`` and the native ``send_packet``."""
     calls: dict[str, int] = {}
     monkeypatch.setattr(fastpath, "CODEC", _Counting(fastpath.NATIVE, calls))
-    with SoftDevice(new_ip(), port=0) as a, SoftDevice(new_ip(), port=0) as b, Driver() as drv:
+    with (
+        counting_tx() as sent,
+        SoftDevice(new_ip(), port=0) as a,
+        SoftDevice(new_ip(), port=0) as b,
+        Driver() as drv,
+    ):
         drv.add(a)
         drv.add(b)
         cqa, cqb = CompletionQueue(64), CompletionQueue(64)
@@ -367,6 +374,10 @@ def test_the_port_takes_the_native_path_on_real_sockets(
     assert int.from_bytes(ma[24:32], "little") == 9
     assert int.from_bytes(mb[40:48], "little") == 1
     assert calls.get("small_request", 0) >= 4
+    assert calls.get("send_packet", 0) >= 8  # the requests and their responses
+    assert {op for _, op in sent} == {
+        Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_READ_REQUEST, Opcode.FETCH_ADD, Opcode.COMPARE_SWAP,
+    }  # fmt: skip
 
 
 # -- crafted hostile responses ---------------------------------------------------------
