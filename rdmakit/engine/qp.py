@@ -22,6 +22,7 @@ of registered memory: encode them before the memory changes.
 """
 
 import random
+from collections.abc import Callable
 from typing import Any, cast
 
 from rdmakit.wire import (
@@ -131,6 +132,10 @@ class QueuePair(BulkReceive, SmallTransmit):
         self._cnp_due = False
         self._cnp_at = -DCQCN_CNP_INTERVAL
         self.resp = Responder(self, caps.fast_paths)
+        #: Called with this QP when a user call gave it something to send (``post_send``, a
+        #: ``modify`` that may resume sending): a transport that polls only QPs with work
+        #: (``UdpPort``'s active set) learns of it here. None: nobody listens.
+        self.doorbell: Callable[[QueuePair], None] | None = None
 
     def __repr__(self) -> str:
         return f"<QueuePair qpn={self.qpn:#x} {self._state.name} dest_qpn={self.dest_qpn:#x}>"
@@ -229,6 +234,8 @@ class QueuePair(BulkReceive, SmallTransmit):
                 self._attrs[name] = v
         self.req.draining = to is QpState.SQD
         self._set_state(to)
+        if self.doorbell is not None:
+            self.doorbell(self)
 
     def _reset(self) -> None:
         """Any state -> RESET: queues emptied without completions (IBTA §10.3.1.1)."""
@@ -383,6 +390,8 @@ class QueuePair(BulkReceive, SmallTransmit):
         sq.append(SendWqe(wr, opcode, length, segs, status))
         if status and len(sq) == 1:
             self.fail_send(status)
+        elif self.doorbell is not None:
+            self.doorbell(self)
 
     def post_recv(self, wr: RecvWR) -> None:
         """Queue a receive work request (``ibv_post_recv``); allowed from INIT on.
