@@ -272,9 +272,10 @@ class UdpPort:
                 c.malformed += 1
                 continue
             op, _b1, _pkey, w1, _w2 = unpack_bth(seg)
-            qp = qps.get(w1 & _U24)
+            qpn = w1 & _U24
+            qp = qps.get(qpn)
             if qp is not None:
-                active[qp.qpn] = qp  # whatever this segment does, the QP may have an answer
+                active[qpn] = qp  # whatever this segment does, the QP may have an answer
             else:
                 if w1 & _U24 == GSI_QPN and self.gsi is not None:
                     self.gsi.receive(seg, src_ip, sport, now)
@@ -364,46 +365,40 @@ class UdpPort:
         if not active:
             return False
         qps = self._qps
+        trains = self._runs
         for qpn, qp in list(active.items()):
             if qps.get(qpn) is not qp:
                 del active[qpn]
                 continue
-            if self._transmit_qp(qp, now):
+            if qp.poll_cnp() and isinstance(remote := qp.remote, PeerAddress):
+                # Annex A17.9.3: the notification point's CNP for what arrived marked CE.
+                self.link.send(
+                    cnp_datagram(self._local, remote.ip, self.port, qp.dest_qpn), (remote.ip, remote.port)
+                )
                 busy = True
             if not qp.may_transmit():
-                del active[qpn]
-        return busy
-
-    def _transmit_qp(self, qp: QueuePair, now: float) -> bool:
-        busy = False
-        if qp.poll_cnp() and isinstance(remote := qp.remote, PeerAddress):
-            # Annex A17.9.3: the notification point's CNP for what arrived marked CE.
-            self.link.send(
-                cnp_datagram(self._local, remote.ip, self.port, qp.dest_qpn), (remote.ip, remote.port)
-            )
+                del active[qpn]  # until its doorbell rings, a segment reaches it or its timer fires
+                continue
+            before = qp.stats.packets_out
+            one = qp.tx_small(now) if trains else None  # the requester's common case (small_ops)
+            if one is not None:
+                pkts: list[Packet] | list[Packet | Train] = [one]
+            else:
+                pkts = qp.poll_transmit_trains(now) if trains else qp.poll_transmit(now)
+            if not pkts:
+                continue
             busy = True
-        if not qp.may_transmit():
-            return busy
-        trains = self._runs
-        before = qp.stats.packets_out
-        one = qp.tx_small(now) if trains else None  # the requester's common case (small_ops)
-        if one is not None:
-            pkts: list[Packet] | list[Packet | Train] = [one]
-        else:
-            pkts = qp.poll_transmit_trains(now) if trains else qp.poll_transmit(now)
-        if not pkts:
-            return busy
-        n = qp.stats.packets_out - before  # packets, trains counted in full
-        remote = qp.remote
-        if not isinstance(remote, PeerAddress):
-            self.counters.dropped_state += n
-            return True
-        self.counters.packets_out += n
-        too_big = self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0)
-        self._send_udp(pkts, remote)
-        if self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0) != too_big:
-            self._too_big(qp, remote)
-        return True
+            n = qp.stats.packets_out - before  # packets, trains counted in full
+            remote = qp.remote
+            if not isinstance(remote, PeerAddress):
+                self.counters.dropped_state += n
+                continue
+            self.counters.packets_out += n
+            too_big = self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0)
+            self._send_udp(pkts, remote)
+            if self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0) != too_big:
+                self._too_big(qp, remote)
+        return busy
 
     def _too_big(self, qp: QueuePair, remote: PeerAddress) -> None:
         """The path refused a datagram of ``qp`` (EMSGSIZE: the route's MTU, or what path-MTU

@@ -28,7 +28,7 @@ def _connect(
     for i in range(n):
         qa = a.create_qp(send_cq=cq_a, recv_cq=cq_a)
         qb = b.create_qp(send_cq=cq_b, recv_cq=cq_b)
-        o = ConnectOptions(**opts)  # type: ignore[arg-type]
+        o = ConnectOptions(**opts)
         connect_qp(a, qa, 100 + i, local_endpoint(b, qb, 900 + i), o)
         connect_qp(b, qb, 900 + i, local_endpoint(a, qa, 100 + i), o)
         pairs.append((qa, qb))
