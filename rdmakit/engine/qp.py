@@ -22,6 +22,7 @@ of registered memory: encode them before the memory changes.
 """
 
 import random
+from collections.abc import Callable
 from typing import Any, cast
 
 from rdmakit.wire import (
@@ -46,6 +47,7 @@ from .requester import WC_OPCODE, Requester, SendWqe
 from .resp_runs import fast_middle
 from .responder import Responder
 from .rwqe import RecvWqe
+from .small_tx import SmallTransmit
 from .srq import SharedReceiveQueue
 from .states import QpState, check_transition
 from .stats import QpStats
@@ -84,7 +86,7 @@ _MIDDLE_OPS = MIDDLE_OPCODES
 _NO_EXT_HEADERS = (None,) * 6
 
 
-class QueuePair(BulkReceive):
+class QueuePair(BulkReceive, SmallTransmit):
     """One Reliable Connection queue pair (``ibv_qp`` of type RC)."""
 
     def __init__(
@@ -138,6 +140,10 @@ class QueuePair(BulkReceive):
         if srq is not None:
             srq.attach(self)
             self.resp.attach(srq)
+        #: Called with this QP when a user call gave it something to send (``post_send``, a
+        #: ``modify`` that may resume sending): a transport that polls only QPs with work
+        #: (``UdpPort``'s active set) learns of it here. None: nobody listens.
+        self.doorbell: Callable[[QueuePair], None] | None = None
 
     def __repr__(self) -> str:
         return f"<QueuePair qpn={self.qpn:#x} {self._state.name} dest_qpn={self.dest_qpn:#x}>"
@@ -236,6 +242,8 @@ class QueuePair(BulkReceive):
                 self._attrs[name] = v
         self.req.draining = to is QpState.SQD
         self._set_state(to)
+        if self.doorbell is not None:
+            self.doorbell(self)
 
     def _reset(self) -> None:
         """Any state -> RESET: queues emptied without completions (IBTA §10.3.1.1)."""
@@ -392,6 +400,8 @@ class QueuePair(BulkReceive):
         sq.append(SendWqe(wr, opcode, length, segs, status))
         if status and len(sq) == 1:
             self.fail_send(status)
+        elif self.doorbell is not None:
+            self.doorbell(self)
 
     def post_recv(self, wr: RecvWR) -> None:
         """Queue a receive work request (``ibv_post_recv``); allowed from INIT on.

@@ -136,6 +136,7 @@ class SoftDevice:
             pd or self.pd, qpn=qpn, send_cq=send_cq, recv_cq=recv_cq, caps=caps, rng=self.rng, srq=srq
         )
         self._qps[qpn] = qp
+        qp.doorbell = self._port.wake  # the port's transmit visits only QPs with work
         return qp
 
     def destroy_qp(self, qp: QueuePair) -> None:
@@ -224,10 +225,12 @@ class SoftDevice:
         d = self._deadline
         if d is not None and d <= now:
             busy = True
+            port = self._port
             for qp in self._qps.values():
                 t = qp.get_timer()
                 if t is not None and t <= now:
                     qp.handle_timer(now)
+                    port.wake(qp)
         gsi = self.gsi
         if gsi is not None:
             if d is not None and d <= now:  # the CM's deadlines are in the cached earliest one too
@@ -246,6 +249,7 @@ class SoftDevice:
                 # directly by its owner must not be missed for long.
                 self._idle = 0
                 self._deadline = self._scan_deadline()
+                self._port.sweep()
         return busy
 
     def _scan_deadline(self) -> float | None:

@@ -74,6 +74,14 @@ class Port(Protocol):
         """``qp`` was destroyed or reset: drop what the port keeps for it."""
         ...
 
+    def wake(self, qp: QueuePair) -> None:
+        """``qp`` may have something to send (its doorbell rang, or a timer of it fired)."""
+        ...
+
+    def sweep(self) -> None:
+        """Look at every QP at the next transmit (the safety net of an active set)."""
+        ...
+
     def deadline(self) -> float | None:
         """The port's own earliest deadline (None: none)."""
         ...

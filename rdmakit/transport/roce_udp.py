@@ -89,6 +89,10 @@ class UdpPort:
         self.gsi: Gsi | None = None
         #: Why a QP was failed here: its datagrams did not fit the path (EMSGSIZE).
         self._faults: dict[int, str] = {}
+        #: The QPs transmit visits: those that may have something to send (a user call rang
+        #: their doorbell, a segment reached them, a timer of theirs fired), by QPN. A QP
+        #: leaves once ``may_transmit`` says it has nothing; ``sweep`` puts every QP back.
+        self._active: dict[int, QueuePair] = {}
 
     @property
     def codec(self) -> SegmentCodec:
@@ -100,6 +104,14 @@ class UdpPort:
 
     def forget(self, qp: QueuePair) -> None:
         self._faults.pop(qp.qpn, None)  # the receive state is per source, not per QP
+        if self._active.get(qp.qpn) is qp:
+            del self._active[qp.qpn]
+
+    def wake(self, qp: QueuePair) -> None:
+        self._active[qp.qpn] = qp
+
+    def sweep(self) -> None:
+        self._active.update(self._qps)
 
     def fault(self, qpn: int) -> str | None:
         return self._faults.get(qpn)
@@ -181,6 +193,7 @@ class UdpPort:
         if run is None or type(r) is not PeerAddress or r.ip != src_ip:
             self._hot = None
             return -1
+        self._active[qp.qpn] = qp  # what it places may be owed an ACK
         psn, mem, off, most, mtu = run
         size = mtu + BTH_LEN + ICRC_LEN
         placed, last_ack, reads, datagrams, gro, err, pending, ce = recv_runs(
@@ -241,7 +254,7 @@ class UdpPort:
             return
         link = self.link
         view = link.view
-        verify, qps, codec = self.verify_icrc, self._qps, self.codec
+        verify, qps, codec, active = self.verify_icrc, self._qps, self.codec, self._active
         runs, hot = self._runs, self._runs and codec.recv_runs is not None
         small = runs and (codec.small_request is not None or codec.small_response is not None)
         unpack_bth = _BTH.unpack_from
@@ -259,8 +272,11 @@ class UdpPort:
                 c.malformed += 1
                 continue
             op, _b1, _pkey, w1, _w2 = unpack_bth(seg)
-            qp = qps.get(w1 & _U24)
-            if qp is None:
+            qpn = w1 & _U24
+            qp = qps.get(qpn)
+            if qp is not None:
+                active[qpn] = qp  # whatever this segment does, the QP may have an answer
+            else:
                 if w1 & _U24 == GSI_QPN and self.gsi is not None:
                     self.gsi.receive(seg, src_ip, sport, now)
                     continue
@@ -345,8 +361,15 @@ class UdpPort:
         busy = False
         if self._backlog and not self._flush_backlog():
             return True
+        active = self._active
+        if not active:
+            return False
+        qps = self._qps
         trains = self._runs
-        for qp in self._qps.values():
+        for qpn, qp in list(active.items()):
+            if qps.get(qpn) is not qp:
+                del active[qpn]
+                continue
             if qp.poll_cnp() and isinstance(remote := qp.remote, PeerAddress):
                 # Annex A17.9.3: the notification point's CNP for what arrived marked CE.
                 self.link.send(
@@ -354,9 +377,14 @@ class UdpPort:
                 )
                 busy = True
             if not qp.may_transmit():
+                del active[qpn]  # until its doorbell rings, a segment reaches it or its timer fires
                 continue
             before = qp.stats.packets_out
-            pkts = qp.poll_transmit_trains(now) if trains else qp.poll_transmit(now)
+            one = qp.tx_small(now) if trains else None  # the requester's common case (small_ops)
+            if one is not None:
+                pkts: list[Packet] | list[Packet | Train] = [one]
+            else:
+                pkts = qp.poll_transmit_trains(now) if trains else qp.poll_transmit(now)
             if not pkts:
                 # Paced (its rate holds the next packet back): a new deadline, which the
                 # device must see to wake for it (``SoftDevice.progress`` rescans when busy).

@@ -57,7 +57,7 @@ from rdmakit.wire import (
 from rdmakit.wire.cnp import CNP_OPCODE, decode_cnp, encode_cnp
 
 from .codec import SegmentCodec
-from .small_ops import OFFERED, SmallQP, take_small
+from .small_ops import OFFERED, SmallQP, SmallTxQP, take_small
 
 Address = Hashable
 _SPORT = 0xC000
@@ -153,8 +153,9 @@ class SimNet:
         ``small_request`` then checks and executes each one-packet request a QP's
         ``rx_small`` allows on the datagram's bytes (``rx_small_done``), and whose
         ``small_response`` checks each response ``rx_small_resp`` allows
-        (``rx_small_resp_done``), as the UDP port does; ``stats["small"]`` and
-        ``stats["small_resp"]`` count them."""
+        (``rx_small_resp_done``), as the UDP port does; and each QP whose whole work is
+        one request sends it through ``tx_small``, as the UDP port does; ``stats["small"]``,
+        ``stats["small_resp"]`` and ``stats["small_tx"]`` count them."""
         self.seed = seed
         self.bulk = bulk
         self.small = small
@@ -360,7 +361,11 @@ class SimNet:
         """Send everything every QP has ready now."""
         now = self.now
         for addr, qp in self._qps:
-            if self.bulk:
+            one = cast(SmallTxQP, qp).tx_small(now) if self.small is not None else None
+            if one is not None:
+                self.stats["small_tx"] += 1
+                pkts = [one]
+            elif self.bulk:
                 pkts = []
                 for it in cast(BulkSimQP, qp).poll_transmit_trains(now):
                     if isinstance(it, Train):

@@ -1,5 +1,10 @@
 """The native one-packet paths, one segment at a time: the UDP port's and the simulated network's.
 
+Sending, ``SmallTxQP.tx_small`` gives the one request a QP's requester has
+when that is the whole of its work (``rdmakit.engine.small_tx``), and the
+segment codec's ``send_packet`` builds its headers and ICRC and sends it in
+one call. Receiving:
+
 A segment whose opcode the engine's one-packet interfaces serve is offered
 to the segment codec with the engine's ticket (``QueuePair.rx_small`` for a
 request, ``rx_small_resp`` for the response that completes a send); when the
@@ -10,7 +15,7 @@ codec took it, the engine takes the effect (``rx_small_done``,
 from typing import Protocol
 
 from rdmakit.engine.bulk import SMALL_REQUESTS, SMALL_RESPONSES
-from rdmakit.wire import IcrcFlow, Payload
+from rdmakit.wire import IcrcFlow, Packet, Payload
 
 from .codec import SegmentCodec, SmallRespTicket, SmallTicket
 
@@ -26,6 +31,12 @@ class SmallQP(Protocol):
     ) -> None: ...
     def rx_small_resp(self) -> SmallRespTicket | None: ...
     def rx_small_resp_done(self, op: int, psn: int, now: float) -> None: ...
+
+
+class SmallTxQP(Protocol):
+    """What the one-packet send path needs of an engine QP (``rdmakit.engine.QueuePair`` fits)."""
+
+    def tx_small(self, now: float) -> Packet | None: ...
 
 
 #: The opcodes worth offering (a set test before any ticket is built).

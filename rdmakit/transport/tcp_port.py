@@ -58,6 +58,12 @@ class TcpPort:
             self.link.close_route(old[0])
         self.link.bind(qp.qpn, route.ip, route.port)
 
+    def wake(self, qp: QueuePair) -> None:
+        """Nothing to note: this port's transmit looks at every QP."""
+
+    def sweep(self) -> None:
+        """Nothing to do: this port's transmit looks at every QP."""
+
     def forget(self, qp: QueuePair) -> None:
         self.link.revoke(qp.qpn)
         self._faults.pop(qp.qpn, None)

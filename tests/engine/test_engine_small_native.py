@@ -27,7 +27,7 @@ from typing import Any, cast
 
 import pytest
 
-from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, QueuePair, SendWR, WcStatus, WrOpcode
+from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, SendWR, WcStatus, WrOpcode
 from rdmakit.testing.engine import ALL_ACCESS, both_ways, connect, fill, finished, make_pair, make_side
 from rdmakit.testing.faults import PROFILES, Faults
 from rdmakit.transport import fastpath
@@ -48,7 +48,9 @@ from rdmakit.wire import (
     icrc_ipv4,
     pack_icrc,
 )
+from tests.engine.qp_state import requester_state, responder_state
 from tests.engine.seeds import SeedSample
+from tests.engine.small_run import counting_tx
 from tests.transport.test_device_fastpath import _Counting
 
 pytestmark = pytest.mark.skipif(fastpath.NATIVE is None, reason=f"native data plane: {fastpath.describe()}")
@@ -65,28 +67,6 @@ def _codec() -> SegmentCodec:
     return fastpath.NATIVE
 
 
-def requester_state(qp: QueuePair) -> tuple[Any, ...]:
-    r = qp.req
-    wqes = tuple((w.state, w.started, w.first_psn, w.last_psn, w.read_done, w.status) for w in r.sq)
-    return (
-        r.comp_psn, r.comp_opcode, r.req_psn, r.sent_hwm, r.next_idx, r.rd_out, r.retry_left, r.rnr_left,
-        r.need_retry, r.rexmit_deadline, r.rnr_deadline, wqes, qp.state,
-    )  # fmt: skip
-
-
-def responder_state(qp: QueuePair) -> tuple[Any, ...]:
-    r = qp.resp
-    ring = tuple(
-        None if x is None else (x.kind, x.first_psn, x.last_psn, x.va, x.length, x.rkey, x.orig)
-        for x in r.res.ring
-    )
-    out = tuple(repr(x) if isinstance(x, Packet) else (x.off, x.resid, x.psn, x.new, x.msn) for x in r.out)
-    return (
-        r.psn, r.ack_psn, r.msn, r.in_msg, r.sent_psn_nak, r.res.head, ring, out,
-        r.w_rkey, r.w_va, r.w_off, r.w_len, r.w_resid, r.w_view is None, qp.state,
-    )  # fmt: skip
-
-
 def fingerprint(seed: int, faults: Faults, small: SegmentCodec | None, n: int = 14) -> tuple[Any, ...]:
     """A bidirectional random workload of mostly one-packet operations (MTU 256, up to 300 bytes)."""
     max_len = 300
@@ -98,7 +78,7 @@ def fingerprint(seed: int, faults: Faults, small: SegmentCodec | None, n: int = 
     p.drain()
     w1.check()
     w2.check()
-    taken = (p.net.stats.pop("small", 0), p.net.stats.pop("small_resp", 0))
+    taken = (p.net.stats.pop("small", 0), p.net.stats.pop("small_resp", 0), p.net.stats.pop("small_tx", 0))
     qa, qb = p.a.qp, p.b.qp
     return (
         (p.net.now, bytes(p.a.mem), bytes(p.b.mem), p.a.sent, p.a.received, p.b.sent, p.b.received),
@@ -120,7 +100,7 @@ def _compare(seeds: list[int], faults: Faults) -> tuple[int, int]:
     for seed in seeds:
         ref = fingerprint(seed, faults, None)
         got = fingerprint(seed, faults, _codec())
-        assert ref[3] == (0, 0)
+        assert ref[3] == (0, 0, 0)
         assert got[:3] == ref[:3], f"seed={seed} faults={faults}"
         requests += got[3][0]
         responses += got[3][1]
@@ -346,10 +326,16 @@ def decode_or_bytes(d: bytes) -> object:
 def test_the_port_takes_the_native_path_on_real_sockets(
     new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Over two soft devices on loopback, WRITE, READ and both atomics complete through it."""
+    """Over two soft devices on loopback, WRITE, READ and both atomics complete through it,
+    each request sent by ``tx_small`` and the native ``send_packet``."""
     calls: dict[str, int] = {}
     monkeypatch.setattr(fastpath, "CODEC", _Counting(fastpath.NATIVE, calls))
-    with SoftDevice(new_ip(), port=0) as a, SoftDevice(new_ip(), port=0) as b, Driver() as drv:
+    with (
+        counting_tx() as sent,
+        SoftDevice(new_ip(), port=0) as a,
+        SoftDevice(new_ip(), port=0) as b,
+        Driver() as drv,
+    ):
         drv.add(a)
         drv.add(b)
         cqa, cqb = CompletionQueue(64), CompletionQueue(64)
@@ -388,6 +374,10 @@ def test_the_port_takes_the_native_path_on_real_sockets(
     assert int.from_bytes(ma[24:32], "little") == 9
     assert int.from_bytes(mb[40:48], "little") == 1
     assert calls.get("small_request", 0) >= 4
+    assert calls.get("send_packet", 0) >= 8  # the requests and their responses
+    assert {op for _, op in sent} == {
+        Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_READ_REQUEST, Opcode.FETCH_ADD, Opcode.COMPARE_SWAP,
+    }  # fmt: skip
 
 
 # -- crafted hostile responses ---------------------------------------------------------

@@ -1,0 +1,145 @@
+"""The requester's common case, one packet at a time: ``QueuePair.tx_small``.
+
+A transport that sends each request itself (the UDP port, whose native codec
+builds the headers and ICRC and sends in one call) asks the engine for the
+next request when it is the whole of the QP's work: exactly one work request
+not yet started, of one packet (a SEND or RDMA WRITE of at most an MTU, with
+or without immediate data, an RDMA READ request, COMPARE SWAP or FETCH ADD),
+nothing to retry, no RNR wait, no pacing, the congestion window open, its
+pacer not armed and the DCQCN rate not limiting, a READ or atomic slot free
+and no responder output queued. ``tx_small`` then has exactly the effect of ``poll_transmit`` on the
+QP's state (``Requester.transmit``'s for one fresh WQE, rxe ``rxe_requester()``
+for an ONLY packet, IBTA Vol. 1 §9.7.1) and returns the one packet; otherwise
+it does nothing and returns None, and the caller takes ``poll_transmit``.
+``tests/engine/test_engine_small_tx.py`` proves the two equal on seeded
+hostile networks (every fault profile, both directions, every opcode).
+
+The Python engine owns all of the requester's state throughout (see
+``docs/architecture.md``, "Who owns a QP's state"): this is a shorter route
+through the same rules, never a second owner.
+"""
+
+from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet
+
+from .congestion import PACKET_OVERHEAD
+from .requester import ATOMIC, PENDING, POSTED, READ, SEND_WRITE, Requester
+from .responder import Responder
+from .stats import QpStats
+from .types import WrOpcode
+
+_MASK, _HALF = PSN_MASK, PSN_HALF
+_new_packet = tuple.__new__
+_CMP_SWP = WrOpcode.ATOMIC_CMP_AND_SWP
+_READ_REQUEST = Opcode.RDMA_READ_REQUEST
+_COMPARE_SWAP = Opcode.COMPARE_SWAP
+_FETCH_ADD = Opcode.FETCH_ADD
+
+
+class SmallTransmit:
+    """``QueuePair.tx_small`` (a base class of ``QueuePair``)."""
+
+    req: Requester
+    resp: Responder
+    stats: QpStats
+    _tx: bool
+    _fast: bool
+
+    def tx_small(self, now: float) -> Packet | None:
+        """The one request ``poll_transmit(now)`` would return now, with its effect, in the
+        common case described in this module's docstring; None (nothing done) otherwise."""
+        if not self._tx or not self._fast or self.resp.out:
+            return None
+        req = self.req
+        sq = req.sq
+        idx = req.next_idx
+        if (
+            idx != len(sq) - 1
+            or req.need_retry
+            or req.draining
+            or req.req_off
+            or req.rnr_deadline is not None
+            or req.pace_deadline is not None
+        ):
+            return None
+        wqe = sq[idx]
+        if wqe.started or wqe.status or wqe.state != POSTED:
+            return None
+        psn, comp = req.req_psn, req.comp_psn
+        window = req.window
+        if req.cc_on:
+            if req.rate.rate is not None:
+                return None  # DCQCN is pacing: the generic path spends the tokens
+            if req.pacer.armed:
+                return None  # the window's pacer may hold the packet (``congestion.Pacer``)
+            cwnd = req.cc.packets()
+            window = min(window, cwnd)
+        d = (psn - comp) & _MASK
+        if window <= d < _HALF:
+            return None
+        kind = wqe.kind
+        mtu = req.mtu
+        wr = wqe.wr
+        dqpn = req.qp.dest_qpn
+        if kind == SEND_WRITE:
+            length = wqe.length
+            if length > mtu:
+                return None
+            seg0 = wqe.seg0
+            if seg0 is None and length:
+                return None  # scattered: the generic path gathers
+            ops = wqe.ops
+            assert ops is not None
+            pkt: Packet = _new_packet(Packet, (
+                ops[3], dqpn, psn, True, False, False, 0xFFFF, False, False,
+                RETH(wr.remote_addr, wr.rkey, length) if wqe.is_write else None, None, None, None,
+                wqe.imm, None, seg0[:length] if length and seg0 is not None else b"",
+            ))  # fmt: skip
+            step = 1
+        else:
+            if wqe.has_rd or req.rd_out >= req.max_rd_atomic or wqe.read_done:
+                return None
+            if kind == READ:
+                rest = wqe.length
+                step = max(rest - 1, 0) // mtu + 1
+                pkt = _new_packet(Packet, (
+                    _READ_REQUEST, dqpn, psn, True, False, False, 0xFFFF, False, False,
+                    RETH(wr.remote_addr, wr.rkey, rest), None, None, None, None, None, b"",
+                ))  # fmt: skip
+            else:
+                assert kind == ATOMIC
+                if wr.opcode == _CMP_SWP:
+                    op, eth = _COMPARE_SWAP, AtomicETH(wr.remote_addr, wr.rkey, wr.swap, wr.compare_add)
+                else:
+                    op, eth = _FETCH_ADD, AtomicETH(wr.remote_addr, wr.rkey, wr.compare_add, 0)
+                pkt = _new_packet(Packet, (
+                    op, dqpn, psn, True, False, False, 0xFFFF, False, False, None, None, eth, None, None,
+                    None, b"",
+                ))  # fmt: skip
+                step = 1
+            wqe.has_rd = True
+            req.rd_out += 1
+        # Requester.transmit's effect for this one packet, in its order.
+        idle = d == 0
+        wqe.started = True
+        wqe.first_psn = psn
+        wqe.last_psn = (psn + step - 1) & _MASK
+        wqe.state = PENDING
+        req.noack = 0
+        hwm = req.sent_hwm
+        if (psn - hwm) & _MASK >= _HALF:
+            self.stats.retransmits += 1
+        nxt = (psn + step) & _MASK
+        if (nxt - hwm) & _MASK < _HALF:
+            req.sent_hwm = nxt
+        if req.rtt_psn is None:
+            req.rtt_psn, req.rtt_sent = psn, now
+        req.next_idx = idx + 1
+        req.req_psn = nxt
+        if req.rexmit_deadline is None and req.timeout is not None:
+            if idle:
+                req.progress_at = now
+            req.rexmit_deadline = now + (req.rexmit_timeout() or req.timeout)
+        if req.cc_on:
+            req.rate.sent(mtu + PACKET_OVERHEAD, now)
+        self.stats.packets_out += 1
+        return pkt

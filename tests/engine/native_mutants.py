@@ -1,0 +1,144 @@
+"""Deliberate bugs in the one-packet paths, for the equivalence proofs' own test: each must be caught.
+
+Two kinds, each a source edit ``(old, new)`` that must apply exactly once:
+
+- ``PY_MUTANTS``: the requester's send path, ``rdmakit/engine/small_tx.py``;
+  ``planted_py(name)`` compiles the edited module and puts its ``tx_small`` on
+  ``QueuePair`` for the block's duration (this process only).
+- ``C_MUTANTS``: the native data plane, ``rdmakit/transport/_fastpath.c``;
+  ``build_c(name, dest)`` copies the package and its tests into ``dest``,
+  builds the edited module there and returns the directory to put first on
+  ``PYTHONPATH``; the tests named beside the mutant must then fail in a
+  process that imports it (``python -m tests.engine.native_mutants NAME``
+  runs one and says whether it was caught).
+
+Each bug is a plausible slip: a check left out, an off-by-one, a field not
+updated. None is equivalent: the test fails if one survives.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rdmakit.engine import small_tx
+from rdmakit.engine.qp import QueuePair
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: name -> (old, new) in rdmakit/engine/small_tx.py
+PY_MUTANTS: dict[str, tuple[str, str]] = {
+    "tx-ignores-window": ("        if window <= d < _HALF:\n            return None\n", ""),
+    "tx-ignores-rate": ("            if req.rate.rate is not None:\n", "            if False:\n"),
+    "tx-ignores-pacer": ("            if req.pacer.armed:\n", "            if False:\n"),
+    "tx-long-write": ("            if length > mtu:\n                return None\n", ""),
+    "tx-with-responses-queued": ("if not self._tx or not self._fast or self.resp.out:", "if not self._tx:"),
+    "tx-no-read-slot": ("            req.rd_out += 1\n", ""),
+    "tx-read-last-psn": ("wqe.last_psn = (psn + step - 1) & _MASK", "wqe.last_psn = psn"),
+    "tx-no-ackreq": ("ops[3], dqpn, psn, True,", "ops[3], dqpn, psn, False,"),
+    "tx-no-rtt-sample": ("req.rtt_psn, req.rtt_sent = psn, now", "pass"),
+    "tx-no-timer": ("req.rexmit_deadline = now + (req.rexmit_timeout() or req.timeout)", "pass"),
+    "tx-no-rate-accounting": ("req.rate.sent(mtu + PACKET_OVERHEAD, now)", "pass"),
+    "tx-hwm-not-moved": ("            req.sent_hwm = nxt\n", "            pass\n"),
+}
+
+_SMALL = "tests/engine/test_engine_small_native.py"
+#: name -> ((old, new) in rdmakit/transport/_fastpath.c, the test files that must catch it)
+C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
+    "c-request-any-psn": (
+        ("(w1 & PSN_MASK) != qpn || (w2 & PSN_MASK) != epsn) {", "(w1 & PSN_MASK) != qpn) {"),
+        (_SMALL,),
+    ),
+    "c-request-no-access-check": (
+        ("if (!(access & small_access[which < 2 ? which : 2]) ||", "if ("),
+        (_SMALL,),
+    ),
+    "c-fetch-add-off-by-one": (("orig + swap_add : swap_add", "orig + swap_add + 1 : swap_add"), (_SMALL,)),
+    "c-response-any-psn": (("(get_be32(p + 8) & PSN_MASK) != want_psn ||", ""), (_SMALL,)),
+    "c-response-nak-as-ack": (("p[BTH_LEN] >> 5 != 0 ||", ""), (_SMALL,)),
+    "c-send-drops-ackreq": (
+        ("put_be32(h + 8, (flags[0] ? 0x80000000u : 0) | (uint32_t)psn);", "put_be32(h + 8, (uint32_t)psn);"),
+        ("tests/transport/test_codec.py",),
+    ),
+}
+
+
+def _edit(text: str, old: str, new: str, what: str) -> str:
+    n = text.count(old)
+    if n != 1:
+        raise AssertionError(f"{what}: the mutant's text occurs {n} times, not once: {old!r}")
+    return text.replace(old, new)
+
+
+@contextmanager
+def planted_py(name: str) -> Iterator[None]:
+    """``QueuePair.tx_small`` is mutant ``name``'s while the block runs."""
+    old, new = PY_MUTANTS[name]
+    path = Path(small_tx.__file__)
+    src = _edit(path.read_text(), old, new, name)
+    mod = types.ModuleType(f"rdmakit.engine._mutant_{name.replace('-', '_')}")
+    mod.__package__ = "rdmakit.engine"
+    exec(compile(src, f"{path} ({name})", "exec"), mod.__dict__)
+    orig = QueuePair.tx_small
+    QueuePair.tx_small = mod.SmallTransmit.tx_small  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        QueuePair.tx_small = orig  # type: ignore[method-assign]
+
+
+def build_c(name: str, dest: Path, cc: str = "gcc") -> Path:
+    """A copy of the package and tests in ``dest`` with mutant ``name``'s native module built in."""
+    (old, new), _ = C_MUTANTS[name]
+    for part in ("rdmakit", "tests"):
+        skip = shutil.ignore_patterns("__pycache__", "_fastpath*.so")
+        shutil.copytree(ROOT / part, dest / part, ignore=skip)
+    shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    c = dest / "rdmakit/transport/_fastpath.c"
+    c.write_text(_edit(c.read_text(), old, new, name))
+    include = sysconfig.get_paths()["include"]
+    out = dest / f"rdmakit/transport/_fastpath{sysconfig.get_config_var('EXT_SUFFIX')}"
+    flags = ["-shared", "-fPIC", "-O2", "-std=gnu11", "-fno-strict-aliasing", f"-I{include}"]
+    subprocess.run([cc, *flags, str(c), "-o", str(out)], check=True)
+    return dest
+
+
+def caught_c(name: str, dest: Path) -> bool:
+    """Build mutant ``name`` in ``dest`` and run its tests there: True if they fail."""
+    root = build_c(name, dest)
+    tests = C_MUTANTS[name][1]
+    env = {k: v for k, v in os.environ.items() if k != "RDMAKIT_PURE_PYTHON"}
+    env["PYTHONPATH"] = str(root)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *tests],
+        check=False,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode not in (0, 1):
+        raise AssertionError(f"{name}: pytest exited {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return r.returncode == 1
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(C_MUTANTS)
+    survived = []
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix="rdmakit-mutant-") as tmp:
+            ok = caught_c(name, Path(tmp))
+        print(f"{name}: {'caught' if ok else 'SURVIVED'}", flush=True)
+        if not ok:
+            survived.append(name)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
