@@ -153,7 +153,7 @@ class BulkReceive:
             return None
         req = self.req
         sq = req.sq
-        if not sq or req.comp_opcode is not None:
+        if not sq or req.comp_opcode is not None or req.credits.tight():
             return None
         wqe = sq[0]
         if wqe.state == POSTED or not wqe.started or wqe.status:
