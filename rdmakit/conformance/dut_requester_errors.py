@@ -97,10 +97,11 @@ def _implied(ctx: Ctx, opname: str, op: int) -> None:
     ctx.ack(psn_add(p, 1), 2)  # passes the READ/atomic: its response was lost
     ctx.expect_request(op, p, timeout=3.0)
     if op == F.READ_REQUEST:
-        sent = ctx.send(F.READ_RESP_ONLY, p, dqpn=qp.qpn, aeth=(0x1F, 1), payload=bytes(8))
+        ctx.send(F.READ_RESP_ONLY, p, dqpn=qp.qpn, aeth=(0x1F, 1), payload=bytes(8))
     else:
-        sent = ctx.send(F.ATOMIC_ACKNOWLEDGE, p, dqpn=qp.qpn, aeth=(0x1F, 1), orig=7)
-    rx = ctx.expect_request(F.SEND_ONLY, psn_add(p, 1), strict=True, after=sent)
+        ctx.send(F.ATOMIC_ACKNOWLEDGE, p, dqpn=qp.qpn, aeth=(0x1F, 1), orig=7)
+    # Go-back-N resends the SEND after the READ/atomic, before or after their response.
+    rx = ctx.expect_request(F.SEND_ONLY, psn_add(p, 1), strict=True)
     ctx.ack(rx.psn, 2)
     wcs = wc_ok(ctx, 2)
     check([w["wr_id"] for w in wcs] == [1, 2], f"completions {wcs}")
