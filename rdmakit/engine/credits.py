@@ -27,8 +27,6 @@ from rdmakit.wire import CREDIT_COUNTS, CREDITS_UNLIMITED, PSN_HALF, PSN_MASK, c
 #: MSNs are 24 bits and wrap like PSNs (IBTA §9.7.7.2.3).
 _MASK = PSN_MASK
 _HALF = PSN_HALF
-#: Messages left before the limit below which no ACK may bypass ``on_ack``.
-SLACK = 16
 
 
 def advertised(receive_wqes: int) -> int:
@@ -79,11 +77,3 @@ class RequesterCredits:
         lsn = (msn + CREDIT_COUNTS[code]) & _MASK
         if self.lsn is None or 0 < (lsn - self.lsn) & _MASK < _HALF:
             self.lsn = lsn
-
-    def tight(self) -> bool:
-        """No count seen yet, or fewer than ``SLACK`` messages before the limit: every ACK's credits count
-        (a transport that checks responses itself must leave them to the completer)."""
-        if self.unlimited:
-            return False
-        lsn = self.lsn
-        return lsn is None or not SLACK <= (lsn - self.ssn) & _MASK < _HALF
