@@ -106,11 +106,11 @@ def _reserved(ctx: Ctx) -> None:
     # busy host); a resend has the reserved bits clear too.
     while True:
         ctx.send(F.READ_RESP_ONLY, psn_add(p, 2), dqpn=qp.qpn, aeth=(0x1F, 3), payload=bytes(8))
-        rx = ctx.recv(1.5)
-        if rx is None:
+        again = ctx.recv(1.5)
+        if again is None:
             break
-        check(rx.opcode == F.READ_REQUEST and rx.psn == psn_add(p, 2), f"unexpected {rx.describe()}")
-        check(rx.reserved == 0, f"reserved bits {rx.reserved:#x} in {rx.describe()}")
+        check(again.opcode == F.READ_REQUEST and again.psn == psn_add(p, 2), f"unexpected {again.describe()}")
+        check(again.reserved == 0, f"reserved bits {again.reserved:#x} in {again.describe()}")
     wc_ok(ctx, 3)
 
 
