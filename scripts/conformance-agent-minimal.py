@@ -144,7 +144,7 @@ class Agent:
         wr = SendWR(
             wr_id=m["wr_id"], opcode=WrOpcode[m["opcode"]], sg_list=self._sges(m),
             remote_addr=m.get("remote_addr", 0), rkey=m.get("rkey", 0), imm_data=m.get("imm"),
-            compare_add=m.get("compare_add", 0), swap=m.get("swap", 0),
+            compare_add=m.get("compare_add", 0), swap=m.get("swap", 0), solicited=m.get("solicited") is True,
         )  # fmt: skip
         self.qps[m["qpn"]][0].post_send(wr)
         return {}

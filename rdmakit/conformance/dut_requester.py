@@ -229,9 +229,9 @@ def _gobackn(ctx: Ctx) -> None:
     p = qp.sq_psn
     for i, op in enumerate((F.WRITE_FIRST, F.WRITE_MIDDLE, F.WRITE_LAST)):
         ctx.expect_request(op, psn_add(p, i))
-    ctx.ack(psn_add(p, 1), 0, F.NAK_KIND, F.NAK_PSN_SEQ)
-    ctx.expect_request(F.WRITE_MIDDLE, psn_add(p, 1), strict=True)
-    ctx.expect_request(F.WRITE_LAST, psn_add(p, 2), strict=True)
+    nak = ctx.ack(psn_add(p, 1), 0, F.NAK_KIND, F.NAK_PSN_SEQ)
+    ctx.expect_request(F.WRITE_MIDDLE, psn_add(p, 1), strict=True, after=nak)
+    ctx.expect_request(F.WRITE_LAST, psn_add(p, 2), strict=True, after=nak)
     ctx.ack(psn_add(p, 2))
     wc_ok(ctx)
 
@@ -249,10 +249,10 @@ def _nak_acks(ctx: Ctx) -> None:
         ctx.post_send("SEND", mr, 8, wr_id=i + 1)
     for i in range(3):
         ctx.expect_request(F.SEND_ONLY, psn_add(qp.sq_psn, i))
-    ctx.ack(psn_add(qp.sq_psn, 2), 2, F.NAK_KIND, F.NAK_PSN_SEQ)
+    nak = ctx.ack(psn_add(qp.sq_psn, 2), 2, F.NAK_KIND, F.NAK_PSN_SEQ)
     wcs = wc_ok(ctx, 2)
     check([w["wr_id"] for w in wcs] == [1, 2], f"completions {wcs}")
-    ctx.expect_request(F.SEND_ONLY, psn_add(qp.sq_psn, 2), strict=True)
+    ctx.expect_request(F.SEND_ONLY, psn_add(qp.sq_psn, 2), strict=True, after=nak)
     ctx.ack(psn_add(qp.sq_psn, 2), 3)
     wc_ok(ctx)
 

@@ -100,6 +100,7 @@ def _implied(ctx: Ctx, opname: str, op: int) -> None:
         ctx.send(F.READ_RESP_ONLY, p, dqpn=qp.qpn, aeth=(0x1F, 1), payload=bytes(8))
     else:
         ctx.send(F.ATOMIC_ACKNOWLEDGE, p, dqpn=qp.qpn, aeth=(0x1F, 1), orig=7)
+    # Go-back-N resends the SEND after the READ/atomic, before or after their response.
     rx = ctx.expect_request(F.SEND_ONLY, psn_add(p, 1), strict=True)
     ctx.ack(rx.psn, 2)
     wcs = wc_ok(ctx, 2)

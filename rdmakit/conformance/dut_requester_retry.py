@@ -219,9 +219,9 @@ def _send_middle(ctx: Ctx) -> None:
     p = qp.sq_psn
     for i, op in enumerate((F.SEND_FIRST, F.SEND_MIDDLE, F.SEND_LAST)):
         ctx.expect_request(op, psn_add(p, i))
-    ctx.ack(psn_add(p, 1), 0, F.NAK_KIND, F.NAK_PSN_SEQ)
-    mid = ctx.expect_request(F.SEND_MIDDLE, psn_add(p, 1), strict=True)
-    last = ctx.expect_request(F.SEND_LAST, psn_add(p, 2), strict=True)
+    nak = ctx.ack(psn_add(p, 1), 0, F.NAK_KIND, F.NAK_PSN_SEQ)
+    mid = ctx.expect_request(F.SEND_MIDDLE, psn_add(p, 1), strict=True, after=nak)
+    last = ctx.expect_request(F.SEND_LAST, psn_add(p, 2), strict=True, after=nak)
     check(mid.payload + last.payload == data[256:], "the resent MIDDLE and LAST carry other bytes")
     ctx.ack(psn_add(p, 2))
     wc_ok(ctx)

@@ -47,6 +47,7 @@ def load_cases() -> list[Case]:
         dut_ip,
         dut_requester,
         dut_requester_errors,
+        dut_requester_flow,
         dut_requester_format,
         dut_requester_retry,
         dut_responder,

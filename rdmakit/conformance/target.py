@@ -311,7 +311,7 @@ class Target:
             remote_addr=_int(msg, "remote_addr", 0, _U64, 0), rkey=_int(msg, "rkey", 0, _U32, 0),
             imm_data=None if imm is None else _int(msg, "imm", 0, _U32),
             compare_add=_int(msg, "compare_add", 0, _U64, 0), swap=_int(msg, "swap", 0, _U64, 0),
-            signaled=msg.get("signaled", True) is not False,
+            signaled=msg.get("signaled", True) is not False, solicited=msg.get("solicited") is True,
         )  # fmt: skip
         q.qp.post_send(wr)
         return {}

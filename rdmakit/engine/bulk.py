@@ -11,7 +11,7 @@ with ``QpCaps.fast_paths`` off they decline everything.
 
 from typing import cast
 
-from rdmakit.wire import MIDDLE_OPCODES, PSN_HALF, PSN_MASK, Opcode, Packet, Payload
+from rdmakit.wire import BTH_LEN, MIDDLE_OPCODES, PSN_HALF, PSN_MASK, Opcode, Packet, Payload
 
 from .completer import acked, fast_read_middle, read_run, read_run_done
 from .context import QpContext
@@ -178,9 +178,15 @@ class BulkReceive:
             return None
         return _RR_ONLY, last, rest, seg0, req.mtu
 
-    def rx_small_resp_done(self, op: int, psn: int, now: float) -> None:
-        """The response ``rx_small_resp`` described was checked and its data placed: ``receive``'s effect."""
+    def rx_small_resp_done(self, op: int, psn: int, now: float, segment: Payload) -> None:
+        """The response ``rx_small_resp`` described was checked and its data placed: ``receive``'s
+        effect. ``segment`` is that response (BTH first), for the end-to-end credits its AETH
+        carries (:mod:`.credits`; ``small_response`` checked that the syndrome is of kind ACK)."""
         req = self.req
+        credits = req.credits
+        if not credits.unlimited:
+            aeth = memoryview(segment).cast("B")[BTH_LEN : BTH_LEN + 4]
+            credits.on_ack(aeth[0], int.from_bytes(aeth[1:]))
         if op == _RR_ONLY:
             req.sq[0].read_done = req.sq[0].length
         acked(cast(QpContext, self), req, psn, True, now)

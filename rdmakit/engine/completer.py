@@ -128,6 +128,9 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
     if (psn - req.sent_hwm) & _MASK < _HALF:
         stats.drop("response_for_unsent_psn")
         return
+    aeth = pkt.aeth
+    if aeth is not None and aeth.syndrome < 0x20:  # ACK kind: its low bits are a credit count
+        req.credits.on_ack(aeth.syndrome, aeth.msn)
     # check_psn: complete every SEND/WRITE the PSN passes (a cumulative ACK).
     while True:
         if not sq:

@@ -46,6 +46,7 @@ from .congestion import (
     paced,
 )
 from .context import QpContext
+from .credits import RequesterCredits
 from .memory import gather
 from .timers import INFINITE_RETRY, MAX_PKT_PER_ACK, rnr_delay, transport_timeout
 from .types import SendWR, WcOpcode, WcStatus, WrOpcode
@@ -93,6 +94,9 @@ _SEGMENT_OPS: dict[WrOpcode, tuple[Opcode, Opcode, Opcode, Opcode]] = {
     ),
 }  # fmt: skip
 
+#: Send opcodes whose message takes a receive WQE at the responder (IBTA §9.7.7.2).
+_TAKES_RECEIVE = frozenset((WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM))
+
 WC_OPCODE = {
     WrOpcode.SEND: WcOpcode.SEND,
     WrOpcode.SEND_WITH_IMM: WcOpcode.SEND,
@@ -120,9 +124,11 @@ class SendWqe:
         "seg0",
         "segs",
         "signaled",
+        "solicited",
         "started",
         "state",
         "status",
+        "takes_receive",
         "wc_opcode",
         "wr",
     )  # fmt: skip
@@ -149,6 +155,11 @@ class SendWqe:
         self.is_write = opcode in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
         #: ImmDt for the last packet; verbs ignores imm_data on other opcodes.
         self.imm = wr.imm_data if opcode in (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM) else None
+        #: Takes a receive WQE at the responder: SEND, or WRITE with immediate (IBTA §9.7.7.2).
+        self.takes_receive = opcode in _TAKES_RECEIVE
+        #: SE on the last packet: IBV_SEND_SOLICITED, for the opcodes it applies to (IBTA §9.2
+        #: BTH SE; rxe_req.c init_req_packet()).
+        self.solicited = wr.solicited and self.takes_receive
         self.state = POSTED
         self.started = False
         self.first_psn = 0
@@ -163,7 +174,7 @@ class Requester:
     """Send-side state of one QP; transmit, rewind and the retry counters."""
 
     __slots__ = (
-        "acked_mark", "cc", "cc_on", "comp_opcode", "comp_psn", "delivery", "draining", "fast",
+        "acked_mark", "cc", "cc_on", "comp_opcode", "comp_psn", "credits", "delivery", "draining", "fast",
         "max_rd_atomic", "mtu", "need_retry", "next_idx", "noack", "pace_deadline", "pacer", "progress_at",
         "qp", "rate", "rd_out", "req_off", "req_psn", "retry_cnt", "retry_left", "rexmit_deadline",
         "rnr_deadline", "rnr_left", "rnr_retry", "rto_backoff", "rtt", "rtt_psn", "rtt_sent",
@@ -178,11 +189,14 @@ class Requester:
         #: The congestion window and the DCQCN rate apply (``QpCaps.congestion_control``).
         self.cc_on = congestion
         self.sq: deque[SendWqe] = deque()
+        #: End-to-end credits (IBTA §9.7.7.2, :mod:`.credits`).
+        self.credits = RequesterCredits()
         self.reset()
 
     def reset(self) -> None:
         """Forget all work and progress (modify to RESET)."""
         self.sq.clear()
+        self.credits.reset()
         self.next_idx = 0
         self.req_psn = 0
         self.req_off = 0
@@ -497,6 +511,8 @@ class Requester:
                         break
                     wqe.has_rd = True
                     self.rd_out += 1
+                if not self.credits.may_start(wqe.takes_receive, psn == comp):
+                    break
                 wqe.started = True
             wr = wqe.wr
             if kind == SEND_WRITE:
@@ -528,8 +544,8 @@ class Requester:
                 reth = RETH(wr.remote_addr, wr.rkey, length) if first and wqe.is_write else None
                 imm = wqe.imm if last else None
                 pkt = Packet(
-                    op, dqpn, psn, ackreq, False, False, 0xFFFF, False, False, reth, None, None,
-                    None, imm, None, payload,
+                    op, dqpn, psn, ackreq, last and wqe.solicited, False, 0xFFFF, False, False, reth,
+                    None, None, None, imm, None, payload,
                 )  # fmt: skip
                 if last:
                     wqe.state = PENDING

@@ -10,9 +10,11 @@ behind the same responses.
 """
 
 from collections import deque
+from typing import Any
 
 from rdmakit.wire import (
     AETH,
+    CREDITS_UNLIMITED,
     PSN_MASK,
     NakCode,
     Opcode,
@@ -24,9 +26,11 @@ from rdmakit.wire import (
 )
 
 from .context import QpContext
+from .credits import advertised
 
 _MASK = PSN_MASK
-_ACK_SYN = ack_syndrome()
+#: Syndromes below this are of kind ACK (IBTA §9.7.5.1 table 44: bits 7:5 are 000).
+_RNR_KIND = ack_syndrome(0) + 0x20
 _RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
 _new_packet = tuple.__new__
 #: Responses waiting to be sent beyond which new ones are dropped (a peer
@@ -56,6 +60,8 @@ class ResponseOutput:
     __slots__ = ()
     qp: QpContext
     out: deque[Packet | ReadReply]
+    rq: deque[Any]
+    srq: Any
     msn: int
     mtu: int
     fast: bool
@@ -73,11 +79,21 @@ class ResponseOutput:
             prev = out[-1]
             if type(prev) is Packet and prev.opcode is Opcode.ACKNOWLEDGE:
                 aeth = prev.aeth
-                if aeth is not None and aeth.syndrome == _ACK_SYN:
+                if aeth is not None and aeth.syndrome < _RNR_KIND:
                     if psn_diff(psn, prev.psn) >= 0:
-                        out[-1] = self._ack(Opcode.ACKNOWLEDGE, psn, _ACK_SYN)
+                        out[-1] = self._ack(Opcode.ACKNOWLEDGE, psn, self.credit_syndrome())
                     return
-        self._queue(self._ack(Opcode.ACKNOWLEDGE, psn, _ACK_SYN))
+        self._queue(self._ack(Opcode.ACKNOWLEDGE, psn, self.credit_syndrome()))
+
+    def credit_syndrome(self) -> int:
+        """An ACK's syndrome: kind ACK, the receive WQEs left as a credit code (IBTA §9.7.7.2).
+
+        A QP that takes its receives from a shared receive queue has none of its own to
+        count: the queue's WQEs are every attached QP's, so it advertises "invalid" (0x1F),
+        no end-to-end flow control (IBTA §10.2.9; rdmavt ``rvt_compute_aeth`` does the same)."""
+        if self.srq is not None:
+            return CREDITS_UNLIMITED
+        return advertised(len(self.rq))
 
     def _ack(self, op: Opcode, psn: int, syndrome: int, orig: int | None = None) -> Packet:
         return Packet(
@@ -139,7 +155,7 @@ class ResponseOutput:
                     op = Opcode.RDMA_READ_RESPONSE_LAST if last else Opcode.RDMA_READ_RESPONSE_MIDDLE
                 off = item.off
                 payload = view[off : off + size] if size and view is not None else b""
-                aeth = None if op is Opcode.RDMA_READ_RESPONSE_MIDDLE else AETH(_ACK_SYN, item.msn)
+                aeth = None if op is _RR_MIDDLE else AETH(self.credit_syndrome(), item.msn)
                 pkt = Packet(
                     op, dqpn, item.psn, False, False, False, 0xFFFF, False, False, None, aeth, None,
                     None, None, None, payload,

@@ -57,7 +57,6 @@ from rdmakit.wire import (
     Packet,
     Payload,
     Position,
-    ack_syndrome,
     rnr_syndrome,
 )
 
@@ -74,7 +73,6 @@ _MASK = PSN_MASK
 _HALF = PSN_HALF
 _U64 = 0xFFFFFFFFFFFFFFFF
 _BYTEORDER = sys.byteorder
-_ACK_SYN = ack_syndrome()
 
 _FIRST, _MIDDLE, _LAST, _ONLY = Position.FIRST, Position.MIDDLE, Position.LAST, Position.ONLY
 _SEND, _WRITE, _READ, _ATOMIC = Kind.SEND, Kind.WRITE, Kind.READ_REQUEST, Kind.ATOMIC
@@ -448,7 +446,7 @@ class Responder(ResponseOutput):
         self.msn = (self.msn + 1) & _MASK
         self.psn = self.ack_psn = (psn + 1) & _MASK
         self.in_msg = None
-        self._queue(self._ack(Opcode.ATOMIC_ACKNOWLEDGE, psn, _ACK_SYN, orig))
+        self._queue(self._ack(Opcode.ATOMIC_ACKNOWLEDGE, psn, self.credit_syndrome(), orig))
 
     def _duplicate(self, pkt: Packet, info: OpInfo) -> None:
         """A request before ``psn`` (rxe ``duplicate_request()``, IBTA §9.9.2.1)."""
@@ -464,7 +462,7 @@ class Responder(ResponseOutput):
                 self.qp.stats.drop("duplicate_without_resource")
                 return
             # Replay the cached original value; never execute twice.
-            self._queue(self._ack(Opcode.ATOMIC_ACKNOWLEDGE, psn, _ACK_SYN, res.orig))
+            self._queue(self._ack(Opcode.ATOMIC_ACKNOWLEDGE, psn, self.credit_syndrome(), res.orig))
             return
         res = self.res.find(psn, _READ)
         reth = pkt.reth

@@ -98,6 +98,8 @@ class SendWR:
     compare_add: int = 0
     swap: int = 0
     signaled: bool = True
+    #: IBV_SEND_SOLICITED: SE on the message's last packet (SEND and WRITE with immediate).
+    solicited: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

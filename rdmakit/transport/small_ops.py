@@ -30,7 +30,7 @@ class SmallQP(Protocol):
         self, op: int, psn: int, ackreq: int, rkey: int, va: int, length: int, orig: int
     ) -> None: ...
     def rx_small_resp(self) -> SmallRespTicket | None: ...
-    def rx_small_resp_done(self, op: int, psn: int, now: float) -> None: ...
+    def rx_small_resp_done(self, op: int, psn: int, now: float, segment: Payload) -> None: ...
 
 
 class SmallTxQP(Protocol):
@@ -74,6 +74,6 @@ def take_small(
         got = small_resp(seg, idx, states, flow, qp.qpn, rt)
         if type(got) is not tuple:
             return 0
-        qp.rx_small_resp_done(got[0], got[1], now)
+        qp.rx_small_resp_done(got[0], got[1], now, seg)
         return 2
     return 0

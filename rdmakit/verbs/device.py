@@ -60,7 +60,7 @@ from rdmakit.verbs.pvcall import pv_sges
 from rdmakit.verbs.pvcall import reraise as _raise
 from rdmakit.verbs.srq import VerbsSRQ
 from rdmakit.verbs.sysfs import SYSFS_ROOT, GidEntry, SysfsDevice, event_fds, find_device, select_gid
-from rdmakit.verbs.wr import SEND_SIGNALED, WrTracker, imm_to_verbs, needs_imm
+from rdmakit.verbs.wr import SEND_SIGNALED, SEND_SOLICITED, WrTracker, imm_to_verbs, needs_imm
 
 __all__ = ["VerbsDevice", "VerbsMR", "VerbsQP", "describe"]
 
@@ -504,7 +504,7 @@ class VerbsQP:
                 opcode=int(wr.opcode),
                 num_sge=len(sges),
                 sg=sges,
-                send_flags=SEND_SIGNALED if wr.signaled else 0,
+                send_flags=(SEND_SIGNALED if wr.signaled else 0) | (SEND_SOLICITED if wr.solicited else 0),
             )
             if needs_imm(wr.opcode):
                 pv.imm_data = imm_to_verbs(wr.imm_data or 0)

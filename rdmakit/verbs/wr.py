@@ -25,6 +25,7 @@ from rdmakit.engine.types import Completion, SendWR, WcOpcode, WcStatus, WrOpcod
 
 __all__ = [
     "SEND_SIGNALED",
+    "SEND_SOLICITED",
     "SRQ_FIRST_ID",
     "WC_WITH_IMM",
     "Posted",
@@ -38,6 +39,8 @@ __all__ = [
 SRQ_FIRST_ID = 1 << 62
 #: ``IBV_SEND_SIGNALED`` (``enum ibv_send_flags``).
 SEND_SIGNALED = 1 << 1
+#: ``IBV_SEND_SOLICITED`` (``enum ibv_send_flags``).
+SEND_SOLICITED = 1 << 2
 #: ``IBV_WC_WITH_IMM`` (``enum ibv_wc_flags``): ``imm_data`` is valid.
 WC_WITH_IMM = 1 << 1
 

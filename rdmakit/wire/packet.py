@@ -20,6 +20,7 @@ header layout packs or unpacks the BTH and its extension headers in one call,
 no ``Enum`` is constructed, and ``Packet`` is built with ``tuple.__new__``.
 """
 
+import bisect
 import struct
 from enum import IntEnum
 from typing import Any, NamedTuple
@@ -90,8 +91,20 @@ class NakCode(IntEnum):
 CREDITS_UNLIMITED = 0x1F
 
 
+#: AETH credit code -> receive WQEs it grants (IBTA §9.7.5.1 table 45); code 0x1F is not here.
+CREDIT_COUNTS = (
+    0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+    1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+)  # fmt: skip
+
+
 def ack_syndrome(credits: int = CREDITS_UNLIMITED) -> int:
     return (AckKind.ACK << 5) | (credits & 0x1F)
+
+
+def credit_code(wqes: int) -> int:
+    """The largest credit code granting no more than ``wqes`` receive WQEs (table 45)."""
+    return bisect.bisect_right(CREDIT_COUNTS, wqes) - 1 if wqes > 0 else 0
 
 
 def rnr_syndrome(timer: int) -> int:

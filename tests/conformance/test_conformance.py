@@ -214,9 +214,18 @@ TOPICS = {
     "go-back-N inside messages (§9.7.5.2.1)": ("gap-aborts-message", "retry-whole-message"),
     "initiator depth (§9.7.5.2.2)": ("max-rd-atomic-ignored", "rd-resources-never-freed"),
     "AckReq before the LAST (§9.7.5.1.1)": ("ackreq-ignored-before-last", "no-periodic-ackreq"),
-    "the AETH's MSN and credits (§9.7.5.1)": ("nak-msn-zero", "credits-count-the-used-wqe"),
+    "the AETH's MSN and credits (§9.7.5.1, §9.7.7.2)": (
+        "nak-msn-zero",
+        "credits-count-the-used-wqe",
+        "credits-ignored",
+    ),
     "R_Key and VA bounds (§9.7.5.2.4)": ("range-end-off-by-one", "range-wraps-64"),
-    "the format of requests (§9.2, §9.3.3)": ("reth-length-of-first-packet", "pad-bytes-not-zero"),
+    "the format of requests (§9.2, §9.3.3)": (
+        "reth-length-of-first-packet",
+        "pad-bytes-not-zero",
+        "se-never-set",
+        "migreq-on-resend",
+    ),
     "Annex A17 at the IP/UDP layer": ("sport-alternates", "icrc-not-checked"),
 }
 AREAS = {"responder", "requester", "completer", "qp", "memory", "codec", "cm"}

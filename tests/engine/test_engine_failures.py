@@ -378,7 +378,7 @@ def test_psn_sequence_nak_once_per_gap() -> None:
     assert nak.aeth == AETH(nak_syndrome(NakCode.PSN_SEQUENCE_ERROR), 0)
     assert responses(p, write_only(p, e + 3), write_only(p, e + 1)) == []  # silent until in order
     (ack,) = responses(p, write_only(p, e))
-    assert ack.aeth == AETH(ack_syndrome(), 1)
+    assert ack.aeth == AETH(ack_syndrome(0), 1)  # no receive WQE posted: no credits (§9.7.7.2)
     assert ack.psn == e
     (nak2,) = responses(p, write_only(p, e + 5))
     assert nak2.psn == e + 1
@@ -546,7 +546,7 @@ def test_packets_in_the_wrong_state_or_for_another_qp_are_dropped() -> None:
     )
     (ack,) = responses(q, write_only(q, 500))
     assert ack.aeth is not None
-    assert ack.aeth.syndrome == ack_syndrome()
+    assert ack.aeth.syndrome == ack_syndrome(0)  # no receive WQE posted: no credits (§9.7.7.2)
     qb.receive(Packet(Opcode.ACKNOWLEDGE, qb.qpn, 5, aeth=AETH(0, 0)), 0.0)
     assert qb.stats.dropped["qp_state"] == 3  # no requester yet: responses dropped
     with pytest.raises(EngineError):

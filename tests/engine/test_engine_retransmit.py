@@ -207,8 +207,12 @@ def _data() -> bytes:
     return random.Random(5).randbytes(MSG * MSGS)
 
 
+#: An ACK of a responder with no receive WQE posted: credit code 0 (IBTA §9.7.7.2).
+ACK = "ACK:0"
+
+
 def _ack(psn: int) -> Response:
-    return ("ACKNOWLEDGE", psn & 0xFFFFFF, "ACK:31")
+    return ("ACKNOWLEDGE", psn & 0xFFFFFF, ACK)
 
 
 def _nak(psn: int, code: NakCode) -> Response:
@@ -234,7 +238,7 @@ def _check(
 
 
 def _coalesced(out: list[Response]) -> list[Response]:
-    return [r for i, r in enumerate(out) if i == 0 or r != out[i - 1] or r[2] != "ACK:31"]
+    return [r for i, r in enumerate(out) if i == 0 or r != out[i - 1] or r[2] != ACK]
 
 
 # -- scenarios --------------------------------------------------------------------
@@ -340,7 +344,7 @@ def test_two_qps_interleaved_with_their_own_retries(path: str, psn0: int, new_ip
             feed(b, sb[i : i + 1], ob)
     assert bytes(a.mem) == data
     assert bytes(b.mem) == data[::-1]
-    assert not [r for r in oa + ob if r[2] != "ACK:31"]
+    assert not [r for r in oa + ob if r[2] != ACK]
 
 
 @pytest.mark.parametrize("psn0", PSN0S)

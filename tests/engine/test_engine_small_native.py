@@ -430,7 +430,7 @@ class _Requester:
                 flow = IcrcFlow.ipv4(_IP_B, _IP_A, 0xC000, 4791)
                 got = codec.small_response(datagram, 0, flow.states, flow, qp.qpn, ticket)
                 if type(got) is tuple:
-                    qp.rx_small_resp_done(got[0], got[1], self.now)
+                    qp.rx_small_resp_done(got[0], got[1], self.now, datagram)
                     self._drain()
                     return
         if icrc_ipv4(_IP_B, _IP_A, 0xC000, 4791, body) == int.from_bytes(datagram[-4:], "little"):

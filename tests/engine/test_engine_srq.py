@@ -124,6 +124,9 @@ def test_two_qps_share_one_srq_on_a_hostile_network(seed: int) -> None:
         assert [c.status for c in side.sent] == [WcStatus.SUCCESS] * 20
     assert bed.net.stats["lost"]
     assert bed.net.stats["corrupted"]
+    # The SRQ's WQEs are every QP's: its QPs advertise no end-to-end credits (0x1F), so
+    # neither requester counted any (IBTA §10.2.9).
+    assert all(side.qp.req.credits.unlimited for side in bed.senders)
 
 
 def test_an_empty_srq_is_rnr_and_a_later_post_lets_the_message_in() -> None:

@@ -222,6 +222,20 @@ def test_verbs_backend_on_rxe(guest: LabGuest) -> None:
     assert "skipped" not in summary, res.stdout[-2000:]
 
 
+def test_doca_fidelity_on_rxe(guest: LabGuest) -> None:
+    """The DOCA fidelity tests (tests/doca/fidelity) on the verbs backend, rxe0 in the guest: each
+    header's documented behaviour holds on a kernel verbs device as on the soft engine."""
+    res = guest.run(
+        *GUEST_PYTHON, "-m", "pytest", "-q", "-m", "lab", "-p", "no:cacheprovider",
+        "-p", "no:hypothesispytest", "-p", "no:trio", "-W", "ignore::pytest.PytestConfigWarning",
+        "-rs", "tests/doca/fidelity", timeout=900,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    summary = res.stdout.strip().splitlines()[-1]
+    assert " passed" in summary, res.stdout[-2000:]
+    assert "skipped" not in summary, res.stdout[-2000:]
+
+
 @pytest.mark.slow
 def test_recovery_over_the_lossy_default_tap(guest: LabGuest) -> None:
     """With the tap's default 1000-packet queue, a 4 MiB READ's 4096 responses overflow it.

@@ -1,13 +1,15 @@
 """Requester and completer bugs (IBTA Vol. 1 §9.7.5.1, §9.7.5.2, §9.9.3)."""
 
+from collections.abc import Callable
 from typing import Any
 
 from rdmakit.engine import completer as completer_mod
+from rdmakit.engine import credits as credits_mod
 from rdmakit.engine import qp as qp_mod
 from rdmakit.engine import requester as req_mod
 from rdmakit.engine import timers
 from rdmakit.engine.types import WcStatus
-from rdmakit.wire import NakCode, Opcode
+from rdmakit.wire import NakCode, Opcode, Packet
 
 from . import _MASK, QueuePair, Requester, mutant, patch
 
@@ -241,3 +243,90 @@ def _nak_not_implied_ack() -> None:
         orig(qp, req, pkt, info, now)
 
     patch(qp_mod, "on_response", on_response)
+
+
+# -- end-to-end credits (IBTA §9.7.7.2) and the BTH's SE and MigReq bits (§9.2) -----------------
+
+
+@mutant("credits-ignored", "requester", "req.credits.limit")
+def _credits_ignored() -> None:
+    """The requester never holds a SEND back for credits (as rxe's: it reads only the syndrome's kind)."""
+
+    def may_start(self: Any, takes_receive: bool, idle: bool = False) -> bool:
+        self.ssn = (self.ssn + 1) & _MASK
+        return True
+
+    patch(credits_mod.RequesterCredits, "may_start", may_start)
+
+
+@mutant("credits-no-probe", "requester", "req.credits.limit")
+def _credits_no_probe() -> None:
+    """A requester at its limit waits for credits with nothing outstanding to bring them: no probe."""
+    orig = credits_mod.RequesterCredits.may_start
+
+    def may_start(self: Any, takes_receive: bool, idle: bool = False) -> bool:
+        lsn = self.lsn
+        past = lsn is not None and 0 < (self.ssn + 1 - lsn) & _MASK < 0x800000
+        if takes_receive and past and not self.unlimited:
+            return False
+        return bool(orig(self, takes_receive, False))
+
+    patch(credits_mod.RequesterCredits, "may_start", may_start)
+
+
+@mutant("credits-hold-writes", "requester", "req.credits.write_unlimited")
+def _credits_hold_writes() -> None:
+    """Every message counts against the credits, RDMA WRITEs too (they take no receive WQE)."""
+    orig = credits_mod.RequesterCredits.may_start
+
+    def may_start(self: Any, takes_receive: bool, idle: bool = False) -> bool:
+        return bool(orig(self, True, idle))
+
+    patch(credits_mod.RequesterCredits, "may_start", may_start)
+
+
+@mutant("se-never-set", "requester", "req.send.se", "req.write_imm.se")
+def _se_never_set() -> None:
+    """IBV_SEND_SOLICITED is dropped: SE is never set."""
+    orig = req_mod.SendWqe.__init__
+
+    def init(self: Any, *args: Any) -> None:
+        orig(self, *args)
+        self.solicited = False
+
+    patch(req_mod.SendWqe, "__init__", init)
+
+
+def _rewrite_sent(rewrite: Callable[[Any, Packet], Packet]) -> None:
+    """Pass every request packet the requester makes through ``rewrite(requester, packet)``."""
+    orig = Requester.transmit
+
+    def transmit(self: Any, out: list[Any], budget: int, now: float, trains: bool = False) -> int:
+        start = len(out)
+        n = orig(self, out, budget, now, False)
+        out[start:] = [rewrite(self, p) for p in out[start:]]
+        return int(n)
+
+    patch(Requester, "transmit", transmit)
+
+
+@mutant("se-on-every-packet", "requester", "req.send.se")
+def _se_every_packet() -> None:
+    """SE is set on every packet of a solicited message, not only on its last."""
+
+    def rewrite(req: Any, pkt: Packet) -> Packet:
+        if pkt.opcode in (Opcode.SEND_FIRST, Opcode.SEND_MIDDLE) and any(w.solicited for w in req.sq):
+            return pkt._replace(se=True)
+        return pkt
+
+    _rewrite_sent(rewrite)
+
+
+@mutant("migreq-on-resend", "requester", "req.hdr.migreq")
+def _migreq_on_resend() -> None:
+    """A go-back-N resend is sent with MigReq set, as if the path had migrated."""
+
+    def rewrite(req: Any, pkt: Packet) -> Packet:
+        return pkt._replace(migreq=True) if req.qp.stats.retries else pkt
+
+    _rewrite_sent(rewrite)

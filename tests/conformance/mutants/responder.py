@@ -8,7 +8,7 @@ from typing import Any
 from rdmakit.engine import memory as memory_mod
 from rdmakit.engine import responder as resp_mod
 from rdmakit.engine.types import Access, WcOpcode, WcStatus
-from rdmakit.wire import MIDDLE_OPCODES, RETH, Kind, NakCode, Opcode, Position
+from rdmakit.wire import MIDDLE_OPCODES, RETH, Kind, NakCode, Opcode, Position, credit_code
 
 from . import _MASK, _U64, QueuePair, Responder, mutant, patch
 
@@ -205,14 +205,11 @@ def _ackreq_last_only() -> None:
 @mutant("credits-count-the-used-wqe", "responder", "resp.ack.credits")
 def _credits_overcount() -> None:
     """ACKs advertise end-to-end credits counted before the SEND took its receive WQE."""
-    orig = Responder._ack
 
-    def ack(self: Any, op: Opcode, psn: int, syndrome: int, orig_value: int | None = None) -> Any:
-        if op is Opcode.ACKNOWLEDGE and syndrome == 0x1F:
-            syndrome = min(len(self.rq) + 1, 4)  # credit codes 0..4 grant 0..4 WQEs
-        return orig(self, op, psn, syndrome, orig_value)
+    def credit_syndrome(self: Any) -> int:
+        return credit_code(len(self.rq) + 1)
 
-    patch(Responder, "_ack", ack)
+    patch(Responder, "credit_syndrome", credit_syndrome)
 
 
 @mutant("write-imm-loses-imm", "responder", "resp.write.imm")
