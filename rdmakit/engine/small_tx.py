@@ -90,7 +90,7 @@ class SmallTransmit:
             ops = wqe.ops
             assert ops is not None
             pkt: Packet = _new_packet(Packet, (
-                ops[3], dqpn, psn, True, False, False, 0xFFFF, False, False,
+                ops[3], dqpn, psn, True, wqe.solicited, False, 0xFFFF, False, False,
                 RETH(wr.remote_addr, wr.rkey, length) if wqe.is_write else None, None, None, None,
                 wqe.imm, None, seg0[:length] if length and seg0 is not None else b"",
             ))  # fmt: skip
@@ -120,6 +120,10 @@ class SmallTransmit:
             req.rd_out += 1
         # Requester.transmit's effect for this one packet, in its order.
         idle = d == 0
+        if not req.credits.may_start(wqe.takes_receive, idle):
+            # Only a SEND or WRITE with immediate past its end-to-end credits (a READ or atomic
+            # takes no receive WQE, and may_start counts it): nothing has changed yet.
+            return None
         wqe.started = True
         wqe.first_psn = psn
         wqe.last_psn = (psn + step - 1) & _MASK

@@ -281,7 +281,9 @@ class Workload:
                 )
             else:
                 sges = (src.sge(soff, length),)
-            wr = SendWR(wr_id=wr_id, opcode=op, sg_list=sges, signaled=signaled, **kw)  # type: ignore[arg-type]
+            # Every other message that takes a receive WQE asks for a solicited event (SE).
+            solicited = op in _RECV_OPS and i % 2 == 0
+            wr = SendWR(wr_id=wr_id, opcode=op, sg_list=sges, signaled=signaled, solicited=solicited, **kw)  # type: ignore[arg-type]
             src.qp.post_send(wr)
             self.posted.append((wr, record))
             if signaled:

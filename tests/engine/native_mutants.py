@@ -37,6 +37,11 @@ PY_MUTANTS: dict[str, tuple[str, str]] = {
     "tx-ignores-window": ("        if window <= d < _HALF:\n            return None\n", ""),
     "tx-ignores-rate": ("            if req.rate.rate is not None:\n", "            if False:\n"),
     "tx-ignores-pacer": ("            if req.pacer.armed:\n", "            if False:\n"),
+    "tx-ignores-credits": (
+        "        if not req.credits.may_start(wqe.takes_receive, idle):\n",
+        "        if False:\n",
+    ),
+    "tx-no-se": ("ops[3], dqpn, psn, True, wqe.solicited, False,", "ops[3], dqpn, psn, True, False, False,"),
     "tx-long-write": ("            if length > mtu:\n                return None\n", ""),
     "tx-with-responses-queued": ("if not self._tx or not self._fast or self.resp.out:", "if not self._tx:"),
     "tx-no-read-slot": ("            req.rd_out += 1\n", ""),
