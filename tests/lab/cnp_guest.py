@@ -26,6 +26,7 @@ from typing import Any
 
 from rdmakit.testing.netbed import HUNG
 from rdmakit.testing.netembed import RXE, NetemBed
+from rdmakit.transport.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO
 from rdmakit.wire import icrc_ipv4, pack_icrc
 from rdmakit.wire.cnp import encode_cnp
 from rdmakit.wire.icrc import ROCE_UDP_PORT
@@ -40,7 +41,7 @@ def inject(shared: Path, src: str, dst: str, every_s: float) -> dict[str, int]:
     """CNPs to each of rxe's QPs (``PHASE.guest.json``) until ``shared/stop`` appears."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     # DF and IPv4 ID 0 on a datagram sent alone from an unconnected socket: the ICRC covers both.
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MTU_DISCOVER, socket.IP_PMTUDISC_DO)
+    sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
     sock.bind((src, 0))
     sport = sock.getsockname()[1]
     sent: dict[str, int] = {}
