@@ -12,13 +12,15 @@ RoCEv2 CNP (Annex A17.9.2: opcode 0x81, BECN, the QP's number, a valid ICRC)
 from the soft engine's address every ``--every-ms``, until the exchange ends.
 The CNPs come from the peer's address, as a responder's would, and from a port
 of their own (rxe accepts any source port). Output: the exchange's records, the
-CNPs sent per QP and rxe's counters before and after.
+CNPs sent per QP and how rxe's counters moved from before the exchange to
+after the last CNP.
 """
 
 import argparse
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any
 
 from rdmakit.testing.netbed import HUNG
 from rdmakit.testing.netembed import RXE, NetemBed
+from rdmakit.transport.cnp import check_cnp
 from rdmakit.transport.udp import IP_MTU_DISCOVER, IP_PMTUDISC_DO
 from rdmakit.wire import icrc_ipv4, pack_icrc
 from rdmakit.wire.cnp import encode_cnp
@@ -55,6 +58,11 @@ def inject(shared: Path, src: str, dst: str, every_s: float) -> dict[str, int]:
                 body = encode_cnp(qpn)
                 icrc = icrc_ipv4(socket.inet_aton(src), socket.inet_aton(dst), sport, ROCE_UDP_PORT, body)
                 datagrams[phase] = body + pack_icrc(icrc)
+                # The same CNP a responder of rdmakit's sends: its own receiver takes it.
+                dst_bytes = socket.inet_aton(dst)
+                got = check_cnp(memoryview(datagrams[phase]), src, sport, dst_bytes, ROCE_UDP_PORT)
+                if got != qpn:
+                    raise SystemExit(f"rdmakit does not accept the CNP for QP {qpn:#x}")
                 sent[phase] = 0
         for phase, datagram in datagrams.items():
             sock.sendto(datagram, (dst, ROCE_UDP_PORT))
@@ -68,9 +76,21 @@ def _events(out: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def rxe_counters(dev: str, netdev: str) -> dict[str, int]:
+    """rxe's port counters (``rdma statistic``) and its netdev's received packets."""
+    out = subprocess.run(
+        ["rdma", "-j", "statistic", "show", "link", f"{dev}/1"], capture_output=True, text=True, check=True
+    ).stdout
+    (entry,) = json.loads(out)
+    found = {k: v for k, v in entry.items() if isinstance(v, int) and k != "port"}
+    found["rx_packets"] = int(Path(f"/sys/class/net/{netdev}/statistics/rx_packets").read_text())
+    return found
+
+
 def run(every_ms: float) -> dict[str, Any]:
     with NetemBed() as bed:
         bed.set_netem(())
+        before = rxe_counters(RXE["k0"], "k0")
         (k_ns, _k, k_addr), (c_ns, _c, c_addr) = bed.links["kern"].left, bed.links["kern"].right
         assert c_ns is not None
         shared = Path(f"/tmp/cnp-{os.getpid()}")
@@ -84,7 +104,9 @@ def run(every_ms: float) -> dict[str, Any]:
         h, g = bed.wait(host, deadline), bed.wait(guest, deadline)
         (shared / "stop").touch()
         f = bed.wait(flood, time.monotonic() + 60)
+        after = rxe_counters(RXE["k0"], "k0")
     return {
+        "rxe": {k: after[k] - before.get(k, 0) for k in after},
         "host": {"rc": h.rc, "events": _events(h.out), "err": h.err[-2000:]},
         "guest": {"rc": g.rc, "events": _events(g.out), "err": g.err[-2000:]},
         "inject": {"rc": f.rc, "sent": json.loads(f.out) if f.rc == 0 else {}, "err": f.err[-2000:]},

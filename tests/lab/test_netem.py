@@ -80,20 +80,22 @@ def test_cnps_to_rxe_qps_leave_every_operation_intact(cnp_run: dict[str, Any]) -
 def test_rxe_drops_cnps_before_counting_and_counts_no_error(cnp_run: dict[str, Any]) -> None:
     """rxe_recv.c: a CNP's transport (opcode bits 7:5 = 100) is not RC's, so ``check_type_state``
     drops it before ``rxe_rcv`` counts a received packet; no error counter moves."""
-    done = next(e for e in cnp_run["guest"]["events"] if e["event"] == "done")
-    before, after = done["counters_before"], done["counters_after"]
-    delta = {k: after[k] - before.get(k, 0) for k in after}
+    rxe = cnp_run["rxe"]  # from before the exchange to after the last CNP
     host_done = next(e for e in cnp_run["host"]["events"] if e["event"] == "done")
-    host_delta = {k: host_done["counters_after"][k] - host_done["counters_before"].get(k, 0)
-                  for k in host_done["counters_after"]}  # fmt: skip
+    host = {k: host_done["counters_after"][k] - host_done["counters_before"].get(k, 0)
+            for k in host_done["counters_after"]}  # fmt: skip
     cnps = sum(cnp_run["inject"]["sent"].values())
-    # Every data packet rdmakit sent passed rxe's checks; the CNPs reached k0 but are not among them.
-    assert delta["rcvd_pkts"] == host_delta["packets_out"], (delta, host_delta)
-    arrived = delta["k0.rx_packets"] - delta["rcvd_pkts"]
-    assert cnps <= arrived <= cnps + 50, (arrived, cnps, delta)
+    # Every packet rdmakit sent passed rxe's checks; the CNPs reached k0 but are not among them
+    # (the rest of k0's packets: the namespace's own ARP and IPv6 neighbour discovery).
+    assert rxe["rcvd_pkts"] == host["packets_out"], (rxe, host)
+    assert cnps <= rxe["rx_packets"] - rxe["rcvd_pkts"] <= cnps + 50, (cnps, rxe)
     for name in (
-        "retry_exceeded_err", "retry_rnr_exceeded_err", "send_err", "rcvd_seq_err",
-        "out_of_seq_request", "duplicate_request", "completer_retry_err", "rcvd_rnr_err",
+        "retry_exceeded_err", "retry_rnr_exceeded_err", "send_err", "rcvd_rnr_err", "send_rnr_err",
+        "rcvd_seq_err", "out_of_seq_request",
     ):  # fmt: skip
-        assert delta.get(name, 0) == 0, (name, delta)
-    assert not done["bad_icrc_lines"], done["bad_icrc_lines"]
+        assert rxe[name] == 0, (name, rxe)
+    # A duplicate only where rdmakit retransmitted (a slow TCG peer may make a timer fire).
+    soft_req = _phases(cnp_run["host"]["events"])["host-requests"]["qp_stats"]
+    assert rxe["duplicate_request"] <= soft_req["retransmits"], (rxe, soft_req)
+    guest_done = next(e for e in cnp_run["guest"]["events"] if e["event"] == "done")
+    assert not guest_done["bad_icrc_lines"], guest_done["bad_icrc_lines"]
