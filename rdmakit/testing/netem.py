@@ -243,6 +243,32 @@ def line(r: Row) -> str:
     return out
 
 
+def markdown(rows: list[Row]) -> str:
+    """The rows as a Markdown table (MB/s, and each RDMA figure's ratio to iperf3)."""
+
+    def fig(r: Row, run: str) -> str:
+        got, ratio = r.mbs.get(run), r.ratio(run)
+        if got is None:
+            return f"failed: {r.notes[run][:60]}"
+        return f"{got:.2f} ({ratio:.2f}×)" if ratio is not None else f"{got:.2f}"
+
+    out = [
+        "| path | netem, each way | iperf3 TCP | rdmakit ↔ rdmakit | rdmakit → rxe | rxe → rdmakit "
+        "| rxe ↔ rxe | bytes checked: rdmakit ↔ rdmakit, rdmakit ↔ rxe |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        tcp = r.mbs.get("iperf3")
+        checks = ", ".join(
+            f"all ({r.check_seconds[c]:.0f} s)" if not r.checks[c] else f"FAILED: {r.checks[c][:80]}"
+            for c in CHECKS
+        )
+        figs = " | ".join(fig(r, run) for run in RUNS[1:])
+        tcp_text = f"{tcp:.2f}" if tcp is not None else f"failed: {r.notes['iperf3'][:60]}"
+        out.append(f"| {r.path} | `{r.netem}` | {tcp_text} | {figs} | {checks} |")
+    return "\n".join(out)
+
+
 def failed(rows: list[Row]) -> bool:
     """A run of rdmakit failed, an exchange lost or changed a byte, or anything hung."""
     ours = ("rk-rk", "rk>rxe", "rxe>rk")
@@ -254,7 +280,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of: {', '.join(PATHS)}")
     p.add_argument("--seconds", type=int, default=5, help="iperf3 -t and perftest -D (5)")
     p.add_argument("--json-out", help="write the rows as JSON to this file")
+    p.add_argument("--markdown", metavar="JSON", help="print a --json-out file as Markdown, and exit")
     a = p.parse_args(argv)
+    if a.markdown:
+        try:
+            with open(a.markdown) as f:
+                rows = [Row(**r) for r in json.load(f)]
+        except (OSError, ValueError, TypeError) as e:
+            print(f"netem: {a.markdown}: {e}", file=sys.stderr)
+            return 1
+        print(markdown(rows))
+        return 0
     names = [n for n in a.paths.split(",") if n]
     bad = [n for n in names if n not in PATHS]
     if bad or not names or not 1 <= a.seconds <= 120:
@@ -264,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     if why is not None:
         print(f"netem: {why}", file=sys.stderr)
         return 1
-    rows: list[Row] = []
+    rows = []
     print(HEADER, flush=True)
     with NetemBed() as bed, tempfile.TemporaryDirectory(prefix="rdmakit-netem-") as work:
         matrix = Matrix(bed, a.seconds)
