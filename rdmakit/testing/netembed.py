@@ -202,8 +202,9 @@ class NetemBed:
     ) -> "tuple[Done, Done]":
         """Start ``server``, once it listens on TCP ``port`` ``client``; how each ended (server first).
 
-        A program still running ``timeout`` seconds after the server started is
-        killed and reported with status ``HUNG``: no run may stall.
+        The server has ``timeout`` seconds to listen, the client as long from its
+        start to end: one still running then is killed and reported with status
+        ``HUNG`` (no run may stall).
         """
         deadline = time.monotonic() + timeout
         s = self.popen(*server)
@@ -213,6 +214,7 @@ class NetemBed:
             server_done = self.wait(s, deadline)
             return server_done, Done(server_done.rc, "", "the server never listened")
         c = self.popen(*client)
+        deadline = time.monotonic() + timeout
         client_done = self.wait(c, deadline)
         return self.wait(s, max(deadline, time.monotonic() + 10.0)), client_done
 
