@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rdmakit.transport.user_files import UserFileError, read_user_file
+
 from .goodput import _BW_ROW, _MIB
 from .netbed import HUNG, Done
 from .netembed import RXE, NetemBed, unavailable
@@ -284,10 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.markdown:
         try:
-            with open(a.markdown) as f:
-                rows = [Row(**r) for r in json.load(f)]
-        except (OSError, ValueError, TypeError) as e:
-            print(f"netem: {a.markdown}: {e}", file=sys.stderr)
+            text = read_user_file(a.markdown, "the matrix's JSON", 1 << 20).data
+            rows = [Row(**r) for r in json.loads(text)]
+        except UserFileError as e:
+            print(f"netem: {e.message}", file=sys.stderr)
+            return 1
+        except (ValueError, TypeError) as e:
+            print(f"netem: {a.markdown} is not a --json-out file: {e}", file=sys.stderr)
             return 1
         print(markdown(rows))
         return 0

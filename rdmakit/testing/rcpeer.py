@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import random
-import select
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from rdmakit.engine.types import SGE, Access, Completion, QpCaps, RecvWR, SendWR, WcOpcode, WcStatus, WrOpcode
+from rdmakit.transport.driver import wait_readable
 from rdmakit.verbs.buffers import buffer_address
 
 PHASES = ("host-requests", "guest-requests")
@@ -149,8 +149,6 @@ def wait_file(path: Path, deadline: float) -> None:
 def pump(qp: Any, done: Callable[[list[Completion]], bool], deadline: float, what: str) -> list[Completion]:
     """Progress `qp` until ``done(completions so far)``; waits on its fileno when idle."""
     got: list[Completion] = []
-    waiter = select.poll()
-    waiter.register(qp.fileno(), select.POLLIN)
     while True:
         busy = qp.progress()
         got.extend(qp.poll(64))
@@ -160,7 +158,7 @@ def pump(qp: Any, done: Callable[[list[Completion]], bool], deadline: float, wha
         if left <= 0:
             raise Fail(f"{what}: timed out with {got}")
         if not busy:
-            waiter.poll(max(1, int(min(left, 0.5) * 1000)))
+            wait_readable(qp.fileno(), min(left, 0.5))
 
 
 def receive_sizes(sizes: tuple[int, ...]) -> list[int]:
