@@ -92,18 +92,20 @@ def test_rxe_drops_cnps_before_counting_and_counts_no_error(cnp_run: dict[str, A
     host_done = next(e for e in cnp_run["host"]["events"] if e["event"] == "done")
     host = {k: host_done["counters_after"][k] - host_done["counters_before"].get(k, 0)
             for k in host_done["counters_after"]}  # fmt: skip
-    cnps = sum(cnp_run["inject"]["sent"].values())
-    # Every packet rdmakit sent passed rxe's checks; the CNPs reached k0 but are not among them
-    # (the rest of k0's packets: the namespace's own ARP and IPv6 neighbour discovery).
+    # Every packet rdmakit sent passed rxe's checks, and rxe counted nothing else: not one of the
+    # thousands of CNPs (k0's own rx_packets cannot tell them apart: it counts rdmakit's UDP GSO
+    # batches as one packet each, since veth passes them whole).
+    assert sum(cnp_run["inject"]["sent"].values()) > 100, cnp_run["inject"]
     assert rxe["rcvd_pkts"] == host["packets_out"], (rxe, host)
-    assert cnps <= rxe["rx_packets"] - rxe["rcvd_pkts"] <= cnps + 50, (cnps, rxe)
-    for name in (
-        "retry_exceeded_err", "retry_rnr_exceeded_err", "send_err", "rcvd_rnr_err", "send_rnr_err",
-        "rcvd_seq_err", "out_of_seq_request",
-    ):  # fmt: skip
+    for name in ("retry_exceeded_err", "retry_rnr_exceeded_err", "send_err", "rcvd_rnr_err", "send_rnr_err"):
         assert rxe[name] == 0, (name, rxe)
-    # A duplicate only where rdmakit retransmitted (a slow TCG peer may make a timer fire).
-    soft_req = _phases(cnp_run["host"]["events"])["host-requests"]["qp_stats"]
+    # Sequence NAKs and duplicates only as the two ends account for them (rxe_resp.c counts
+    # out_of_seq_request once per NAK it sends; a slow TCG peer may make a timer fire).
+    phases = _phases(cnp_run["host"]["events"])
+    soft_req, soft_resp = phases["host-requests"]["qp_stats"], phases["guest-requests"]["qp_stats"]
+    naked = soft_req["naks_received"].get("PSN_SEQUENCE_ERROR", 0)
+    assert rxe["out_of_seq_request"] == naked, (rxe, soft_req)
+    assert rxe["rcvd_seq_err"] == soft_resp["naks_sent"].get("PSN_SEQUENCE_ERROR", 0), (rxe, soft_resp)
     assert rxe["duplicate_request"] <= soft_req["retransmits"], (rxe, soft_req)
     guest_done = next(e for e in cnp_run["guest"]["events"] if e["event"] == "done")
     assert not guest_done["bad_icrc_lines"], guest_done["bad_icrc_lines"]
