@@ -15,7 +15,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lab/common.sh"
 # The lab notes' list: `apt` variant has no mount(8), so it is named; the
 # initrd (from linux-image-amd64 via initramfs-tools) carries virtio, ext4, 9p.
 GUEST_PACKAGES=(
-    linux-image-amd64 kmod mount procps iproute2 iputils-ping ethtool netbase tcpdump
+    linux-image-amd64 kmod mount procps iproute2 iputils-ping ethtool netbase tcpdump iperf3
     rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
     python3 python3-pyverbs
 )

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from rdmakit.testing.rcpeer import WC_OPCODE
 from tests.lab.labvm import GUEST_SHARE, HOST_ADDR, LabGuest, booted, lab_marks
 
 PEER = Path(__file__).with_name("interop_peer.py")
@@ -41,12 +42,6 @@ PHASES = ("host-requests", "guest-requests")
 GUEST_PYTHON = ("env", "-u", "PYTHONPYCACHEPREFIX", "python3")
 #: Longer than any burst the host sends (a 4 MiB READ is 4096 response packets).
 TAP_QUEUE = 16384
-#: What each work request completes as on the requester (``ibv_wc_opcode``).
-WC_OPCODE = {
-    "SEND": "SEND", "SEND_WITH_IMM": "SEND", "RDMA_WRITE": "RDMA_WRITE",
-    "RDMA_WRITE_WITH_IMM": "RDMA_WRITE", "RDMA_READ": "RDMA_READ",
-    "ATOMIC_CMP_AND_SWP": "COMP_SWAP", "ATOMIC_FETCH_AND_ADD": "FETCH_ADD",
-}  # fmt: skip
 
 pytestmark = lab_marks(900)
 
