@@ -27,7 +27,7 @@ for m in pkgutil.walk_packages(rdmakit.__path__, "rdmakit."):
     if m.name == "rdmakit.__main__" or m.name.startswith(
         (
             "rdmakit.testing.strategies", "rdmakit.verbs.device", "rdmakit.verbs.qp_modify",
-            "rdmakit.verbs.cm", "rdmakit.conformance",
+            "rdmakit.verbs.cm", "rdmakit.verbs.pvcall", "rdmakit.verbs.srq", "rdmakit.conformance",
         )
     ):
         continue  # optional extras: hypothesis, pyverbs, scapy

@@ -20,7 +20,8 @@ import hmac
 import os
 import secrets
 import struct
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Generic, Protocol, TypeVar
 
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.transport.comm import MAX_MSG_LIMIT, MessageSocket, ServiceAddress, parse_service
@@ -34,8 +35,17 @@ from rdmakit.transport.comm_auth import (
     session_keys,
 )
 
-if TYPE_CHECKING:
-    from rdmakit.doca.comm_channel import CommChannel
+
+class HandshakeChannel(Protocol):
+    """What a handshake step uses of its channel (`rdmakit.doca.comm_channel.CommChannel`)."""
+
+    def _send(self, msg: bytes | memoryview, fds: Sequence[int], timeout: float | None) -> None: ...
+
+    def _recv_or_none(self, timeout: float | None, doing: str) -> tuple[bytes, list[int]] | None: ...
+
+
+_C = TypeVar("_C", bound=HandshakeChannel)
+
 
 __all__ = [
     "MAX_MSG_LIMIT",
@@ -111,11 +121,16 @@ def _transcript(hello_c: bytes, hello_s: bytes, sock: MessageSocket, *, client: 
     return hello_c + hello_s + ends
 
 
-class ClientHandshake:
+class ClientHandshake(Generic[_C]):
     """The client's side: `begin` sends the hello, `step` takes the server's answer."""
 
     def __init__(
-        self, channel: "CommChannel", sock: MessageSocket, service: str, max_msg_size: int, key: bytes | None
+        self,
+        channel: _C,
+        sock: MessageSocket,
+        service: str,
+        max_msg_size: int,
+        key: bytes | None,
     ) -> None:
         self.channel = channel
         self._sock = sock
@@ -159,12 +174,12 @@ class ClientHandshake:
         return True
 
 
-class ServerHandshake:
+class ServerHandshake(Generic[_C]):
     """The server's side of one connection's handshake, advanced by `step` as messages arrive."""
 
     def __init__(
         self,
-        channel: "CommChannel",
+        channel: _C,
         sock: MessageSocket,
         service: str,
         max_msg_size: int,

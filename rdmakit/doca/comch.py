@@ -342,6 +342,8 @@ class _Comch(Ctx[ComchSendJob]):
 class ComchServer(_Comch):
     """``doca_comch_server``: listens on `name`; each client that completes the handshake is a connection."""
 
+    comch_role = "server"  # what ComchConnection.get_server_ctx looks for
+
     def __init__(
         self,
         dev: Dev,
@@ -357,7 +359,7 @@ class ComchServer(_Comch):
         self._repr = repr
         self._handshake_timeout = handshake_timeout
         self._server: CommChannelServer | None = None
-        self._handshakes: list[ServerHandshake] = []
+        self._handshakes: list[ServerHandshake[CommChannel]] = []
         self._connect_cb: ConnectionCallback | None = None
         self._disconnect_cb: ConnectionCallback | None = None
 
@@ -434,7 +436,7 @@ class ComchServer(_Comch):
             if self._connect_cb is not None:
                 self._connect_cb(ComchEventConnectionStatusChanged(connected=True), conn, 1)
 
-    def _refuse(self, hs: ServerHandshake, why: str) -> None:
+    def _refuse(self, hs: ServerHandshake[CommChannel], why: str) -> None:
         self._handshakes.remove(hs)
         hs.channel.close()
         log.warning("comch %r: refused the connection from %s: %s", self._name, hs.peer, why)
@@ -470,6 +472,8 @@ class ComchServer(_Comch):
 class ComchClient(_Comch):
     """``doca_comch_client``: connects to the server of `name`; one connection."""
 
+    comch_role = "client"  # what ComchConnection.get_client_ctx looks for
+
     def __init__(
         self,
         dev: Dev,
@@ -480,7 +484,7 @@ class ComchClient(_Comch):
     ) -> None:
         """``doca_comch_client_create(dev, name)``."""
         super().__init__(dev, name, secret=secret, secret_file=secret_file)
-        self._handshake: ClientHandshake | None = None
+        self._handshake: ClientHandshake[CommChannel] | None = None
         self._hs_fd = -1
         self._key: bytes | None = None
         self._conn: ComchConnection | None = None

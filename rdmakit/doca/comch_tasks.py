@@ -19,15 +19,12 @@ import contextlib
 import os
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rdmakit.doca.comm_channel import CommChannel
 from rdmakit.doca.ctx import Ctx, Job
 from rdmakit.doca.errors import DocaError, DocaErrorCode
 from rdmakit.doca.tasks import Task
-
-if TYPE_CHECKING:
-    from rdmakit.doca.comch import ComchClient, ComchServer
 
 __all__ = [
     "ComchConnection",
@@ -90,17 +87,15 @@ class ComchConnection:
         """``doca_comch_connection_get_user_data``."""
         return self.user_data
 
-    def get_server_ctx(self) -> "ComchServer | None":
-        """``doca_comch_server_get_server_ctx``: "NULL if the connection is related to a client context"."""
-        from rdmakit.doca.comch import ComchServer
+    def get_server_ctx(self) -> Ctx[Any] | None:
+        """``doca_comch_server_get_server_ctx`` (a `ComchServer`): "NULL if the connection is related
+        to a client context"."""
+        return self._ctx if getattr(self._ctx, "comch_role", None) == "server" else None
 
-        return self._ctx if isinstance(self._ctx, ComchServer) else None
-
-    def get_client_ctx(self) -> "ComchClient | None":
-        """``doca_comch_client_get_client_ctx``: "NULL if the connection is related to a server context"."""
-        from rdmakit.doca.comch import ComchClient
-
-        return self._ctx if isinstance(self._ctx, ComchClient) else None
+    def get_client_ctx(self) -> Ctx[Any] | None:
+        """``doca_comch_client_get_client_ctx`` (a `ComchClient`): "NULL if the connection is related
+        to a server context"."""
+        return self._ctx if getattr(self._ctx, "comch_role", None) == "client" else None
 
     def update_info(self) -> None:
         """``doca_comch_connection_update_info``: CONNECTION_ABORTED "if the connection failed"."""

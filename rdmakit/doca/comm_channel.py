@@ -56,7 +56,7 @@ import os
 import select
 import time
 from collections.abc import Callable, Sequence
-from typing import Self
+from typing import Any, Self
 
 from rdmakit.doca._comch_handshake import (
     PREAUTH_MAX,
@@ -146,7 +146,7 @@ class CommChannel:
             raise
         return channel
 
-    def _handshake_done(self, handshake: ClientHandshake, deadline: float | None) -> None:
+    def _handshake_done(self, handshake: "ClientHandshake[Any]", deadline: float | None) -> None:
         """Wait for the server's answer until `deadline` (TIME_OUT, as a silent server)."""
         left = _left(deadline)
         if not handshake.step(left):
@@ -370,7 +370,9 @@ class CommChannelServer:
         return self._live().fileno()
 
     def poll(
-        self, pending: list[ServerHandshake], refuse: Callable[[ServerHandshake, str], None]
+        self,
+        pending: list[ServerHandshake[CommChannel]],
+        refuse: Callable[[ServerHandshake[CommChannel], str], None],
     ) -> CommChannel | None:
         """One round that never blocks: take new connections into `pending`, advance their handshakes.
 
@@ -413,10 +415,10 @@ class CommChannelServer:
         """
         listener = self._live()
         deadline = _deadline(timeout)
-        pending: list[ServerHandshake] = []
+        pending: list[ServerHandshake[CommChannel]] = []
         refused: list[str] = []
 
-        def refuse(hs: ServerHandshake, why: str) -> None:
+        def refuse(hs: ServerHandshake[CommChannel], why: str) -> None:
             pending.remove(hs)
             hs.channel.close()
             refused.append(why)

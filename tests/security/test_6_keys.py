@@ -86,6 +86,7 @@ _PYVERBS_NAMES = {
     "pyverbs.mr": ("MR",),
     "pyverbs.pd": ("PD",),
     "pyverbs.qp": ("QP", "QPAttr", "QPCap", "QPInitAttr"),
+    "pyverbs.srq": ("SRQ", "SrqAttr", "SrqInitAttr"),
     "pyverbs.wr": ("SGE", "RecvWR", "SendWR"),
 }
 
