@@ -112,6 +112,8 @@ ConnectionCallback = Callable[[ComchEventConnectionStatusChanged, ComchConnectio
 class _Comch(Ctx[ComchSendJob]):
     """What a comch server and client share: properties, send tasks, receive events."""
 
+    comch_role: str  # "server" or "client"
+
     def __init__(
         self,
         dev: Dev,
@@ -326,7 +328,7 @@ class _Comch(Ctx[ComchSendJob]):
         """For the server: the disconnect callback."""
 
     def _add_conn(self, channel: CommChannel, peer: str) -> ComchConnection:
-        conn = ComchConnection(self, channel, peer)
+        conn = ComchConnection(self, channel, peer, self.comch_role)
         self._conns.append(conn)
         self._watch_fd(conn.fd)
         return conn
@@ -342,7 +344,7 @@ class _Comch(Ctx[ComchSendJob]):
 class ComchServer(_Comch):
     """``doca_comch_server``: listens on `name`; each client that completes the handshake is a connection."""
 
-    comch_role = "server"  # what ComchConnection.get_server_ctx looks for
+    comch_role = "server"  # its connections' get_server_ctx returns it
 
     def __init__(
         self,
@@ -472,7 +474,7 @@ class ComchServer(_Comch):
 class ComchClient(_Comch):
     """``doca_comch_client``: connects to the server of `name`; one connection."""
 
-    comch_role = "client"  # what ComchConnection.get_client_ctx looks for
+    comch_role = "client"  # its connection's get_client_ctx returns it
 
     def __init__(
         self,

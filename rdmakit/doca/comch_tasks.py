@@ -48,8 +48,9 @@ class ComchCounter(IntEnum):
 class ComchConnection:
     """A connected peer of a comch server or client (``doca_comch_connection``)."""
 
-    def __init__(self, ctx: Ctx[Any], channel: CommChannel, peer: str) -> None:
+    def __init__(self, ctx: Ctx[Any], channel: CommChannel, peer: str, role: str) -> None:
         self._ctx = ctx
+        self._role = role  # "server" or "client": which kind of context `ctx` is
         self.channel = channel
         self.peer = peer  # who it is: IP:PORT, or a local process's pid and user
         self._max = channel.max_msg_size  # agreed in the handshake
@@ -90,12 +91,12 @@ class ComchConnection:
     def get_server_ctx(self) -> Ctx[Any] | None:
         """``doca_comch_server_get_server_ctx`` (a `ComchServer`): "NULL if the connection is related
         to a client context"."""
-        return self._ctx if getattr(self._ctx, "comch_role", None) == "server" else None
+        return self._ctx if self._role == "server" else None
 
     def get_client_ctx(self) -> Ctx[Any] | None:
         """``doca_comch_client_get_client_ctx`` (a `ComchClient`): "NULL if the connection is related
         to a server context"."""
-        return self._ctx if getattr(self._ctx, "comch_role", None) == "client" else None
+        return self._ctx if self._role == "client" else None
 
     def update_info(self) -> None:
         """``doca_comch_connection_update_info``: CONNECTION_ABORTED "if the connection failed"."""
