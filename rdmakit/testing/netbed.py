@@ -147,6 +147,15 @@ class BedError(RuntimeError):
     """A command that builds the bed failed."""
 
 
+def run_in(argv: Sequence[str], ns: str | None = None, *, check: bool = True, timeout: float = 30) -> str:
+    """Run a command (in network namespace ``ns``); its output, or BedError when ``check`` and it failed."""
+    full = list(argv) if ns is None else ["ip", "netns", "exec", ns, *argv]
+    done = subprocess.run(full, capture_output=True, text=True, check=False, timeout=timeout)
+    if check and done.returncode:
+        raise BedError(f"{' '.join(full)}: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
 class NetBed:
     """Three namespaces joined by veth links, R forwarding; see the module docstring."""
 
@@ -174,11 +183,7 @@ class NetBed:
 
     def sh(self, argv: Sequence[str], side: Side | None = None) -> str:
         """Run a command (in ``side``'s namespace); its output, or BedError."""
-        full = list(argv) if side is None else ["ip", "netns", "exec", self.ns[side], *argv]
-        done = subprocess.run(full, capture_output=True, text=True, check=False, timeout=30)
-        if done.returncode:
-            raise BedError(f"{' '.join(full)}: {done.stderr.strip() or done.returncode}")
-        return done.stdout
+        return run_in(argv, None if side is None else self.ns[side])
 
     def _build(self) -> None:
         s = self.spec

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .netbed import HUNG, BedError, Done
+from .netbed import HUNG, BedError, Done, run_in
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +85,7 @@ class NetemBed:
 
     @staticmethod
     def sh(argv: Sequence[str], ns: str | None = None, *, check: bool = True) -> str:
-        full = list(argv) if ns is None else ["ip", "netns", "exec", ns, *argv]
-        done = subprocess.run(full, capture_output=True, text=True, check=False, timeout=60)
-        if check and done.returncode:
-            raise BedError(f"{' '.join(full)}: {done.stderr.strip() or done.returncode}")
-        return done.stdout
+        return run_in(argv, ns, check=check, timeout=60)
 
     def _build(self, mtu: int) -> None:
         for name in self.ns.values():
