@@ -16,7 +16,6 @@ transport (receiver not ready, IBTA §9.7.5.2.8).
 import argparse
 import json
 import sys
-from collections.abc import Callable
 
 from rdmakit.cli.errors import CliError
 from rdmakit.cli.samples import (
@@ -24,6 +23,7 @@ from rdmakit.cli.samples import (
     MEM_SIZE,
     SAMPLES,
     Files,
+    Sample,
     _device,
     _requester,
     _start_and_connect,
@@ -36,14 +36,11 @@ from rdmakit.cli.samples import (
     write_imm_requester,
     write_requester,
 )
-from rdmakit.cli.samples import (
-    register as register_samples,
-)
+from rdmakit.cli.samples_cli import register as register_samples
 from rdmakit.cli.session import ConnectionBroke
 from rdmakit.cli.task_session import TaskSession
 from rdmakit.doca import AccessFlag, DocaErrorCode, RdmaOpcode, RdmaTaskReceive
 
-Sample = Callable[[argparse.Namespace, Files], int]
 RW = AccessFlag.LOCAL_READ_WRITE
 
 
