@@ -347,6 +347,8 @@ class RdmaCmApi(RdmaRemoteNetTaskApi):
     def _cm_route(self, conn: object, receive: bool) -> tuple[BackendQP | None, RdmaConnection | None]:
         """The queue pair (and connection) a job on `conn` (None: the only one) goes to."""
         if conn is None:
+            if not self._cm_conns:  # connected by descriptor (or not yet): the start queue pair
+                return self._qp, None
             if len(self._cm_conns) > 1:
                 raise DocaError(
                     DocaErrorCode.INVALID_VALUE,

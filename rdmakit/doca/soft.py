@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from ipaddress import IPv6Address
 
 from rdmakit.doca._addresses import address_problem, gid_mismatch
+from rdmakit.doca._soft_pump import SoftPump, bell_of
 from rdmakit.doca.backend import BackendCm, BackendSRQ, ConnectAttrs, DeviceCaps, JobType
 from rdmakit.doca.device import DevInfo, register_provider, register_resolver
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault, error_from_engine, error_from_os
@@ -111,25 +112,6 @@ def _release(dev: SoftDevice) -> None:
     dev.close()
 
 
-class _LockedPump:
-    """The device's `Driver`, run under the device's lock: any thread's progress engine may pump it."""
-
-    def __init__(self, driver: Driver, lock: "threading.RLock") -> None:
-        self.driver = driver
-        self._lock = lock
-
-    def progress(self) -> bool:
-        with self._lock:
-            return self.driver.progress()
-
-    def fileno(self) -> int:
-        return self.driver.fileno()
-
-    def close(self) -> None:
-        with self._lock:
-            self.driver.close()
-
-
 class SoftBackendSRQ:
     """An engine `SharedReceiveQueue` in the device's protection domain (errors as `DocaError`)."""
 
@@ -140,10 +122,11 @@ class SoftBackendSRQ:
             raise error_from_engine(e) from e
         self.max_wr = max_wr
         self._owner = owner
+        self._bell = bell_of(owner.soft)
 
     def post_recv(self, wr: RecvWR) -> None:
         try:
-            with self._owner.soft.lock:
+            with self._bell:
                 self.engine_srq.post_recv(wr)
         except EngineError as e:
             raise error_from_engine(e) from e
@@ -151,7 +134,7 @@ class SoftBackendSRQ:
     def close(self) -> None:
         if not self.engine_srq.closed:
             try:
-                with self._owner.soft.lock:
+                with self._bell:
                     self.engine_srq.close()
             except EngineError as e:
                 raise error_from_engine(e) from e
@@ -164,7 +147,7 @@ class SoftBackendQP:
     def __init__(self, owner: "SoftBackendDevice", caps: QpCaps, srq: SoftBackendSRQ | None = None) -> None:
         self._owner = owner
         self._dev = owner.soft
-        self._lock = owner.soft.lock
+        self._lock = bell_of(owner.soft)  # what may give the engine work rings the pump's bell
         depth = caps.max_send_wr + (caps.max_recv_wr if srq is None else srq.max_wr)
         self._cq = CompletionQueue(depth)
         self._qp: QueuePair = self._dev.create_qp(
@@ -188,7 +171,7 @@ class SoftBackendQP:
         return self._qp
 
     def export(self) -> dict[str, object]:
-        with self._lock:
+        with self._lock.lock:
             ep = local_endpoint(self._dev, self._qp, self._psn)
         info: dict[str, object] = {
             "transport": ep.transport, "gid": ep.gid, "ip": ep.ip, "port": ep.port,
@@ -262,8 +245,11 @@ class SoftBackendQP:
             raise error_from_engine(e) from e
 
     def poll(self, max_entries: int) -> Sequence[Completion]:
-        with self._lock:
-            return self._cq.poll(max_entries)
+        cq = self._cq
+        if not len(cq):  # the common idle poll takes no lock: a completion pushed meanwhile waits
+            return []  # for the next poll, as one pushed just after the lock was let go would
+        with self._lock.lock:
+            return cq.poll(max_entries)
 
     def progress(self) -> bool:
         """Run the device's pump (for callers without a progress engine)."""
@@ -312,7 +298,7 @@ class SoftBackendDevice:
         self.gid_index = 0
         driver = Driver()
         driver.add(self.soft)
-        self.pump = _LockedPump(driver, self.soft.lock)
+        self.pump = SoftPump(driver, bell_of(self.soft))
         self._qps: list[SoftBackendQP] = []
         self._srqs: dict[int, SoftBackendSRQ] = {}
         self._closed = False
@@ -370,7 +356,7 @@ class SoftBackendDevice:
         own = None if srq is None else self._srqs.get(id(srq))
         if srq is not None and own is not srq:  # IBTA §10.2.9: a QP and its SRQ share a PD
             raise DocaError(DocaErrorCode.INVALID_VALUE, f"{srq!r} is not an SRQ of {self.name}")
-        with self.soft.lock:
+        with bell_of(self.soft):
             qp = SoftBackendQP(self, caps, own)
             self._qps.append(qp)
         return qp

@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Sequence
 from ipaddress import IPv4Address, IPv6Address, ip_address
 
+from rdmakit.doca._soft_pump import bell_of
 from rdmakit.doca.backend import BackendQP, CmEvent, CmEventKind
 from rdmakit.doca.errors import DocaError, DocaErrorCode, error_from_engine
 from rdmakit.engine import EngineError, QueuePair
@@ -80,7 +81,7 @@ class SoftBackendCm:
             raise DocaError(DocaErrorCode.BAD_STATE, f"{self.dev.name}'s connection manager is closed")
 
     def listen(self, port: int) -> None:
-        with self.dev.lock:
+        with bell_of(self.dev):
             self._check()
             if type(port) is not int or not 0 < port <= 0xFFFF:
                 raise DocaError(DocaErrorCode.INVALID_VALUE, f"port {port!r} is not a port number")
@@ -90,7 +91,7 @@ class SoftBackendCm:
             self.cma.listen(port)
 
     def stop_listen(self, port: int) -> None:
-        with self.dev.lock:
+        with bell_of(self.dev):
             if port in self._ports:
                 self._ports.discard(port)
                 self.cma.unlisten(port)
@@ -98,7 +99,7 @@ class SoftBackendCm:
     def connect(
         self, qp: BackendQP, addr: IPv4Address | IPv6Address, port: int, private_data: bytes, timeout: float
     ) -> int:
-        with self.dev.lock:
+        with bell_of(self.dev):
             self._check()
             if len(private_data) > MAX_CONNECT_PRIVATE:
                 raise DocaError(
@@ -119,7 +120,7 @@ class SoftBackendCm:
             return handle
 
     def accept(self, conn: int, qp: BackendQP, private_data: bytes) -> None:
-        with self.dev.lock:
+        with bell_of(self.dev):
             self._check()
             if len(private_data) > MAX_ACCEPT_PRIVATE:
                 raise DocaError(
@@ -134,18 +135,18 @@ class SoftBackendCm:
                 raise error_from_engine(e) from e
 
     def reject(self, conn: int, private_data: bytes) -> None:
-        with self.dev.lock:
+        with bell_of(self.dev):
             try:
                 self.cma.reject(conn, time.monotonic(), private_data=private_data)
             except EngineError as e:
                 raise error_from_engine(e) from e
 
     def disconnect(self, conn: int) -> None:
-        with self.dev.lock, contextlib.suppress(EngineError):  # gone already: idempotent
+        with bell_of(self.dev), contextlib.suppress(EngineError):  # gone already: idempotent
             self.cma.disconnect(conn, time.monotonic())
 
     def poll_events(self) -> Sequence[CmEvent]:
-        with self.dev.lock:
+        with bell_of(self.dev):
             if self._closed:
                 return ()
             now = time.monotonic()
@@ -179,7 +180,7 @@ class SoftBackendCm:
             return out
 
     def close(self) -> None:
-        with self.dev.lock:
+        with bell_of(self.dev):
             if self._closed:
                 return
             self._closed = True
