@@ -65,7 +65,7 @@ ALLOWED_PROBES = {
     ("cli/lifecycle.py", "args"),
     ("cli/main.py", "args"),
     ("cli/tool_flags.py", "args"),  # an argparse Namespace: a refused flag given
-    ("cli/samples.py", "args"),
+    ("cli/samples_cli.py", "args"),
     ("cli/perftest.py", "e"),
     ("cli/rc_pingpong.py", "e"),
     ("cli/oob_messages.py", "self"),
