@@ -1537,6 +1537,10 @@ out:
     return result;
 }
 
+/* -- the armed responder (a QP's responder state, owned natively while armed) ------------ */
+
+#include "_nativeqp.c"
+
 /* -- module ----------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1583,6 +1587,10 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
 #else
     if (PyModule_AddIntConstant(m, "CLMUL", 0) < 0) {
 #endif
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (armed_setup(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -95,6 +95,37 @@ class SmallResponse(Protocol):
     ) -> tuple[int, int] | int: ...
 
 
+class ArmedOwner(Protocol):
+    """A responder armed natively (``_fastpath.Armed``; ``rdmakit.engine.armed``)."""
+
+    @property
+    def pending(self) -> bool: ...
+    def rx(self, seg: Buffer, idx: int, states: dict[int, int], flow: IcrcFlow, /) -> bool: ...
+    def take_ack(self) -> Packet | None: ...
+    def send_ack(
+        self, fd: int, addr: tuple[str, int], v6: bool, states: dict[int, int], flow: IcrcFlow, /
+    ) -> int: ...
+    def disarm(self) -> tuple[int, int, int, int, int, int | None, int, Packet | None]: ...
+
+
+class Arm(Protocol):
+    def __call__(
+        self,
+        qpn: int,
+        dqpn: int,
+        psn: int,
+        msn: int,
+        mtu: int,
+        access: int,
+        rtable: dict[int, tuple[int, int, int, memoryview]],
+        syndrome: int,
+        pd: object,
+        stats: object,
+        held: tuple[int, int, int] | None,
+        /,
+    ) -> ArmedOwner: ...
+
+
 class SegmentCodec(Protocol):
     """The codec operations of the RoCE-UDP port (module docstring)."""
 
@@ -114,6 +145,9 @@ class SegmentCodec(Protocol):
     #: response, places its data (native only; None: not offered): ``(opcode, PSN)`` for
     #: ``rx_small_resp_done``, or -1 having done nothing.
     small_response: SmallResponse | None
+    #: Takes a responder's steady state from ``QueuePair.arm_ticket`` (native only; None:
+    #: not offered): the owner then executes in-order WRITE ONLY requests and holds their ACK.
+    arm: Arm | None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

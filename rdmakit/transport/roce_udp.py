@@ -14,6 +14,7 @@ import errno
 import os
 import struct
 from collections.abc import Callable
+from typing import cast
 
 from rdmakit.engine import EngineError, QueuePair, WcStatus
 from rdmakit.wire import (
@@ -33,7 +34,7 @@ from rdmakit.wire.ud import GSI_QPN
 
 from . import fastpath
 from .cnp import check_cnp, cnp_datagram
-from .codec import SegmentCodec
+from .codec import ArmedOwner, SegmentCodec
 from .codec_py import headers
 from .fastpath import PYTHON
 from .gsi import Gsi
@@ -103,6 +104,7 @@ class UdpPort:
         self._codec = self.sources.codec = codec
 
     def forget(self, qp: QueuePair) -> None:
+        qp.disarm()
         self._faults.pop(qp.qpn, None)  # the receive state is per source, not per QP
         if self._active.get(qp.qpn) is qp:
             del self._active[qp.qpn]
@@ -376,6 +378,9 @@ class UdpPort:
                     cnp_datagram(self._local, remote.ip, self.port, qp.dest_qpn), (remote.ip, remote.port)
                 )
                 busy = True
+            owner = cast("ArmedOwner | None", qp.native)  # armed by take_small: the codec's own
+            if owner is not None and owner.pending and self._send_ack(owner, qp):
+                busy = True
             if not qp.may_transmit():
                 del active[qpn]  # until its doorbell rings, a segment reaches it or its timer fires
                 continue
@@ -402,6 +407,30 @@ class UdpPort:
             if self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0) != too_big:
                 self._too_big(qp, remote)
         return busy
+
+    def _send_ack(self, owner: ArmedOwner, qp: QueuePair) -> bool:
+        """Send the ACK ``qp``'s armed responder holds, in one native call (headers, ICRC,
+        send), where ``poll_transmit`` would have sent it from ``Responder.out``; True if
+        it left. A full socket or a backlog leaves it held, and the generic path takes it
+        (``disarm``, then the backlog keeps the order)."""
+        remote = qp.remote
+        if type(remote) is not PeerAddress or self._backlog:
+            return False
+        addr = (remote.ip, remote.port)
+        flow = self._tx_flows.get(addr)
+        if flow is None:
+            flow = self._tx_flow(remote)
+        link = self.link
+        err = owner.send_ack(self._fd, addr, self._v6, flow.states, flow)
+        if err < 0 or err in _WOULD_BLOCK:
+            return False
+        self.counters.packets_out += 1
+        lc = link.counters
+        lc.datagrams_out += 1  # as UdpLink.send: a send error is a lost packet
+        lc.sends += 1
+        if err:
+            link.record_error(OSError(err, os.strerror(err)))
+        return True
 
     def _too_big(self, qp: QueuePair, remote: PeerAddress) -> None:
         """The path refused a datagram of ``qp`` (EMSGSIZE: the route's MTU, or what path-MTU

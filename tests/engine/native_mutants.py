@@ -43,7 +43,7 @@ PY_MUTANTS: dict[str, tuple[str, str]] = {
     ),
     "tx-no-se": ("ops[3], dqpn, psn, True, wqe.solicited, False,", "ops[3], dqpn, psn, True, False, False,"),
     "tx-long-write": ("            if length > mtu:\n                return None\n", ""),
-    "tx-with-responses-queued": ("if not self._tx or not self._fast or self.resp.out:", "if not self._tx:"),
+    "tx-with-responses-queued": ("            or self.resp.out\n", ""),
     "tx-no-read-slot": ("            req.rd_out += 1\n", ""),
     "tx-read-last-psn": ("wqe.last_psn = (psn + step - 1) & _MASK", "wqe.last_psn = psn"),
     "tx-no-ackreq": ("ops[3], dqpn, psn, True,", "ops[3], dqpn, psn, False,"),

@@ -67,19 +67,29 @@ def _codec() -> SegmentCodec:
     return fastpath.NATIVE
 
 
-def fingerprint(seed: int, faults: Faults, small: SegmentCodec | None, n: int = 14) -> tuple[Any, ...]:
-    """A bidirectional random workload of mostly one-packet operations (MTU 256, up to 300 bytes)."""
+def fingerprint(
+    seed: int,
+    faults: Faults,
+    small: SegmentCodec | None,
+    n: int = 14,
+    ops: tuple[WrOpcode, ...] = tuple(WrOpcode),
+) -> tuple[Any, ...]:
+    """A bidirectional random workload of mostly one-packet operations (MTU 256, up to 300 bytes);
+    the last item counts what the native paths took: (requests, responses, requester's sends,
+    WRITE ONLY requests executed by an armed responder)."""
     max_len = 300
     half = 1 << 14
     p = make_pair(seed, faults, mem_size=2 * half, mtu=256, small=small)
-    w1, w2 = both_ways(p, random.Random(seed ^ 0x5A11), n, max_len, half)
+    w1, w2 = both_ways(p, random.Random(seed ^ 0x5A11), n, max_len, half, ops)
     assert p.net.run(until=lambda: finished(p, w1, w2), max_time=600.0), f"seed={seed}"
     p.net.run(max_time=p.net.now + 1.0)  # the last ACKs and duplicates settle
     p.drain()
     w1.check()
     w2.check()
-    taken = (p.net.stats.pop("small", 0), p.net.stats.pop("small_resp", 0), p.net.stats.pop("small_tx", 0))
+    taken = tuple(p.net.stats.pop(k, 0) for k in ("small", "small_resp", "small_tx", "armed"))
     qa, qb = p.a.qp, p.b.qp
+    for q in (qa, qb):
+        q.disarm()  # an armed responder's state back to the engine, which is what is compared
     return (
         (p.net.now, bytes(p.a.mem), bytes(p.b.mem), p.a.sent, p.a.received, p.b.sent, p.b.received),
         (
@@ -95,23 +105,45 @@ def fingerprint(seed: int, faults: Faults, small: SegmentCodec | None, n: int = 
     )
 
 
-def _compare(seeds: list[int], faults: Faults) -> tuple[int, int]:
-    requests = responses = 0
+def _compare(
+    seeds: list[int], faults: Faults, ops: tuple[WrOpcode, ...] = tuple(WrOpcode)
+) -> tuple[int, int, int]:
+    """Assert the runs with and without the native paths equal; (requests, responses, armed)."""
+    requests = responses = armed = 0
     for seed in seeds:
-        ref = fingerprint(seed, faults, None)
-        got = fingerprint(seed, faults, _codec())
-        assert ref[3] == (0, 0, 0)
+        ref = fingerprint(seed, faults, None, ops=ops)
+        got = fingerprint(seed, faults, _codec(), ops=ops)
+        assert ref[3] == (0, 0, 0, 0)
         assert got[:3] == ref[:3], f"seed={seed} faults={faults}"
-        requests += got[3][0]
+        requests += got[3][0] + got[3][3]
         responses += got[3][1]
-    return requests, responses
+        armed += got[3][3]
+    return requests, responses, armed
 
 
 @pytest.mark.parametrize("name", PROFILES)
 def test_native_small_operations_equal_the_engine(name: str) -> None:
-    requests, responses = _compare(list(range(12)), PROFILES[name])
+    requests, responses, armed = _compare(list(range(12)), PROFILES[name])
     assert requests > 12 * 8  # most requests took the native path
     assert responses > 12 * 4  # and many responses
+    assert armed > 0  # some WRITE ONLY requests met an armed responder
+
+
+_WRITES = (
+    WrOpcode.RDMA_WRITE,
+    WrOpcode.RDMA_WRITE,
+    WrOpcode.RDMA_WRITE,
+    WrOpcode.SEND,
+    WrOpcode.RDMA_WRITE_WITH_IMM,
+)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_armed_responder_equals_the_engine(name: str) -> None:
+    """Mostly WRITEs (a SEND or a WRITE with immediate now and then disarms it): the armed responder owns the
+    expected PSN and MSN and the ACK between them; the runs stay identical, and it took most WRITEs."""
+    requests, _, armed = _compare(list(range(12)), PROFILES[name], _WRITES)
+    assert armed > 12 * 8, (armed, requests)
 
 
 @pytest.mark.slow
@@ -119,6 +151,7 @@ def test_native_small_operations_equal_the_engine(name: str) -> None:
 def test_native_small_operations_equal_the_engine_many_seeds(name: str, seed_sample: SeedSample) -> None:
     seeds = seed_sample.seeds(range(1000, 1400))
     assert min(_compare(seeds, PROFILES[name])) > 0
+    assert min(_compare(seeds[:100], PROFILES[name], _WRITES)) > 0
     seed_sample.passed(len(seeds))
 
 
@@ -373,8 +406,14 @@ def test_the_port_takes_the_native_path_on_real_sockets(
     assert int.from_bytes(mb[32:40], "little") == 8
     assert int.from_bytes(ma[24:32], "little") == 9
     assert int.from_bytes(mb[40:48], "little") == 1
-    assert calls.get("small_request", 0) >= 4
-    assert calls.get("send_packet", 0) >= 8  # the requests and their responses
+    # The WRITE met b's responder, armed for it (``Armed``: executed and its ACK sent in C);
+    # the READ and the atomics took small_request (disarming it first).
+    assert calls.get("arm", 0) >= 1
+    assert calls.get("small_request", 0) >= 3
+    assert calls.get("send_packet", 0) >= 7  # the requests and the other responses
+    qb.disarm()
+    assert qb.resp.msn == 4
+    assert qb.stats.packets_out >= 4
     assert {op for _, op in sent} == {
         Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_READ_REQUEST, Opcode.FETCH_ADD, Opcode.COMPARE_SWAP,
     }  # fmt: skip
