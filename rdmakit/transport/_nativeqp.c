@@ -62,8 +62,14 @@ static int armed_init(ArmedObject *self, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTuple(args, "kkkknkO!kOOO:Armed", &qpn, &dqpn, &psn, &msn, &mtu, &access, &PyDict_Type, &rtable,
                           &syndrome, &pd, &stats, &held))
         return -1;
-    if (held != Py_None && !PyArg_ParseTuple(held, "kkk:Armed held ACK", &hpsn, &hsyn, &hmsn))
-        return -1;
+    if (held != Py_None) {
+        if (!PyTuple_Check(held)) {
+            PyErr_SetString(PyExc_TypeError, "Armed: the held ACK is (psn, syndrome, msn) or None");
+            return -1;
+        }
+        if (!PyArg_ParseTuple(held, "kkk:Armed held ACK", &hpsn, &hsyn, &hmsn))
+            return -1;
+    }
     if (qpn > PSN_MASK || dqpn > PSN_MASK || psn > PSN_MASK || msn > PSN_MASK || syndrome > 0xFF || mtu <= 0 ||
         mtu > UDP_MAX_PAYLOAD || hpsn > PSN_MASK || hsyn > 0xFF || hmsn > PSN_MASK) {
         PyErr_SetString(PyExc_ValueError, "Armed: a field is out of range");
