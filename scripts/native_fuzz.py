@@ -326,6 +326,10 @@ def fuzz_armed(rng: random.Random, native: Any, count: int) -> None:
             if want.opcode is not Opcode.RDMA_WRITE_ONLY or want.psn != 100 or st[0] != 101 or st[6] != 1:
                 raise AssertionError(f"Armed.rx {bytes(data).hex()}: {st} for {want}")
             continue
+        if rng.random() < 0.1:  # the device poll, on a closed descriptor, with a hostile table
+            table: Any = {0x10: armed, 0x11: "x", "k": armed}
+            with contextlib.suppress(*REFUSALS, BufferError):
+                native.poll_armed(-1, bytearray(rng.choice((0, 64))), table, {}, 2, rng.choice((0, 1, -1, 5)))
         for step in rng.sample(("take", "send", "disarm", "rx"), rng.randrange(1, 5)):
             with contextlib.suppress(*REFUSALS, RuntimeError, AttributeError):
                 if step == "take":

@@ -1556,6 +1556,7 @@ static PyMethodDef methods[] = {
     {"small_request", fp_small_request, METH_VARARGS, "Check and execute a one-packet request (see the source)."},
     {"init_small_response", fp_init_small_response, METH_VARARGS, "Hand over the opcodes small_response takes."},
     {"small_response", fp_small_response, METH_VARARGS, "Check a one-packet response, place its data."},
+    {"poll_armed", fp_poll_armed, METH_VARARGS, "Read and execute armed responders' WRITEs (see _nativeqp.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -45,9 +45,15 @@ typedef struct {
     uint64_t w_va, w_len;
     PyObject *w_gen; /* None until a WRITE executed */
     unsigned long long executed;
+    /* bind(): the source its requests come from, for poll_armed (NULL: not bound) */
+    PyObject *states, *flow, *rxflow, *qp;
+    struct sockaddr_storage src;
+    socklen_t src_len;
+    unsigned long long mark; /* the poll_armed call that last woke its QP */
 } ArmedObject;
 
 static PyObject *s_packets_in, *s_packets_out, *s_generation, *one_obj;
+static PyTypeObject ArmedType;
 #define ack_op resp_ops[0] /* ACKNOWLEDGE (init_small_response) */
 
 static int armed_init(ArmedObject *self, PyObject *args, PyObject *kwds) {
@@ -102,6 +108,10 @@ static int armed_init(ArmedObject *self, PyObject *args, PyObject *kwds) {
 }
 
 static void armed_dealloc(ArmedObject *self) {
+    Py_XDECREF(self->states);
+    Py_XDECREF(self->flow);
+    Py_XDECREF(self->rxflow);
+    Py_XDECREF(self->qp);
     Py_XDECREF(self->rtable);
     Py_XDECREF(self->pd);
     Py_XDECREF(self->stats);
@@ -123,49 +133,33 @@ static int armed_count(ArmedObject *self, PyObject *name) {
     return r;
 }
 
-static PyObject *armed_rx(ArmedObject *self, PyObject *args) {
-    PyObject *seg, *states, *flow;
-    Py_ssize_t idx;
-    if (!PyArg_ParseTuple(args, "OnO!O:rx", &seg, &idx, &PyDict_Type, &states, &flow))
-        return NULL;
-    Py_buffer b;
-    if (segment_view(seg, idx, "rx", &b) < 0)
-        return NULL;
-    PyObject *result = NULL, *entry = NULL;
-    const unsigned char *p = b.buf;
-    Py_ssize_t n = b.len, off, end;
-    if (!self->live || n > UDP_MAX_PAYLOAD || n < BTH_LEN + ICRC_LEN || !codec_ready || p[0] != small_ops[0]) {
-        result = Py_NewRef(Py_False);
-        goto out;
-    }
+/* Execute the n-byte segment p (index idx) if it is the in-order WRITE ONLY this responder
+ * takes: 1 done, 0 declined (nothing changed), -1 with an exception set. */
+static int armed_rx_core(ArmedObject *self, const unsigned char *p, Py_ssize_t n, Py_ssize_t idx, PyObject *states,
+                         PyObject *flow) {
+    int result = -1;
+    PyObject *entry = NULL;
+    Py_ssize_t off, end;
+    if (!self->live || n > UDP_MAX_PAYLOAD || n < BTH_LEN + ICRC_LEN || !codec_ready || p[0] != small_ops[0])
+        return 0;
     uint32_t w1 = get_be32(p + 4), w2 = get_be32(p + 8);
     /* decode()'s header checks, then receive()'s P_Key and QPN and on_request()'s PSN */
     if (header_layout(p, n - ICRC_LEN, &off, &end) < 0 || (get_be16(p + 2) & 0x7FFF) != 0x7FFF ||
-        (w1 & PSN_MASK) != self->qpn || (w2 & PSN_MASK) != self->psn) {
-        result = Py_NewRef(Py_False);
-        goto out;
-    }
+        (w1 & PSN_MASK) != self->qpn || (w2 & PSN_MASK) != self->psn)
+        return 0;
     int icrc = icrc_matches(p, n, idx, states, flow);
-    if (icrc <= 0) {
-        result = icrc < 0 ? NULL : Py_NewRef(Py_False);
-        goto out;
-    }
+    if (icrc <= 0)
+        return icrc;
     const unsigned char *x = p + BTH_LEN;
     uint64_t va = get_be64(x), len = get_be32(x + 12);
     uint32_t rkey = get_be32(x + 8);
     Py_ssize_t plen = end - off;
     /* check_op_valid, check_length, check_rkey (rxe's order) */
-    if (!(self->access & small_access[0]) || (uint64_t)plen != len || plen == 0 || plen > self->mtu) {
-        result = Py_NewRef(Py_False);
-        goto out;
-    }
+    if (!(self->access & small_access[0]) || (uint64_t)plen != len || plen == 0 || plen > self->mtu)
+        return 0;
     Py_ssize_t at = small_region(self->rtable, rkey, va, len, small_access[0], &entry);
-    if (at == -2)
-        goto out;
-    if (at < 0) {
-        result = Py_NewRef(Py_False);
-        goto out;
-    }
+    if (at < 0)
+        return at == -2 ? -1 : 0;
     PyObject *gen = PyObject_GetAttr(self->pd, s_generation);
     if (gen == NULL)
         goto out;
@@ -177,7 +171,7 @@ static PyObject *armed_rx(ArmedObject *self, PyObject *args) {
     if ((uint64_t)t.len < (uint64_t)at + len) {
         PyBuffer_Release(&t);
         Py_DECREF(gen);
-        result = Py_NewRef(Py_False);
+        result = 0;
         goto out;
     }
     if (armed_count(self, s_packets_in) < 0) {
@@ -201,11 +195,41 @@ static PyObject *armed_rx(ArmedObject *self, PyObject *args) {
         self->ack_msn = self->msn;
         self->ack_syn = self->syndrome;
     }
-    result = Py_NewRef(Py_True);
+    result = 1;
 out:
     Py_XDECREF(entry);
-    PyBuffer_Release(&b);
     return result;
+}
+
+static PyObject *armed_rx(ArmedObject *self, PyObject *args) {
+    PyObject *seg, *states, *flow;
+    Py_ssize_t idx;
+    if (!PyArg_ParseTuple(args, "OnO!O:rx", &seg, &idx, &PyDict_Type, &states, &flow))
+        return NULL;
+    Py_buffer b;
+    if (segment_view(seg, idx, "rx", &b) < 0)
+        return NULL;
+    int r = armed_rx_core(self, b.buf, b.len, idx, states, flow);
+    PyBuffer_Release(&b);
+    return r < 0 ? NULL : PyBool_FromLong(r);
+}
+
+static PyObject *armed_bind(ArmedObject *self, PyObject *args) {
+    PyObject *addr, *states, *flow, *rxflow, *qp;
+    int v6;
+    if (!PyArg_ParseTuple(args, "OpO!OOO:bind", &addr, &v6, &PyDict_Type, &states, &flow, &rxflow, &qp))
+        return NULL;
+    if (parse_addr(addr, v6, &self->src, &self->src_len) < 0)
+        return NULL;
+    Py_INCREF(states);
+    Py_XSETREF(self->states, states);
+    Py_INCREF(flow);
+    Py_XSETREF(self->flow, flow);
+    Py_INCREF(rxflow);
+    Py_XSETREF(self->rxflow, rxflow);
+    Py_INCREF(qp);
+    Py_XSETREF(self->qp, qp);
+    Py_RETURN_NONE;
 }
 
 /* The held ACK as a Packet (Responder._ack's fields); NULL with an exception set. */
@@ -296,7 +320,119 @@ static PyObject *armed_pending(ArmedObject *self, void *Py_UNUSED(closure)) {
     return PyBool_FromLong(self->live && self->ack);
 }
 
+/* The source of a read is the one an armed responder was bound to (address and port). */
+static int same_source(const ArmedObject *a, const struct sockaddr_storage *from, socklen_t len) {
+    if (a->qp == NULL || from->ss_family != a->src.ss_family)
+        return 0;
+    if (from->ss_family == AF_INET) {
+        const struct sockaddr_in *x = (const struct sockaddr_in *)from, *y = (const struct sockaddr_in *)&a->src;
+        return len >= (socklen_t)sizeof *x && x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+    }
+    if (from->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *x = (const struct sockaddr_in6 *)from, *y = (const struct sockaddr_in6 *)&a->src;
+        return len >= (socklen_t)sizeof *x && x->sin6_port == y->sin6_port &&
+               !memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr);
+    }
+    return 0;
+}
+
+static unsigned long long poll_marks;
+static PyObject *s_ours, *s_kernel;
+
+/*
+ * poll_armed(fd, buf, armed, active, strikes, max_reads) -> (taken, raw)
+ *
+ * The UDP port's device poll for armed responders: up to max_reads non-blocking reads
+ * into buf; each datagram that is one segment, not CE-marked, from the source its QP's
+ * armed responder was bound to (armed: {qpn: Armed}), and that responder's next WRITE
+ * ONLY, is executed here (Armed.rx) with no Python call, its QP put in `active` (the
+ * port's transmit then sends the held ACK) and its receive flow marked as ours (rxflow.ours
+ * = strikes, unless a kernel sender's). The first datagram that is anything else stops the
+ * poll and is handed back as recv_raw's answer, in buf, untouched (raw); None: the
+ * socket is empty or max_reads were taken. taken: the datagrams executed.
+ */
+static PyObject *fp_poll_armed(PyObject *Py_UNUSED(self), PyObject *args) {
+    int fd;
+    Py_buffer b;
+    PyObject *armed, *active, *strikes;
+    Py_ssize_t max_reads;
+    if (!PyArg_ParseTuple(args, "iw*O!O!On:poll_armed", &fd, &b, &PyDict_Type, &armed, &PyDict_Type, &active,
+                          &strikes, &max_reads))
+        return NULL;
+    unsigned long long mark = ++poll_marks;
+    Py_ssize_t taken = 0;
+    PyObject *raw = NULL;
+    while (taken < max_reads) {
+        struct sockaddr_storage from;
+        socklen_t from_len = 0;
+        Py_ssize_t seg;
+        int ecn;
+        ssize_t r = read_gro(fd, b.buf, (size_t)b.len, &from, &from_len, &seg, &ecn);
+        if (r < 0) {
+            int err = errno;
+            if (err == EAGAIN || err == EWOULDBLOCK)
+                raw = Py_NewRef(Py_None);
+            else
+                raw = Py_BuildValue("nn(si)ii", (Py_ssize_t)0, (Py_ssize_t)0, "", 0, err, 0);
+            break;
+        }
+        const unsigned char *p = b.buf;
+        Py_ssize_t n = r;
+        ArmedObject *a = NULL;
+        if (!seg && ecn != 3 && n >= BTH_LEN + ICRC_LEN && p[0] == small_ops[0]) {
+            PyObject *key = PyLong_FromUnsignedLong(get_be32(p + 4) & PSN_MASK);
+            if (key == NULL)
+                goto fail;
+            PyObject *v = PyDict_GetItemWithError(armed, key); /* borrowed */
+            Py_DECREF(key);
+            if (v == NULL && PyErr_Occurred())
+                goto fail;
+            if (v != NULL && Py_TYPE(v) == &ArmedType)
+                a = (ArmedObject *)v;
+        }
+        int done = 0;
+        if (a != NULL && a->live && same_source(a, &from, from_len)) {
+            Py_INCREF(a);
+            done = armed_rx_core(a, p, n, 0, a->states, a->flow);
+            if (done > 0 && a->mark != mark) {
+                a->mark = mark;
+                PyObject *key = PyLong_FromUnsignedLong(a->qpn);
+                int bad = key == NULL || PyDict_SetItem(active, key, a->qp) < 0;
+                Py_XDECREF(key);
+                if (!bad) {
+                    PyObject *kernel = PyObject_GetAttr(a->rxflow, s_kernel);
+                    int k = kernel == NULL ? -1 : PyObject_IsTrue(kernel);
+                    Py_XDECREF(kernel);
+                    bad = k < 0 || (!k && PyObject_SetAttr(a->rxflow, s_ours, strikes) < 0);
+                }
+                if (bad)
+                    done = -1;
+            }
+            Py_DECREF(a);
+        }
+        if (done < 0)
+            goto fail;
+        if (!done) {
+            char host[INET6_ADDRSTRLEN];
+            int port;
+            format_addr(&from, host, &port);
+            raw = Py_BuildValue("nn(si)ii", n, seg ? seg : (n > 0 ? n : 1), host, port, 0, ecn);
+            break;
+        }
+        taken++;
+    }
+    PyBuffer_Release(&b);
+    if (raw == NULL)
+        raw = Py_NewRef(Py_None);
+    return Py_BuildValue("nN", taken, raw);
+fail:
+    PyBuffer_Release(&b);
+    return NULL;
+}
+
 static PyMethodDef armed_methods[] = {
+    {"bind", (PyCFunction)armed_bind, METH_VARARGS,
+     "bind((ip, port), v6, states, flow, rxflow, qp): its requests' source, for poll_armed."},
     {"rx", (PyCFunction)armed_rx, METH_VARARGS, "rx(seg, idx, states, flow) -> bool: execute an in-order WRITE ONLY."},
     {"take_ack", (PyCFunction)armed_take_ack, METH_NOARGS, "The held ACK as a Packet (counted as sent), or None."},
     {"send_ack", (PyCFunction)armed_send_ack, METH_VARARGS, "Send the held ACK: errno, or -1 if none is held."},
@@ -327,8 +463,11 @@ static int armed_setup(PyObject *m) {
     s_packets_in = PyUnicode_InternFromString("packets_in");
     s_packets_out = PyUnicode_InternFromString("packets_out");
     s_generation = PyUnicode_InternFromString("generation");
+    s_ours = PyUnicode_InternFromString("ours");
+    s_kernel = PyUnicode_InternFromString("kernel");
     one_obj = PyLong_FromLong(1);
-    if (s_packets_in == NULL || s_packets_out == NULL || s_generation == NULL || one_obj == NULL)
+    if (s_packets_in == NULL || s_packets_out == NULL || s_generation == NULL || s_ours == NULL || s_kernel == NULL ||
+        one_obj == NULL)
         return -1;
     if (PyType_Ready(&ArmedType) < 0)
         return -1;

@@ -29,7 +29,7 @@ probability 2^-26).
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rdmakit.wire import IcrcFlow, Packet
 
@@ -106,6 +106,29 @@ class ArmedOwner(Protocol):
         self, fd: int, addr: tuple[str, int], v6: bool, states: dict[int, int], flow: IcrcFlow, /
     ) -> int: ...
     def disarm(self) -> tuple[int, int, int, int, int, int | None, int, Packet | None]: ...
+    def bind(
+        self,
+        src: tuple[str, int],
+        v6: bool,
+        states: dict[int, int],
+        flow: IcrcFlow,
+        rxflow: object,
+        qp: object,
+        /,
+    ) -> None: ...
+
+
+class PollArmed(Protocol):
+    def __call__(
+        self,
+        fd: int,
+        buf: Buffer,
+        armed: dict[int, ArmedOwner],
+        active: dict[int, Any],
+        strikes: int,
+        max_reads: int,
+        /,
+    ) -> tuple[int, tuple[int, int, tuple[str, int], int, int] | None]: ...
 
 
 class Arm(Protocol):
@@ -148,6 +171,10 @@ class SegmentCodec(Protocol):
     #: Takes a responder's steady state from ``QueuePair.arm_ticket`` (native only; None:
     #: not offered): the owner then executes in-order WRITE ONLY requests and holds their ACK.
     arm: Arm | None
+    #: The device poll for armed responders (native only; None: not offered): reads the
+    #: socket, executes each datagram an armed responder bound to its source takes, and
+    #: hands back the first other read as ``recv_raw`` would: ``(taken, raw)``.
+    poll_armed: PollArmed | None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

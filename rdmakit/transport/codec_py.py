@@ -25,7 +25,7 @@ from rdmakit.wire import (
     encode_headers,
 )
 
-from .codec import Arm, RecvRaw, RecvRuns, SmallRequest, SmallResponse
+from .codec import Arm, PollArmed, RecvRaw, RecvRuns, SmallRequest, SmallResponse
 from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, SOL_UDP, UDP_SEGMENT
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class PythonCodec:
     small_request: SmallRequest | None = None
     small_response: SmallResponse | None = None
     arm: Arm | None = None
+    poll_armed: PollArmed | None = None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

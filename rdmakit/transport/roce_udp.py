@@ -94,6 +94,8 @@ class UdpPort:
         #: their doorbell, a segment reached them, a timer of theirs fired), by QPN. A QP
         #: leaves once ``may_transmit`` says it has nothing; ``sweep`` puts every QP back.
         self._active: dict[int, QueuePair] = {}
+        #: Armed responders by QPN, bound to the source their requests come from (``_bind``).
+        self._armed: dict[int, ArmedOwner] = {}
 
     @property
     def codec(self) -> SegmentCodec:
@@ -105,6 +107,7 @@ class UdpPort:
 
     def forget(self, qp: QueuePair) -> None:
         qp.disarm()
+        self._armed.pop(qp.qpn, None)
         self._faults.pop(qp.qpn, None)  # the receive state is per source, not per QP
         if self._active.get(qp.qpn) is qp:
             del self._active[qp.qpn]
@@ -134,7 +137,7 @@ class UdpPort:
     # -- receiving ----------------------------------------------------------------------
     def receive(self, now: float, readable: bool | None = None) -> bool:
         link = self.link
-        read = self.codec.recv_raw
+        read, poll = self.codec.recv_raw, self.codec.poll_armed
         if read is None:
             if not (link.ready() if readable is None else readable):
                 return False
@@ -161,8 +164,21 @@ class UdpPort:
                 nbytes, segsize, (src_ip, sport) = got
                 ecn = link.last_ecn
             else:
-                # One native read: an empty socket says so without a readiness check first.
-                raw = read(self._fd, link.view)
+                if self._armed and poll is not None:
+                    # The device poll for armed responders: their WRITEs executed in C, the
+                    # first other read handed back as recv_raw's.
+                    taken, raw = poll(
+                        self._fd, link.view, self._armed, self._active, OURS_STRIKES, MAX_RX_BATCHES - reads
+                    )
+                    if taken:
+                        busy = True
+                        reads += taken
+                        self.counters.packets_in += taken
+                        self.counters.icrc_ok += taken
+                        link.counters.datagrams_in += taken
+                else:
+                    # One native read: an empty socket says so without a readiness check first.
+                    raw = read(self._fd, link.view)
                 if raw is None:
                     break
                 nbytes, segsize, (src_ip, sport), err, ecn = raw
@@ -325,11 +341,17 @@ class UdpPort:
                         if hot and k >= nsegs and got_n < run[3]:
                             self._hot = (qp, op, src_ip, sport, rx.icrc)
                         continue
-            if small and op in OFFERED and take_small(codec, qp, op, seg, idx, rx.states, rx.icrc, now):
+            if (
+                small
+                and op in OFFERED
+                and (took := take_small(codec, qp, op, seg, idx, rx.states, rx.icrc, now))
+            ):
                 # A one-packet request executed, or the response that completes a send taken,
                 # in one call each (header, then ICRC, then the engine's checks).
                 c.icrc_ok += 1
                 ours = True
+                if took == 3 and self._armed.get(qpn) is not qp.native:
+                    self._bind(qp, rx, src_ip, sport)
                 continue
             # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx, or another
             # below SEGMENT_IDS where the network split or merged batches), then decode.
@@ -407,6 +429,13 @@ class UdpPort:
             if self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0) != too_big:
                 self._too_big(qp, remote)
         return busy
+
+    def _bind(self, qp: QueuePair, rx: RxFlow, src_ip: str, sport: int) -> None:
+        """``qp``'s responder was just armed by a request from ``(src_ip, sport)``: the device
+        poll (``poll_armed``) takes that source's next ones."""
+        owner = cast(ArmedOwner, qp.native)
+        owner.bind((src_ip, sport), self._v6, rx.states, rx.icrc, rx, qp)
+        self._armed[qp.qpn] = owner
 
     def _send_ack(self, owner: ArmedOwner, qp: QueuePair) -> bool:
         """Send the ACK ``qp``'s armed responder holds, in one native call (headers, ICRC,

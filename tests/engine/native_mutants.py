@@ -105,6 +105,10 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         ),
         ("tests/transport/test_armed.py",),
     ),
+    "c-poll-no-wake": (
+        ("int bad = key == NULL || PyDict_SetItem(active, key, a->qp) < 0;", "int bad = key == NULL;"),
+        ("tests/transport/test_armed.py",),
+    ),
 }
 #: The C sources a mutant may edit (its text must occur exactly once in them all).
 C_SOURCES = ("rdmakit/transport/_fastpath.c", "rdmakit/transport/_nativeqp.c")

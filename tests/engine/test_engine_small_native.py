@@ -380,6 +380,22 @@ def test_crafted_hostile_requests_equal_the_engine(max_rd_atomic: int, access: s
     assert not always & set(executed), executed
 
 
+def test_an_armed_responder_checks_the_qps_access() -> None:
+    """A QP that grants remote READ but not WRITE: an otherwise valid WRITE ONLY meets the
+    armed responder and the engine alike (check_op_valid: a NAK, never placed)."""
+    acc = Access.LOCAL_WRITE | Access.REMOTE_READ
+    for seed in range(20):
+        ref, nat = _Responder(seed, 0, acc), _Responder(seed, 0, acc)
+        rng = random.Random(seed)
+        d = craft(rng, ref, None)
+        assert d[0] == Opcode.RDMA_WRITE_ONLY
+        taken: list[int] = []
+        ref.feed(d, None)
+        nat.feed(d, None, taken.append)
+        assert taken == [0]
+        assert nat.fingerprint() == ref.fingerprint()
+
+
 def decode_or_bytes(d: bytes) -> object:
     try:
         return decode(memoryview(d)[:-4])

@@ -14,9 +14,14 @@ from typing import Any
 
 import pytest
 
-from rdmakit.engine import QpStats
+from rdmakit.engine import SGE, CompletionQueue, QpStats, RecvWR, SendWR, WrOpcode
 from rdmakit.engine.memory import ProtectionDomain
+from rdmakit.testing.engine import ALL_ACCESS
 from rdmakit.transport import fastpath
+from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
+from rdmakit.transport.driver import Driver
+from rdmakit.transport.roce_udp import UdpPort
 from rdmakit.transport.small_ops import take_small
 from rdmakit.wire import AETH, RETH, IcrcFlow, Opcode, Packet, encode, icrc_ipv4, pack_icrc
 from tests.transport.sockets import udp_sink
@@ -88,3 +93,79 @@ def test_the_python_codec_never_arms() -> None:
 
     data = bytes(64)
     assert take_small(fastpath.PYTHON, _Qp(), Opcode.RDMA_WRITE_ONLY, data, 0, {}, None, 0.0) == 0  # type: ignore[arg-type]
+
+
+class _Codec:
+    """The native codec with its device poll counted (``taken``), or taken away (``poll=False``)."""
+
+    def __init__(self, poll: bool) -> None:
+        self.native = fastpath.NATIVE
+        self.taken = 0
+        self.poll_armed = self._poll if poll else None
+
+    def _poll(self, *a: Any) -> Any:
+        assert self.native is not None
+        assert self.native.poll_armed is not None
+        got = self.native.poll_armed(*a)
+        self.taken += got[0]
+        return got
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.native, name)
+
+
+def _ping(new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch, poll: bool) -> tuple[Any, ...]:
+    """150 WRITEs of 8 bytes from a at b, one at a time, a READ and a SEND now and then (they
+    disarm b's responder); what both memories, the completions and b's responder say after."""
+    codec = _Codec(poll)
+    monkeypatch.setattr(fastpath, "CODEC", codec)
+    # No safety net: the poll itself must wake the QP whose ACK it holds (``UdpPort.sweep``).
+    monkeypatch.setattr(UdpPort, "sweep", lambda self: None)
+    with SoftDevice(new_ip(), port=0) as a, SoftDevice(new_ip(), port=0) as b, Driver() as drv:
+        drv.add(a)
+        drv.add(b)
+        cqa, cqb = CompletionQueue(256), CompletionQueue(256)
+        qa = a.create_qp(send_cq=cqa, recv_cq=cqa)
+        qb = b.create_qp(send_cq=cqb, recv_cq=cqb)
+        ma, mb = bytearray(random.Random(3).randbytes(4096)), bytearray(4096)
+        mra = a.pd.register(ma, 0x1000, ALL_ACCESS)
+        mrb = b.pd.register(mb, 0x9000, ALL_ACCESS)
+        connect_qp(a, qa, 10, local_endpoint(b, qb, 20))
+        connect_qp(b, qb, 20, local_endpoint(a, qa, 10))
+        done = []
+        for i in range(150):
+            off = (i * 8) % 2048
+            if i % 25 == 24:
+                qb.post_recv(RecvWR(wr_id=i, sg_list=(SGE(0x9000 + 3000, 64, mrb.lkey),)))
+                wr = SendWR(wr_id=i, opcode=WrOpcode.SEND, sg_list=(SGE(0x1000 + off, 8, mra.lkey),))
+            elif i % 10 == 9:
+                wr = SendWR(
+                    wr_id=i, opcode=WrOpcode.RDMA_READ, sg_list=(SGE(0x1000 + 2048 + off, 8, mra.lkey),),
+                    remote_addr=0x9000 + off - 8, rkey=mrb.rkey,
+                )  # fmt: skip
+            else:
+                wr = SendWR(
+                    wr_id=i, opcode=WrOpcode.RDMA_WRITE, sg_list=(SGE(0x1000 + off, 8, mra.lkey),),
+                    remote_addr=0x9000 + off, rkey=mrb.rkey,
+                )  # fmt: skip
+            qa.post_send(wr)
+            assert drv.run_until(lambda: len(cqa) > 0, 10.0)
+            done += [(wc.wr_id, wc.status, wc.opcode) for wc in cqa.poll()]
+            done += [(wc.wr_id, wc.status, wc.opcode) for wc in cqb.poll()]
+        qb.disarm()
+        resp = qb.resp
+        return bytes(ma), bytes(mb), done, resp.psn, resp.msn, qa.req.req_psn, codec.taken
+
+
+@native_only
+def test_the_device_poll_equals_the_per_packet_path(
+    new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over two soft devices on loopback: with the device poll (b's WRITEs executed as they are
+    read, no Python call each) and without it, the same memory, completions and responder."""
+    with_poll = _ping(new_ip, monkeypatch, True)
+    without = _ping(new_ip, monkeypatch, False)
+    assert with_poll[:-1] == without[:-1]
+    assert without[-1] == 0
+    assert with_poll[-1] > 100  # most WRITEs were taken by it
+    assert with_poll[3] == with_poll[5]  # b expects what a sends next
