@@ -74,10 +74,7 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
     ),
     # The armed responder (_nativeqp.c, part of the same module).
     "c-armed-any-psn": (
-        (
-            "(w1 & PSN_MASK) != self->qpn || (w2 & PSN_MASK) != self->psn) {",
-            "(w1 & PSN_MASK) != self->qpn) {",
-        ),
+        ("(w1 & PSN_MASK) != self->qpn || (w2 & PSN_MASK) != self->psn)", "(w1 & PSN_MASK) != self->qpn)"),
         (_SMALL,),
     ),
     "c-armed-no-access-check": (
