@@ -40,9 +40,10 @@ from .fastpath import PYTHON
 from .gsi import Gsi
 from .netmtu import too_big_message
 from .port import DeviceCounters, PeerAddress, addr_bytes
+from .roce_armed import ArmedSends
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .small_ops import OFFERED, take_small
-from .udp import CE, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
+from .udp import CE, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, WOULD_BLOCK, UdpLink
 
 #: GRO batches read per ``progress`` before the timers and transmit get a turn.
 MAX_RX_BATCHES = 64
@@ -51,10 +52,9 @@ _BTH = struct.Struct(">BBHII")
 _ICRC = struct.Struct("<I")
 _PADS = (b"", b"\0", b"\0\0", b"\0\0\0")
 _U24 = 0xFFFFFF
-_WOULD_BLOCK = frozenset((errno.EAGAIN, errno.EWOULDBLOCK))
 
 
-class UdpPort:
+class UdpPort(ArmedSends):
     """The UDP link of a device, its receive state per source and its send backlog."""
 
     def __init__(
@@ -430,37 +430,6 @@ class UdpPort:
                 self._too_big(qp, remote)
         return busy
 
-    def _bind(self, qp: QueuePair, rx: RxFlow, src_ip: str, sport: int) -> None:
-        """``qp``'s responder was just armed by a request from ``(src_ip, sport)``: the device
-        poll (``poll_armed``) takes that source's next ones."""
-        owner = cast(ArmedOwner, qp.native)
-        owner.bind((src_ip, sport), self._v6, rx.states, rx.icrc, rx, qp)
-        self._armed[qp.qpn] = owner
-
-    def _send_ack(self, owner: ArmedOwner, qp: QueuePair) -> bool:
-        """Send the ACK ``qp``'s armed responder holds, in one native call (headers, ICRC,
-        send), where ``poll_transmit`` would have sent it from ``Responder.out``; True if
-        it left. A full socket or a backlog leaves it held, and the generic path takes it
-        (``disarm``, then the backlog keeps the order)."""
-        remote = qp.remote
-        if type(remote) is not PeerAddress or self._backlog:
-            return False
-        addr = (remote.ip, remote.port)
-        flow = self._tx_flows.get(addr)
-        if flow is None:
-            flow = self._tx_flow(remote)
-        link = self.link
-        err = owner.send_ack(self._fd, addr, self._v6, flow.states, flow)
-        if err < 0 or err in _WOULD_BLOCK:
-            return False
-        self.counters.packets_out += 1
-        lc = link.counters
-        lc.datagrams_out += 1  # as UdpLink.send: a send error is a lost packet
-        lc.sends += 1
-        if err:
-            link.record_error(OSError(err, os.strerror(err)))
-        return True
-
     def _too_big(self, qp: QueuePair, remote: PeerAddress) -> None:
         """The path refused a datagram of ``qp`` (EMSGSIZE: the route's MTU, or what path-MTU
         discovery learned from an ICMP error, is below it). A QP's path MTU cannot change
@@ -490,7 +459,7 @@ class UdpPort:
         if self._runs and len(pkts) == 1 and type(pkt := pkts[0]) is Packet and not self._backlog:
             # A single packet (a small operation's request or response): one codec call.
             err = self.codec.send_packet(link.sock, addr, pkt, flow.states, flow)
-            if err >= 0 and err not in _WOULD_BLOCK:
+            if err >= 0 and err not in WOULD_BLOCK:
                 lc = link.counters
                 lc.datagrams_out += 1  # as UdpLink.send: a send error is a lost packet
                 lc.sends += 1
