@@ -267,6 +267,81 @@ def fuzz_small_response(rng: random.Random, native: Any, count: int) -> None:
             raise AssertionError(f"small_response returned {got!r}")
 
 
+class _Stats:
+    """What an armed responder counts on (``QpStats``'s two counters)."""
+
+    packets_in = 0
+    packets_out = 0
+
+
+class _Pd:
+    generation = 7
+
+
+def fuzz_armed(rng: random.Random, native: Any, count: int) -> None:
+    """Mutated WRITE ONLY requests to an armed responder (``Armed``) made from hostile tickets, its
+    ACK taken, sent to a closed descriptor and handed back in any order: what it executes,
+    decode takes alike, and its expected PSN moves by one."""
+    flow = IcrcFlow.ipv4(bytes((127, 0, 0, 9)), bytes((127, 0, 0, 8)), 4791, 4791)
+    for _ in range(count):
+        mem = bytearray(rng.choice((0, 8, 64, 4096)))
+        base = rng.choice((0, 1 << 12, (1 << 64) - 4096, rng.getrandbits(64)))
+        entry: Any = (base, len(mem), rng.choice((2, 14, 0xFF, 0, 4)), memoryview(mem))
+        if rng.random() < 0.1:
+            fields = list(entry)
+            fields[rng.randrange(4)] = rng.choice((-1, 1 << 70, "x", None, b"ro", memoryview(b"12345678")))
+            entry = tuple(fields) if rng.random() < 0.8 else fields
+        rkey = rng.getrandbits(32)
+        va = base + rng.choice((0, 0, 8, len(mem) - 8, len(mem), rng.getrandbits(16)))
+        payload = rng.randbytes(rng.choice((0, 8, 8, 64, 300)))
+        dma = len(payload) if rng.random() < 0.7 else rng.choice((0, 8, 1 << 31, rng.getrandbits(32)))
+        pkt = Packet(
+            Opcode.RDMA_WRITE_ONLY, 0x10, 100, ackreq=rng.random() < 0.7,
+            reth=RETH(va & ((1 << 64) - 1), rkey, dma), payload=payload,
+        )  # fmt: skip
+        body = encode(pkt)
+        data = bytearray(body + pack_icrc(flow.icrc_seg(0, body)))
+        if rng.random() < 0.3:
+            data = _mutate(rng, data)
+        held: Any = None if rng.random() < 0.7 else rng.choice(((99, 0x1F, 5), (1 << 24, 0, 0), (1, 2), "x"))
+        args: list[Any] = [
+            0x10, 0x20, 100 if rng.random() < 0.9 else _int(rng), rng.getrandbits(24),
+            rng.choice((256, 1024, 4096, 4096, 0, -1)), rng.choice((2, 14, 14, 0, 4)), {rkey: entry}, 0x1F,
+            _Pd(), _Stats(), held,
+        ]  # fmt: skip
+        if rng.random() < 0.1:
+            args[rng.randrange(len(args))] = rng.choice((_int(rng), None, "x", {}))
+        try:
+            armed = native.Armed(*args)
+        except REFUSALS:
+            continue
+        idx = 0 if rng.random() < 0.9 else rng.choice((1, -1, 1 << 16))
+        try:
+            got = armed.rx(memoryview(data), idx, flow.states, flow)
+        except (*REFUSALS, AttributeError, BufferError):
+            continue
+        if got:
+            want = decode(bytes(data[:-4]))  # what it executed must be a packet decode takes
+            st = armed.disarm()
+            if want.opcode is not Opcode.RDMA_WRITE_ONLY or want.psn != 100 or st[0] != 101 or st[6] != 1:
+                raise AssertionError(f"Armed.rx {bytes(data).hex()}: {st} for {want}")
+            continue
+        if rng.random() < 0.1:  # the device poll, on a closed descriptor, with a hostile table
+            table: Any = {0x10: armed, 0x11: "x", "k": armed}
+            with contextlib.suppress(*REFUSALS, BufferError):
+                native.poll_armed(-1, bytearray(rng.choice((0, 64))), table, {}, 2, rng.choice((0, 1, -1, 5)))
+        for step in rng.sample(("take", "send", "disarm", "rx"), rng.randrange(1, 5)):
+            with contextlib.suppress(*REFUSALS, RuntimeError, AttributeError):
+                if step == "take":
+                    armed.take_ack()
+                elif step == "send":
+                    armed.send_ack(-1, ("127.0.0.1", 4791), False, flow.states, flow)
+                elif step == "disarm":
+                    armed.disarm()
+                else:
+                    armed.rx(memoryview(data), 0, flow.states, flow)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=20240601)
@@ -282,9 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     fuzz_send(rng, native, args.count // 4)
     fuzz_small_request(rng, native, args.count // 2)
     fuzz_small_response(rng, native, args.count // 2)
+    fuzz_armed(rng, native, args.count // 2)
     n, h = args.count // 4, args.count // 2
     print(f"native_fuzz: {args.count} check_decode, {n} place_run, {n} x 3 send/recv, {h} small_request, "
-          f"{h} small_response inputs (seed {args.seed}): all answered or refused")  # fmt: skip
+          f"{h} small_response, {h} armed responder inputs (seed {args.seed}): "
+          "all answered or refused")  # fmt: skip
     return 0
 
 

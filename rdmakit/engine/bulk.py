@@ -9,6 +9,7 @@ has exactly the effect of ``QueuePair.receive`` on the same packets, which
 with ``QpCaps.fast_paths`` off they decline everything.
 """
 
+from collections.abc import Callable
 from typing import cast
 
 from rdmakit.wire import BTH_LEN, MIDDLE_OPCODES, PSN_HALF, PSN_MASK, Opcode, Packet, Payload
@@ -51,6 +52,9 @@ class BulkReceive:
     access_bits: int
     pd: ProtectionDomain
 
+    #: Takes the responder back from a native owner (``armed.ArmedResponder.disarm``).
+    disarm: Callable[[], None]
+
     def receive_middle(self, opcode: int, psn: int, ackreq: bool, payload: Payload, now: float) -> bool:
         """The fast path of ``receive`` for a MIDDLE packet (WRITE, SEND, READ response).
 
@@ -63,6 +67,8 @@ class BulkReceive:
         """
         if not self._fast or not self._rx:
             return False
+        if opcode != _RR_MIDDLE:
+            self.disarm()
         if opcode == _RR_MIDDLE:
             if not self._tx or not fast_read_middle(self.req, psn, payload, now):
                 return False
@@ -84,6 +90,8 @@ class BulkReceive:
         """
         if not self._fast or not self._rx:
             return None
+        if opcode != _RR_MIDDLE:
+            self.disarm()
         if opcode == _WRITE_MIDDLE:
             return write_run(self.resp)
         if opcode == _SEND_MIDDLE:
@@ -97,6 +105,7 @@ class BulkReceive:
         transports that receive a payload straight into place (see ``resp_runs.write_target``)."""
         if not self._fast or not self._rx:
             return None
+        self.disarm()
         return write_target(self.resp, pkt, plen)
 
     def rx_small(self) -> tuple[int, int, int, bool, dict[int, tuple[int, int, int, memoryview]]] | None:
@@ -114,6 +123,7 @@ class BulkReceive:
         """
         if not self._fast or not self._rx:
             return None
+        self.disarm()
         resp = self.resp
         if resp.in_msg is not None:
             return None

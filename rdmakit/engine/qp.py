@@ -36,6 +36,7 @@ from rdmakit.wire import (
     Train,
 )
 
+from .armed import ArmedResponder, NativeResponder
 from .attrs import ATTRS, ModifyAttrs, QpAttrs
 from .bulk import BulkReceive
 from .completer import fast_read_middle, on_response
@@ -86,7 +87,7 @@ _MIDDLE_OPS = MIDDLE_OPCODES
 _NO_EXT_HEADERS = (None,) * 6
 
 
-class QueuePair(BulkReceive, SmallTransmit):
+class QueuePair(BulkReceive, SmallTransmit, ArmedResponder):
     """One Reliable Connection queue pair (``ibv_qp`` of type RC)."""
 
     def __init__(
@@ -144,6 +145,8 @@ class QueuePair(BulkReceive, SmallTransmit):
         #: ``modify`` that may resume sending): a transport that polls only QPs with work
         #: (``UdpPort``'s active set) learns of it here. None: nobody listens.
         self.doorbell: Callable[[QueuePair], None] | None = None
+        #: The native owner of the responder's steady state while armed (:mod:`.armed`).
+        self.native: NativeResponder | None = None
 
     def __repr__(self) -> str:
         return f"<QueuePair qpn={self.qpn:#x} {self._state.name} dest_qpn={self.dest_qpn:#x}>"
@@ -212,6 +215,7 @@ class QueuePair(BulkReceive, SmallTransmit):
         keywords, not both. All-or-nothing: a bad pair, a missing or extra
         attribute or a bad value raises EngineError and changes nothing.
         """
+        self.disarm()
         kw = ModifyAttrs(
             port=port, pkey_index=pkey_index, access=access, remote=remote, path_mtu=path_mtu,
             dest_qpn=dest_qpn, rq_psn=rq_psn, max_dest_rd_atomic=max_dest_rd_atomic,
@@ -258,6 +262,7 @@ class QueuePair(BulkReceive, SmallTransmit):
 
     def enter_error(self) -> None:
         """Move to ERR: every outstanding work request completes with WR_FLUSH_ERR (IBTA §10.3.1.8)."""
+        self.disarm()
         if self._state is QpState.ERR:
             return
         self._set_state(QpState.ERR)
@@ -410,6 +415,7 @@ class QueuePair(BulkReceive, SmallTransmit):
         a message lands in it: LOC_PROT_ERR here, NAK remote operational
         error at the peer.
         """
+        self.disarm()  # the ACKs' credit count changes
         st = self._state
         if self.srq is not None:
             # rxe_post_recv: "if (qp->srq) return -EINVAL"; post to the SRQ instead.
@@ -452,8 +458,10 @@ class QueuePair(BulkReceive, SmallTransmit):
             if op == _RR_MIDDLE:
                 if self._tx and fast_read_middle(self.req, pkt.psn, pkt.payload, now):
                     return
-            elif fast_middle(self.resp, op, pkt.psn, pkt.ackreq, pkt.payload):
-                return
+            else:
+                self.disarm()
+                if fast_middle(self.resp, op, pkt.psn, pkt.ackreq, pkt.payload):
+                    return
         row = _ROWS.get(op)
         if row is None:
             stats.drop("opcode")
@@ -467,6 +475,7 @@ class QueuePair(BulkReceive, SmallTransmit):
             stats.drop("unexpected_payload")
             return
         if is_request:
+            self.disarm()
             self.resp.on_request(pkt, info)
         elif self._tx:
             on_response(self, self.req, pkt, info, now)
@@ -518,6 +527,8 @@ class QueuePair(BulkReceive, SmallTransmit):
 
     def may_transmit(self) -> bool:
         """False when ``poll_transmit`` would certainly return nothing (a cheap test for pumps)."""
+        if self.native is not None and self.native.pending:
+            return True
         if self.resp.out:
             return self._state >= QpState.RTR
         req = self.req
@@ -540,6 +551,8 @@ class QueuePair(BulkReceive, SmallTransmit):
         For senders that build headers in bulk; ``max_packets`` counts the
         packets in trains too.
         """
+        if self.native is not None and self.native.pending:
+            self.disarm()  # its ACK goes first, from Responder.out
         st = self._state
         if st < QpState.RTR:
             return []
@@ -557,6 +570,7 @@ class QueuePair(BulkReceive, SmallTransmit):
         The oldest send WR completes with RETRY_EXC_ERR, the rest and all
         receive WRs with WR_FLUSH_ERR; the QP moves to ERR.
         """
+        self.disarm()
         if self._state is QpState.ERR or self._state is QpState.RESET:
             return
         self.fail_send(WcStatus.RETRY_EXC_ERR)

@@ -10,7 +10,7 @@ behind the same responses.
 """
 
 from collections import deque
-from typing import Any
+from typing import Any, TypeGuard
 
 from rdmakit.wire import (
     AETH,
@@ -31,6 +31,16 @@ from .credits import advertised
 _MASK = PSN_MASK
 #: Syndromes below this are of kind ACK (IBTA §9.7.5.1 table 44: bits 7:5 are 000).
 _RNR_KIND = ack_syndrome(0) + 0x20
+
+
+def _coalescing(prev: object) -> TypeGuard[Packet]:
+    """``prev`` (the last response queued) is an ACK that a later ACK replaces (not a NAK)."""
+    if type(prev) is Packet and prev.opcode is Opcode.ACKNOWLEDGE:
+        aeth = prev.aeth
+        return aeth is not None and aeth.syndrome < _RNR_KIND
+    return False
+
+
 _RR_MIDDLE = Opcode.RDMA_READ_RESPONSE_MIDDLE
 _new_packet = tuple.__new__
 #: Responses waiting to be sent beyond which new ones are dropped (a peer
@@ -75,15 +85,21 @@ class ResponseOutput:
 
     def queue_ack(self, psn: int) -> None:
         out = self.out
-        if out:
-            prev = out[-1]
-            if type(prev) is Packet and prev.opcode is Opcode.ACKNOWLEDGE:
-                aeth = prev.aeth
-                if aeth is not None and aeth.syndrome < _RNR_KIND:
-                    if psn_diff(psn, prev.psn) >= 0:
-                        out[-1] = self._ack(Opcode.ACKNOWLEDGE, psn, self.credit_syndrome())
-                    return
+        if out and _coalescing(prev := out[-1]):
+            if psn_diff(psn, prev.psn) >= 0:
+                out[-1] = self._ack(Opcode.ACKNOWLEDGE, psn, self.credit_syndrome())
+            return
         self._queue(self._ack(Opcode.ACKNOWLEDGE, psn, self.credit_syndrome()))
+
+    def held_ack(self) -> tuple[int, int, int] | None:
+        """The ACK ``queue_ack`` would coalesce into, when it is all that is queued:
+        (PSN, syndrome, MSN); None otherwise."""
+        out = self.out
+        if len(out) == 1 and _coalescing(prev := out[0]):
+            aeth = prev.aeth
+            assert aeth is not None
+            return prev.psn, aeth.syndrome, aeth.msn
+        return None
 
     def credit_syndrome(self) -> int:
         """An ACK's syndrome: kind ACK, the receive WQEs left as a credit code (IBTA §9.7.7.2).

@@ -21,6 +21,7 @@ through the same rules, never a second owner.
 
 from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet
 
+from .armed import NativeResponder
 from .congestion import PACKET_OVERHEAD
 from .requester import ATOMIC, PENDING, POSTED, READ, SEND_WRITE, Requester
 from .responder import Responder
@@ -43,11 +44,17 @@ class SmallTransmit:
     stats: QpStats
     _tx: bool
     _fast: bool
+    native: NativeResponder | None
 
     def tx_small(self, now: float) -> Packet | None:
         """The one request ``poll_transmit(now)`` would return now, with its effect, in the
         common case described in this module's docstring; None (nothing done) otherwise."""
-        if not self._tx or not self._fast or self.resp.out:
+        if (
+            not self._tx
+            or not self._fast
+            or self.resp.out
+            or (self.native is not None and self.native.pending)
+        ):
             return None
         req = self.req
         sq = req.sq

@@ -1543,6 +1543,10 @@ out:
     return result;
 }
 
+/* -- the armed responder (a QP's responder state, owned natively while armed) ------------ */
+
+#include "_nativeqp.c"
+
 /* -- module ----------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1558,6 +1562,7 @@ static PyMethodDef methods[] = {
     {"small_request", fp_small_request, METH_VARARGS, "Check and execute a one-packet request (see the source)."},
     {"init_small_response", fp_init_small_response, METH_VARARGS, "Hand over the opcodes small_response takes."},
     {"small_response", fp_small_response, METH_VARARGS, "Check a one-packet response, place its data."},
+    {"poll_armed", fp_poll_armed, METH_VARARGS, "Read and execute armed responders' WRITEs (see _nativeqp.c)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1589,6 +1594,10 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
 #else
     if (PyModule_AddIntConstant(m, "CLMUL", 0) < 0) {
 #endif
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (armed_setup(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -93,3 +93,43 @@ def send_packet(
     fd: int, addr: tuple[str, int], v6: bool, pkt: Packet, states: dict[int, int], flow: IcrcFlow, /
 ) -> int: ...
 def check_decode(seg: Buffer, idx: int, states: dict[int, int], flow: IcrcFlow, /) -> Packet | int: ...
+def poll_armed(
+    fd: int, buf: Buffer, armed: dict[int, Armed], active: dict[int, Any], strikes: int, max_reads: int, /
+) -> tuple[int, tuple[int, int, tuple[str, int], int, int] | None]: ...
+
+class Armed:
+    """A responder's expected PSN and MSN, owned natively while armed (``_nativeqp.c``)."""
+
+    def __init__(
+        self,
+        qpn: int,
+        dqpn: int,
+        psn: int,
+        msn: int,
+        mtu: int,
+        access: int,
+        rtable: dict[int, tuple[int, int, int, memoryview]],
+        syndrome: int,
+        pd: object,
+        stats: object,
+        held: tuple[int, int, int] | None,
+        /,
+    ) -> None: ...
+    @property
+    def pending(self) -> bool: ...
+    def rx(self, seg: Buffer, idx: int, states: dict[int, int], flow: IcrcFlow, /) -> bool: ...
+    def take_ack(self) -> Packet | None: ...
+    def send_ack(
+        self, fd: int, addr: tuple[str, int], v6: bool, states: dict[int, int], flow: IcrcFlow, /
+    ) -> int: ...
+    def disarm(self) -> tuple[int, int, int, int, int, int | None, int, Packet | None]: ...
+    def bind(
+        self,
+        src: tuple[str, int],
+        v6: bool,
+        states: dict[int, int],
+        flow: IcrcFlow,
+        rxflow: object,
+        qp: object,
+        /,
+    ) -> None: ...

@@ -29,7 +29,7 @@ probability 2^-26).
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rdmakit.wire import IcrcFlow, Packet
 
@@ -95,6 +95,60 @@ class SmallResponse(Protocol):
     ) -> tuple[int, int] | int: ...
 
 
+class ArmedOwner(Protocol):
+    """A responder armed natively (``_fastpath.Armed``; ``rdmakit.engine.armed``)."""
+
+    @property
+    def pending(self) -> bool: ...
+    def rx(self, seg: Buffer, idx: int, states: dict[int, int], flow: IcrcFlow, /) -> bool: ...
+    def take_ack(self) -> Packet | None: ...
+    def send_ack(
+        self, fd: int, addr: tuple[str, int], v6: bool, states: dict[int, int], flow: IcrcFlow, /
+    ) -> int: ...
+    def disarm(self) -> tuple[int, int, int, int, int, int | None, int, Packet | None]: ...
+    def bind(
+        self,
+        src: tuple[str, int],
+        v6: bool,
+        states: dict[int, int],
+        flow: IcrcFlow,
+        rxflow: object,
+        qp: object,
+        /,
+    ) -> None: ...
+
+
+class PollArmed(Protocol):
+    def __call__(
+        self,
+        fd: int,
+        buf: Buffer,
+        armed: dict[int, ArmedOwner],
+        active: dict[int, Any],
+        strikes: int,
+        max_reads: int,
+        /,
+    ) -> tuple[int, tuple[int, int, tuple[str, int], int, int] | None]: ...
+
+
+class Arm(Protocol):
+    def __call__(
+        self,
+        qpn: int,
+        dqpn: int,
+        psn: int,
+        msn: int,
+        mtu: int,
+        access: int,
+        rtable: dict[int, tuple[int, int, int, memoryview]],
+        syndrome: int,
+        pd: object,
+        stats: object,
+        held: tuple[int, int, int] | None,
+        /,
+    ) -> ArmedOwner: ...
+
+
 class SegmentCodec(Protocol):
     """The codec operations of the RoCE-UDP port (module docstring)."""
 
@@ -114,6 +168,13 @@ class SegmentCodec(Protocol):
     #: response, places its data (native only; None: not offered): ``(opcode, PSN)`` for
     #: ``rx_small_resp_done``, or -1 having done nothing.
     small_response: SmallResponse | None
+    #: Takes a responder's steady state from ``QueuePair.arm_ticket`` (native only; None:
+    #: not offered): the owner then executes in-order WRITE ONLY requests and holds their ACK.
+    arm: Arm | None
+    #: The device poll for armed responders (native only; None: not offered): reads the
+    #: socket, executes each datagram an armed responder bound to its source takes, and
+    #: hands back the first other read as ``recv_raw`` would: ``(taken, raw)``.
+    poll_armed: PollArmed | None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from rdmakit.wire import IcrcFlow, Packet
 
-from .codec import RecvRaw, RecvRuns, SegmentCodec, SmallRequest, SmallResponse
+from .codec import Arm, PollArmed, RecvRaw, RecvRuns, SegmentCodec, SmallRequest, SmallResponse
 from .codec_py import PythonCodec
 
 if TYPE_CHECKING:
@@ -83,6 +83,8 @@ class NativeCodec:
         self.recv_raw: RecvRaw | None = mod.recv_raw
         self.small_request: SmallRequest | None = mod.small_request
         self.small_response: SmallResponse | None = mod.small_response
+        self.arm: Arm | None = mod.Armed
+        self.poll_armed: PollArmed | None = mod.poll_armed
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

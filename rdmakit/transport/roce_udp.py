@@ -14,6 +14,7 @@ import errno
 import os
 import struct
 from collections.abc import Callable
+from typing import cast
 
 from rdmakit.engine import EngineError, QueuePair, WcStatus
 from rdmakit.wire import (
@@ -33,15 +34,16 @@ from rdmakit.wire.ud import GSI_QPN
 
 from . import fastpath
 from .cnp import check_cnp, cnp_datagram
-from .codec import SegmentCodec
+from .codec import ArmedOwner, SegmentCodec
 from .codec_py import headers
 from .fastpath import PYTHON
 from .gsi import Gsi
 from .netmtu import too_big_message
 from .port import DeviceCounters, PeerAddress, addr_bytes
+from .roce_armed import ArmedSends
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .small_ops import OFFERED, take_small
-from .udp import CE, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
+from .udp import CE, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, WOULD_BLOCK, UdpLink
 
 #: GRO batches read per ``progress`` before the timers and transmit get a turn.
 MAX_RX_BATCHES = 64
@@ -50,10 +52,9 @@ _BTH = struct.Struct(">BBHII")
 _ICRC = struct.Struct("<I")
 _PADS = (b"", b"\0", b"\0\0", b"\0\0\0")
 _U24 = 0xFFFFFF
-_WOULD_BLOCK = frozenset((errno.EAGAIN, errno.EWOULDBLOCK))
 
 
-class UdpPort:
+class UdpPort(ArmedSends):
     """The UDP link of a device, its receive state per source and its send backlog."""
 
     def __init__(
@@ -93,6 +94,8 @@ class UdpPort:
         #: their doorbell, a segment reached them, a timer of theirs fired), by QPN. A QP
         #: leaves once ``may_transmit`` says it has nothing; ``sweep`` puts every QP back.
         self._active: dict[int, QueuePair] = {}
+        #: Armed responders by QPN, bound to the source their requests come from (``_bind``).
+        self._armed: dict[int, ArmedOwner] = {}
 
     @property
     def codec(self) -> SegmentCodec:
@@ -103,6 +106,8 @@ class UdpPort:
         self._codec = self.sources.codec = codec
 
     def forget(self, qp: QueuePair) -> None:
+        qp.disarm()
+        self._armed.pop(qp.qpn, None)
         self._faults.pop(qp.qpn, None)  # the receive state is per source, not per QP
         if self._active.get(qp.qpn) is qp:
             del self._active[qp.qpn]
@@ -132,7 +137,7 @@ class UdpPort:
     # -- receiving ----------------------------------------------------------------------
     def receive(self, now: float, readable: bool | None = None) -> bool:
         link = self.link
-        read = self.codec.recv_raw
+        read, poll = self.codec.recv_raw, self.codec.poll_armed
         if read is None:
             if not (link.ready() if readable is None else readable):
                 return False
@@ -159,8 +164,21 @@ class UdpPort:
                 nbytes, segsize, (src_ip, sport) = got
                 ecn = link.last_ecn
             else:
-                # One native read: an empty socket says so without a readiness check first.
-                raw = read(self._fd, link.view)
+                if self._armed and poll is not None:
+                    # The device poll for armed responders: their WRITEs executed in C, the
+                    # first other read handed back as recv_raw's.
+                    taken, raw = poll(
+                        self._fd, link.view, self._armed, self._active, OURS_STRIKES, MAX_RX_BATCHES - reads
+                    )
+                    if taken:
+                        busy = True
+                        reads += taken
+                        self.counters.packets_in += taken
+                        self.counters.icrc_ok += taken
+                        link.counters.datagrams_in += taken
+                else:
+                    # One native read: an empty socket says so without a readiness check first.
+                    raw = read(self._fd, link.view)
                 if raw is None:
                     break
                 nbytes, segsize, (src_ip, sport), err, ecn = raw
@@ -323,11 +341,17 @@ class UdpPort:
                         if hot and k >= nsegs and got_n < run[3]:
                             self._hot = (qp, op, src_ip, sport, rx.icrc)
                         continue
-            if small and op in OFFERED and take_small(codec, qp, op, seg, idx, rx.states, rx.icrc, now):
+            if (
+                small
+                and op in OFFERED
+                and (took := take_small(codec, qp, op, seg, idx, rx.states, rx.icrc, now))
+            ):
                 # A one-packet request executed, or the response that completes a send taken,
                 # in one call each (header, then ICRC, then the engine's checks).
                 c.icrc_ok += 1
                 ours = True
+                if took == 3 and self._armed.get(qpn) is not qp.native:
+                    self._bind(qp, rx, src_ip, sport)
                 continue
             # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx, or another
             # below SEGMENT_IDS where the network split or merged batches), then decode.
@@ -375,6 +399,9 @@ class UdpPort:
                 self.link.send(
                     cnp_datagram(self._local, remote.ip, self.port, qp.dest_qpn), (remote.ip, remote.port)
                 )
+                busy = True
+            owner = cast("ArmedOwner | None", qp.native)  # armed by take_small: the codec's own
+            if owner is not None and owner.pending and self._send_ack(owner, qp):
                 busy = True
             if not qp.may_transmit():
                 del active[qpn]  # until its doorbell rings, a segment reaches it or its timer fires
@@ -432,7 +459,7 @@ class UdpPort:
         if self._runs and len(pkts) == 1 and type(pkt := pkts[0]) is Packet and not self._backlog:
             # A single packet (a small operation's request or response): one codec call.
             err = self.codec.send_packet(link.sock, addr, pkt, flow.states, flow)
-            if err >= 0 and err not in _WOULD_BLOCK:
+            if err >= 0 and err not in WOULD_BLOCK:
                 lc = link.counters
                 lc.datagrams_out += 1  # as UdpLink.send: a send error is a lost packet
                 lc.sends += 1

@@ -56,13 +56,15 @@ from rdmakit.wire import (
 )
 from rdmakit.wire.cnp import CNP_OPCODE, decode_cnp, encode_cnp
 
-from .codec import SegmentCodec
+from .codec import ArmedOwner, SegmentCodec
 from .small_ops import OFFERED, SmallQP, SmallTxQP, take_small
 
 Address = Hashable
 _SPORT = 0xC000
 #: Steps at one instant of virtual time after which ``run`` declares a livelock.
 _MAX_STALL = 1_000_000
+#: ``take_small``'s answers, as ``stats`` counts them.
+_TAKEN = {1: "small", 2: "small_resp", 3: "armed"}
 
 
 class SimQP(Protocol):
@@ -154,8 +156,11 @@ class SimNet:
         ``rx_small`` allows on the datagram's bytes (``rx_small_done``), and whose
         ``small_response`` checks each response ``rx_small_resp`` allows
         (``rx_small_resp_done``), as the UDP port does; and each QP whose whole work is
-        one request sends it through ``tx_small``, as the UDP port does; ``stats["small"]``,
-        ``stats["small_resp"]`` and ``stats["small_tx"]`` count them."""
+        one request sends it through ``tx_small``, as the UDP port does; and a codec
+        that arms responders (``arm``) owns a QP's responder between messages, executes
+        its in-order WRITE ONLY requests and holds their ACK, which leaves first when
+        the QP is pumped; ``stats["small"]``, ``stats["small_resp"]``, ``stats["armed"]``
+        and ``stats["small_tx"]`` count them."""
         self.seed = seed
         self.bulk = bulk
         self.small = small
@@ -354,13 +359,16 @@ class SimNet:
             self._flows[(src, dst)] = flow
         took = take_small(self.small, cast(SmallQP, qp), op, data, 0, flow.states, flow, self.now)
         if took:
-            self.stats["small" if took == 1 else "small_resp"] += 1
+            self.stats[_TAKEN[took]] += 1
         return bool(took)
 
     def _pump(self) -> None:
         """Send everything every QP has ready now."""
         now = self.now
         for addr, qp in self._qps:
+            # An armed responder's ACK goes first, as Responder.out's would (take_small).
+            owner = cast("ArmedOwner | None", cast(SmallQP, qp).native) if self.small is not None else None
+            ack = owner.take_ack() if owner is not None else None
             one = cast(SmallTxQP, qp).tx_small(now) if self.small is not None else None
             if one is not None:
                 self.stats["small_tx"] += 1
@@ -378,6 +386,8 @@ class SimNet:
                 body = encode_cnp(qp.dest_qpn)
                 crc = icrc_ipv4(self._ip(addr), self._ip(qp.remote), _SPORT, ROCE_UDP_PORT, body)
                 self.send_bytes(addr, qp.remote, body + pack_icrc(crc))
+            if ack is not None:
+                pkts.insert(0, ack)
             if pkts:
                 dst = qp.remote
                 for pkt in pkts:

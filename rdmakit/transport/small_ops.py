@@ -12,12 +12,13 @@ codec took it, the engine takes the effect (``rx_small_done``,
 ``rx_small_resp_done``). Anything else is left to the generic path.
 """
 
-from typing import Protocol
+from typing import Protocol, cast
 
+from rdmakit.engine.armed import ArmTicket, NativeResponder
 from rdmakit.engine.bulk import SMALL_REQUESTS, SMALL_RESPONSES
-from rdmakit.wire import IcrcFlow, Packet, Payload
+from rdmakit.wire import IcrcFlow, Opcode, Packet, Payload
 
-from .codec import SegmentCodec, SmallRespTicket, SmallTicket
+from .codec import ArmedOwner, SegmentCodec, SmallRespTicket, SmallTicket
 
 
 class SmallQP(Protocol):
@@ -31,6 +32,10 @@ class SmallQP(Protocol):
     ) -> None: ...
     def rx_small_resp(self) -> SmallRespTicket | None: ...
     def rx_small_resp_done(self, op: int, psn: int, now: float, segment: Payload) -> None: ...
+    @property
+    def native(self) -> NativeResponder | None: ...
+    def arm_ticket(self) -> ArmTicket | None: ...
+    def arm(self, owner: NativeResponder) -> None: ...
 
 
 class SmallTxQP(Protocol):
@@ -39,6 +44,7 @@ class SmallTxQP(Protocol):
     def tx_small(self, now: float) -> Packet | None: ...
 
 
+_WRITE_ONLY = Opcode.RDMA_WRITE_ONLY
 #: The opcodes worth offering (a set test before any ticket is built).
 OFFERED = SMALL_REQUESTS | SMALL_RESPONSES
 
@@ -55,9 +61,17 @@ def take_small(
 ) -> int:
     """Offer segment ``idx`` (opcode ``op``, already addressed to ``qp``) to the one-packet paths.
 
-    1: a request was executed; 2: a response completed a send; 0: not taken
-    (nothing done: the generic path takes the segment).
+    1: a request was executed; 2: a response completed a send; 3: an RDMA WRITE ONLY
+    was executed by the QP's armed responder (armed here if it may be, ``codec.arm``);
+    0: not taken (nothing done: the generic path takes the segment).
     """
+    if op == _WRITE_ONLY and (arm := codec.arm) is not None:
+        owner = cast("ArmedOwner | None", qp.native)  # this transport's own, if any
+        if owner is None and (armt := qp.arm_ticket()) is not None:
+            owner = arm(*armt)
+            qp.arm(owner)
+        if owner is not None and owner.rx(seg, idx, states, flow):
+            return 3
     if op in SMALL_REQUESTS:
         small = codec.small_request
         if small is None or (ticket := qp.rx_small()) is None:

@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 
 from rdmakit.wire import ROCE_UDP_PORT, Payload
 
+#: The errnos of a full non-blocking socket (try again later).
+WOULD_BLOCK = frozenset((errno.EAGAIN, errno.EWOULDBLOCK))
+
 SOL_UDP = 17
 UDP_SEGMENT = 103  # linux/udp.h
 UDP_GRO = 104

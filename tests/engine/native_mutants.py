@@ -5,7 +5,8 @@ Two kinds, each a source edit ``(old, new)`` that must apply exactly once:
 - ``PY_MUTANTS``: the requester's send path, ``rdmakit/engine/small_tx.py``;
   ``planted_py(name)`` compiles the edited module and puts its ``tx_small`` on
   ``QueuePair`` for the block's duration (this process only).
-- ``C_MUTANTS``: the native data plane, ``rdmakit/transport/_fastpath.c``;
+- ``C_MUTANTS``: the native data plane, ``rdmakit/transport/_fastpath.c`` and the
+  armed responder it includes, ``_nativeqp.c``;
   ``build_c(name, dest)`` copies the package and its tests into ``dest``,
   builds the edited module there and returns the directory to put first on
   ``PYTHONPATH``; the tests named beside the mutant must then fail in a
@@ -43,7 +44,7 @@ PY_MUTANTS: dict[str, tuple[str, str]] = {
     ),
     "tx-no-se": ("ops[3], dqpn, psn, True, wqe.solicited, False,", "ops[3], dqpn, psn, True, False, False,"),
     "tx-long-write": ("            if length > mtu:\n                return None\n", ""),
-    "tx-with-responses-queued": ("if not self._tx or not self._fast or self.resp.out:", "if not self._tx:"),
+    "tx-with-responses-queued": ("            or self.resp.out\n", ""),
     "tx-no-read-slot": ("            req.rd_out += 1\n", ""),
     "tx-read-last-psn": ("wqe.last_psn = (psn + step - 1) & _MASK", "wqe.last_psn = psn"),
     "tx-no-ackreq": ("ops[3], dqpn, psn, True,", "ops[3], dqpn, psn, False,"),
@@ -71,7 +72,43 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         ("put_be32(h + 8, (flags[0] ? 0x80000000u : 0) | (uint32_t)psn);", "put_be32(h + 8, (uint32_t)psn);"),
         ("tests/transport/test_codec.py",),
     ),
+    # The armed responder (_nativeqp.c, part of the same module).
+    "c-armed-any-psn": (
+        ("(w1 & PSN_MASK) != self->qpn || (w2 & PSN_MASK) != self->psn)", "(w1 & PSN_MASK) != self->qpn)"),
+        (_SMALL,),
+    ),
+    "c-armed-no-access-check": (
+        ("if (!(self->access & small_access[0]) || (uint64_t)plen != len", "if ((uint64_t)plen != len"),
+        (_SMALL,),
+    ),
+    "c-armed-region-any-access": (
+        (
+            "small_region(self->rtable, rkey, va, len, small_access[0], &entry)",
+            "small_region(self->rtable, rkey, va, len, ~0ul, &entry)",
+        ),
+        (_SMALL,),
+    ),
+    "c-armed-msn-not-moved": (("    self->msn = (self->msn + 1) & PSN_MASK;\n", ""), (_SMALL,)),
+    "c-armed-ack-ignores-ackreq": (
+        ("    if (w2 >> 31) {\n        self->ack = 1;", "    if (1) {\n        self->ack = 1;"),
+        (_SMALL,),
+    ),
+    "c-armed-ack-old-msn": (("        self->ack_msn = self->msn;\n", ""), (_SMALL,)),
+    "c-armed-drops-held-ack": (("    self->ack = held != Py_None;", "    self->ack = 0;"), (_SMALL,)),
+    "c-armed-sent-ack-bad-syndrome": (
+        (
+            "put_be32(h + BTH_LEN, self->ack_syn << 24 | self->ack_msn);",
+            "put_be32(h + BTH_LEN, self->ack_msn);",
+        ),
+        ("tests/transport/test_armed.py",),
+    ),
+    "c-poll-no-wake": (
+        ("int bad = key == NULL || PyDict_SetItem(active, key, a->qp) < 0;", "int bad = key == NULL;"),
+        ("tests/transport/test_armed.py",),
+    ),
 }
+#: The C sources a mutant may edit (its text must occur exactly once in them all).
+C_SOURCES = ("rdmakit/transport/_fastpath.c", "rdmakit/transport/_nativeqp.c")
 
 
 def _edit(text: str, old: str, new: str, what: str) -> str:
@@ -105,8 +142,11 @@ def build_c(name: str, dest: Path, cc: str = "gcc") -> Path:
         skip = shutil.ignore_patterns("__pycache__", "_fastpath*.so")
         shutil.copytree(ROOT / part, dest / part, ignore=skip)
     shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    hits = [dest / src for src in C_SOURCES if old in (dest / src).read_text()]
+    if len(hits) != 1:
+        raise AssertionError(f"{name}: the mutant's text is in {len(hits)} sources, not one: {old!r}")
+    hits[0].write_text(_edit(hits[0].read_text(), old, new, name))
     c = dest / "rdmakit/transport/_fastpath.c"
-    c.write_text(_edit(c.read_text(), old, new, name))
     include = sysconfig.get_paths()["include"]
     out = dest / f"rdmakit/transport/_fastpath{sysconfig.get_config_var('EXT_SUFFIX')}"
     flags = ["-shared", "-fPIC", "-O2", "-std=gnu11", "-fno-strict-aliasing", f"-I{include}"]

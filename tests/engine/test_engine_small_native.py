@@ -31,10 +31,11 @@ from rdmakit.engine import SGE, Access, CompletionQueue, QpCaps, SendWR, WcStatu
 from rdmakit.testing.engine import ALL_ACCESS, both_ways, connect, fill, finished, make_pair, make_side
 from rdmakit.testing.faults import PROFILES, Faults
 from rdmakit.transport import fastpath
-from rdmakit.transport.codec import SegmentCodec, SmallRequest
+from rdmakit.transport.codec import ArmedOwner, SegmentCodec, SmallRequest
 from rdmakit.transport.connect import connect_qp, local_endpoint
 from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
+from rdmakit.transport.small_ops import take_small
 from rdmakit.wire import (
     AETH,
     RETH,
@@ -67,19 +68,29 @@ def _codec() -> SegmentCodec:
     return fastpath.NATIVE
 
 
-def fingerprint(seed: int, faults: Faults, small: SegmentCodec | None, n: int = 14) -> tuple[Any, ...]:
-    """A bidirectional random workload of mostly one-packet operations (MTU 256, up to 300 bytes)."""
+def fingerprint(
+    seed: int,
+    faults: Faults,
+    small: SegmentCodec | None,
+    n: int = 14,
+    ops: tuple[WrOpcode, ...] = tuple(WrOpcode),
+) -> tuple[Any, ...]:
+    """A bidirectional random workload of mostly one-packet operations (MTU 256, up to 300 bytes);
+    the last item counts what the native paths took: (requests, responses, requester's sends,
+    WRITE ONLY requests executed by an armed responder)."""
     max_len = 300
     half = 1 << 14
     p = make_pair(seed, faults, mem_size=2 * half, mtu=256, small=small)
-    w1, w2 = both_ways(p, random.Random(seed ^ 0x5A11), n, max_len, half)
+    w1, w2 = both_ways(p, random.Random(seed ^ 0x5A11), n, max_len, half, ops)
     assert p.net.run(until=lambda: finished(p, w1, w2), max_time=600.0), f"seed={seed}"
     p.net.run(max_time=p.net.now + 1.0)  # the last ACKs and duplicates settle
     p.drain()
     w1.check()
     w2.check()
-    taken = (p.net.stats.pop("small", 0), p.net.stats.pop("small_resp", 0), p.net.stats.pop("small_tx", 0))
+    taken = tuple(p.net.stats.pop(k, 0) for k in ("small", "small_resp", "small_tx", "armed"))
     qa, qb = p.a.qp, p.b.qp
+    for q in (qa, qb):
+        q.disarm()  # an armed responder's state back to the engine, which is what is compared
     return (
         (p.net.now, bytes(p.a.mem), bytes(p.b.mem), p.a.sent, p.a.received, p.b.sent, p.b.received),
         (
@@ -95,23 +106,45 @@ def fingerprint(seed: int, faults: Faults, small: SegmentCodec | None, n: int = 
     )
 
 
-def _compare(seeds: list[int], faults: Faults) -> tuple[int, int]:
-    requests = responses = 0
+def _compare(
+    seeds: list[int], faults: Faults, ops: tuple[WrOpcode, ...] = tuple(WrOpcode)
+) -> tuple[int, int, int]:
+    """Assert the runs with and without the native paths equal; (requests, responses, armed)."""
+    requests = responses = armed = 0
     for seed in seeds:
-        ref = fingerprint(seed, faults, None)
-        got = fingerprint(seed, faults, _codec())
-        assert ref[3] == (0, 0, 0)
+        ref = fingerprint(seed, faults, None, ops=ops)
+        got = fingerprint(seed, faults, _codec(), ops=ops)
+        assert ref[3] == (0, 0, 0, 0)
         assert got[:3] == ref[:3], f"seed={seed} faults={faults}"
-        requests += got[3][0]
+        requests += got[3][0] + got[3][3]
         responses += got[3][1]
-    return requests, responses
+        armed += got[3][3]
+    return requests, responses, armed
 
 
 @pytest.mark.parametrize("name", PROFILES)
 def test_native_small_operations_equal_the_engine(name: str) -> None:
-    requests, responses = _compare(list(range(12)), PROFILES[name])
+    requests, responses, armed = _compare(list(range(12)), PROFILES[name])
     assert requests > 12 * 8  # most requests took the native path
     assert responses > 12 * 4  # and many responses
+    assert armed > 0  # some WRITE ONLY requests met an armed responder
+
+
+_WRITES = (
+    WrOpcode.RDMA_WRITE,
+    WrOpcode.RDMA_WRITE,
+    WrOpcode.RDMA_WRITE,
+    WrOpcode.SEND,
+    WrOpcode.RDMA_WRITE_WITH_IMM,
+)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_armed_responder_equals_the_engine(name: str) -> None:
+    """Mostly WRITEs (a SEND or a WRITE with immediate now and then disarms it): the armed responder owns the
+    expected PSN and MSN and the ACK between them; the runs stay identical, and it took most WRITEs."""
+    requests, _, armed = _compare(list(range(12)), PROFILES[name], _WRITES)
+    assert armed > 12 * 8, (armed, requests)
 
 
 @pytest.mark.slow
@@ -119,6 +152,7 @@ def test_native_small_operations_equal_the_engine(name: str) -> None:
 def test_native_small_operations_equal_the_engine_many_seeds(name: str, seed_sample: SeedSample) -> None:
     seeds = seed_sample.seeds(range(1000, 1400))
     assert min(_compare(seeds, PROFILES[name])) > 0
+    assert _compare(seeds[:100], PROFILES[name], _WRITES)[2] > 0  # the armed responder took WRITEs
     seed_sample.passed(len(seeds))
 
 
@@ -161,9 +195,20 @@ class _Responder:
         )
         self.denied = tuple(op for op in _OPS if op not in self.allowed)
 
-    def feed(self, datagram: bytes, small: SmallRequest | None) -> None:
+    def feed(
+        self, datagram: bytes, small: SmallRequest | None, armed: Callable[[int], None] | None = None
+    ) -> None:
+        """Through the engine alone, or ``small_request`` first, or (``armed``: told what
+        ``take_small`` answered) the armed responder first, as the UDP port offers it."""
         qp = self.b.qp
         body = memoryview(datagram)[:-4]
+        if armed is not None:
+            flow = IcrcFlow.ipv4(_IP_A, _IP_B, 0xC000, 4791)
+            took = take_small(_codec(), qp, datagram[0], datagram, 0, flow.states, flow, 0.0)
+            armed(took)
+            if took:
+                self._drain()
+                return
         if small is not None:
             ticket = qp.rx_small()
             if ticket is not None:
@@ -183,11 +228,16 @@ class _Responder:
         self._drain()
 
     def _drain(self) -> None:
+        owner = cast("ArmedOwner | None", self.b.qp.native)
+        ack = owner.take_ack() if owner is not None else None
+        if ack is not None:  # as the port's transmit: the armed responder's ACK first
+            self.out.append(encode(ack))
         for pkt in self.b.qp.poll_transmit(0.0):
             self.out.append(encode(pkt))
         self.b.drain()
 
     def fingerprint(self) -> tuple[Any, ...]:
+        self.b.qp.disarm()  # the engine's state is what is compared
         return (
             bytes(self.b.mem), bytes(self.wo_mem), self.out, self.b.received, self.b.sent,
             self.b.qp.stats, responder_state(self.b.qp),
@@ -276,9 +326,13 @@ def craft(rng: random.Random, r: _Responder, defect: str | None) -> bytes:
     return _datagram(rng, pkt, defect, _IP_A, _IP_B)
 
 
+@pytest.mark.parametrize("path", ["ticket", "armed"])
 @pytest.mark.parametrize("max_rd_atomic", [0, 4])
 @pytest.mark.parametrize("access", ["all", "write"])
-def test_crafted_hostile_requests_equal_the_engine(max_rd_atomic: int, access: str) -> None:
+def test_crafted_hostile_requests_equal_the_engine(max_rd_atomic: int, access: str, path: str) -> None:
+    """``ticket``: through ``small_request``, compared after every packet; ``armed``: through the
+    armed responder first (``take_small``), which stays armed across valid WRITEs and is
+    compared (taken back) after every fourth packet and at the end."""
     acc = ALL_ACCESS if access == "all" else Access.LOCAL_WRITE | Access.REMOTE_WRITE
     native = _small()
     executed: dict[str | None, int] = {}
@@ -290,6 +344,10 @@ def test_crafted_hostile_requests_equal_the_engine(max_rd_atomic: int, access: s
             executed[current[0]] = executed.get(current[0], 0) + 1
         return got
 
+    def took(n: int) -> None:
+        if n == 3:
+            executed[current[0]] = executed.get(current[0], 0) + 1
+
     for seed in range(120):
         ref, nat = _Responder(seed, max_rd_atomic, acc), _Responder(seed, max_rd_atomic, acc)
         rng = random.Random(seed * 7919)
@@ -298,22 +356,44 @@ def test_crafted_hostile_requests_equal_the_engine(max_rd_atomic: int, access: s
             state = rng.getstate()
             d1 = craft(rng, ref, defect)
             rng.setstate(state)
-            d2 = craft(rng, nat, defect)
+            # (An armed responder's PSN is its own until taken back: the engine's copy is stale.)
+            d2 = craft(rng, nat, defect) if path == "ticket" else craft(rng, ref, defect)
             assert d1 == d2
             current[0] = defect
             ref.feed(d1, None)
-            nat.feed(d2, counting)
-            assert nat.fingerprint() == ref.fingerprint(), (
-                f"seed={seed} packet {i} {defect}: {decode_or_bytes(d1)}"
-            )
-            if nat.b.qp.rx_small() is None:
-                break  # a class A/C error: the QP is in the error state
+            if path == "armed":
+                nat.feed(d2, None, took)
+            else:
+                nat.feed(d2, counting)
+            over = ref.b.qp.rx_small() is None  # a class A/C error: the QP is in the error state
+            if path == "ticket" or i % 4 == 3 or over or i == 59:
+                assert nat.fingerprint() == ref.fingerprint(), (
+                    f"seed={seed} packet {i} {defect}: {decode_or_bytes(d1)}"
+                )
+            if over:
+                break
     # Valid requests took the native path, and none with a defect that is one for every
     # request (an unaligned WRITE, a READ of 0 bytes with any R_Key, a region that grants
     # the access, are valid).
-    assert executed.get(None, 0) > 300
+    assert executed.get(None, 0) > (300 if path == "ticket" else 100)
     always = {"psn", "opcode", "tver", "pkey", "qpn", "trailing", "cut", "icrc"}
     assert not always & set(executed), executed
+
+
+def test_an_armed_responder_checks_the_qps_access() -> None:
+    """A QP that grants remote READ but not WRITE: an otherwise valid WRITE ONLY meets the
+    armed responder and the engine alike (check_op_valid: a NAK, never placed)."""
+    acc = Access.LOCAL_WRITE | Access.REMOTE_READ
+    for seed in range(20):
+        ref, nat = _Responder(seed, 0, acc), _Responder(seed, 0, acc)
+        rng = random.Random(seed)
+        d = craft(rng, ref, None)
+        assert d[0] == Opcode.RDMA_WRITE_ONLY
+        taken: list[int] = []
+        ref.feed(d, None)
+        nat.feed(d, None, taken.append)
+        assert taken == [0]
+        assert nat.fingerprint() == ref.fingerprint()
 
 
 def decode_or_bytes(d: bytes) -> object:
@@ -373,8 +453,14 @@ def test_the_port_takes_the_native_path_on_real_sockets(
     assert int.from_bytes(mb[32:40], "little") == 8
     assert int.from_bytes(ma[24:32], "little") == 9
     assert int.from_bytes(mb[40:48], "little") == 1
-    assert calls.get("small_request", 0) >= 4
-    assert calls.get("send_packet", 0) >= 8  # the requests and their responses
+    # The WRITE met b's responder, armed for it (``Armed``: executed and its ACK sent in C);
+    # the READ and the atomics took small_request (disarming it first).
+    assert calls.get("arm", 0) >= 1
+    assert calls.get("small_request", 0) >= 3
+    assert calls.get("send_packet", 0) >= 7  # the requests and the other responses
+    qb.disarm()
+    assert qb.resp.msn == 4
+    assert qb.stats.packets_out >= 4
     assert {op for _, op in sent} == {
         Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_READ_REQUEST, Opcode.FETCH_ADD, Opcode.COMPARE_SWAP,
     }  # fmt: skip

@@ -1,0 +1,65 @@
+"""The UDP port's part in armed responders (``docs/architecture.md``, "Who owns a QP's state").
+
+``UdpPort`` binds a responder that ``take_small`` just armed to the source of
+the request that armed it (``_bind``), so that its device poll
+(``poll_armed``) executes that source's next WRITEs natively, and sends the
+ACK an armed responder holds in one native call where ``poll_transmit``
+would have sent it (``_send_ack``).
+"""
+
+import os
+from collections.abc import Callable, Sequence
+from typing import cast
+
+from rdmakit.engine.qp import QueuePair
+from rdmakit.wire import IcrcFlow
+
+from .codec import ArmedOwner
+from .port import DeviceCounters, PeerAddress
+from .roce_sources import RxFlow
+from .udp import WOULD_BLOCK, UdpLink
+
+
+class ArmedSends:
+    """``UdpPort``'s armed-responder methods (its base class)."""
+
+    link: UdpLink
+    counters: DeviceCounters
+    _fd: int
+    _v6: bool
+    _armed: dict[int, ArmedOwner]
+    _backlog: Sequence[object]
+    _tx_flows: dict[tuple[str, int], IcrcFlow]
+    #: The ICRC flow of sends to ``remote`` (``UdpPort._tx_flow``).
+    _tx_flow: Callable[[PeerAddress], IcrcFlow]
+
+    def _bind(self, qp: QueuePair, rx: RxFlow, src_ip: str, sport: int) -> None:
+        """``qp``'s responder was just armed by a request from ``(src_ip, sport)``: the device
+        poll (``poll_armed``) takes that source's next ones."""
+        owner = cast(ArmedOwner, qp.native)
+        owner.bind((src_ip, sport), self._v6, rx.states, rx.icrc, rx, qp)
+        self._armed[qp.qpn] = owner
+
+    def _send_ack(self, owner: ArmedOwner, qp: QueuePair) -> bool:
+        """Send the ACK ``qp``'s armed responder holds, in one native call (headers, ICRC,
+        send), where ``poll_transmit`` would have sent it from ``Responder.out``; True if
+        it left. A full socket or a backlog leaves it held, and the generic path takes it
+        (``disarm``, then the backlog keeps the order)."""
+        remote = qp.remote
+        if type(remote) is not PeerAddress or self._backlog:
+            return False
+        addr = (remote.ip, remote.port)
+        flow = self._tx_flows.get(addr)
+        if flow is None:
+            flow = self._tx_flow(remote)
+        link = self.link
+        err = owner.send_ack(self._fd, addr, self._v6, flow.states, flow)
+        if err < 0 or err in WOULD_BLOCK:
+            return False
+        self.counters.packets_out += 1
+        lc = link.counters
+        lc.datagrams_out += 1  # as UdpLink.send: a send error is a lost packet
+        lc.sends += 1
+        if err:
+            link.record_error(OSError(err, os.strerror(err)))
+        return True

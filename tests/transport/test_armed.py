@@ -1,0 +1,171 @@
+"""The armed responder's own interface (``_fastpath.Armed``), beside the engine's proofs.
+
+The seeded equivalence runs (``tests/engine/test_engine_small_native.py``,
+``test_engine_small_tx.py``) show that an armed responder leaves every run as
+the engine alone does. Here: the ACK it sends in one call is, byte for byte,
+``encode`` of the ACK it would hand back plus the ICRC; a disarmed object
+refuses everything; and the pure-Python codec never arms.
+"""
+
+import random
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from rdmakit.engine import SGE, CompletionQueue, QpStats, RecvWR, SendWR, WrOpcode
+from rdmakit.engine.memory import ProtectionDomain
+from rdmakit.testing.engine import ALL_ACCESS
+from rdmakit.transport import fastpath
+from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
+from rdmakit.transport.driver import Driver
+from rdmakit.transport.roce_udp import UdpPort
+from rdmakit.transport.small_ops import take_small
+from rdmakit.wire import AETH, RETH, IcrcFlow, Opcode, Packet, encode, icrc_ipv4, pack_icrc
+from tests.transport.sockets import udp_sink
+
+native: Any = fastpath.native
+native_only = pytest.mark.skipif(native is None, reason=f"native data plane: {fastpath.describe()}")
+
+
+def _armed(held: tuple[int, int, int] | None, stats: QpStats | None = None) -> Any:
+    pd = ProtectionDomain(random.Random(1))
+    return native.Armed(0x11, 0x22, 5, 9, 1024, 0, pd.remote_table, 0x1F, pd, stats or QpStats(), held)
+
+
+@native_only
+@pytest.mark.parametrize("held", [(0, 0, 0), (0xFFFFFF, 0x1F, 0xFFFFFF), (77, 0x0C, 1234)])
+def test_the_sent_ack_is_the_engines_ack(new_ip: Callable[[], str], held: tuple[int, int, int]) -> None:
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx.bind((new_ip(), 0))
+    rx = udp_sink(new_ip())
+    try:
+        (sip, sport), (dip, dport) = tx.getsockname(), rx.getsockname()
+        src, dst = socket.inet_aton(sip), socket.inet_aton(dip)
+        flow = IcrcFlow.ipv4(src, dst, sport, dport)
+        stats = QpStats()
+        sender = _armed(held, stats)
+        assert sender.pending
+        assert sender.send_ack(tx.fileno(), (dip, dport), False, flow.states, flow) == 0
+        assert not sender.pending
+        assert sender.send_ack(tx.fileno(), (dip, dport), False, flow.states, flow) == -1  # nothing held
+        assert stats.packets_out == 1
+        got = rx.recv(65536)
+        ack = _armed(held).take_ack()
+        psn, syndrome, msn = held
+        assert ack == Packet(Opcode.ACKNOWLEDGE, 0x22, psn, aeth=AETH(syndrome, msn))
+        assert ack.opcode is Opcode.ACKNOWLEDGE  # the enum member (Responder.queue_ack tests identity)
+        body = encode(ack)
+        assert got == body + pack_icrc(icrc_ipv4(src, dst, sport, dport, body, ident=0))
+    finally:
+        tx.close()
+        rx.close()
+
+
+@native_only
+def test_a_disarmed_responder_refuses_everything() -> None:
+    stats = QpStats()
+    armed = _armed((3, 0, 4), stats)
+    psn, msn, _rkey, _va, _len, gen, executed, ack = armed.disarm()
+    assert (psn, msn, gen, executed) == (5, 9, None, 0)
+    assert ack == Packet(Opcode.ACKNOWLEDGE, 0x22, 3, aeth=AETH(0, 4))
+    assert not armed.pending
+    assert armed.take_ack() is None
+    flow = IcrcFlow.ipv4(b"\x7f\0\0\1", b"\x7f\0\0\2", 4791, 4791)
+    body = encode(Packet(Opcode.RDMA_WRITE_ONLY, 0x11, 5, reth=RETH(0, 1, 8), payload=bytes(8)))
+    assert armed.rx(body + pack_icrc(flow.icrc_seg(0, body)), 0, flow.states, flow) is False
+    with pytest.raises(RuntimeError):
+        armed.disarm()
+    assert stats.packets_out == 0
+
+
+def test_the_python_codec_never_arms() -> None:
+    """``RDMAKIT_PURE_PYTHON=1``'s codec offers no ``arm``: a WRITE ONLY goes the generic way."""
+    assert fastpath.PYTHON.arm is None
+
+    class _Qp:
+        native = None
+
+        def arm_ticket(self) -> None:
+            raise AssertionError("no ticket is asked for without a native owner to give it to")
+
+    data = bytes(64)
+    assert take_small(fastpath.PYTHON, _Qp(), Opcode.RDMA_WRITE_ONLY, data, 0, {}, None, 0.0) == 0  # type: ignore[arg-type]
+
+
+class _Codec:
+    """The native codec with its device poll counted (``taken``), or taken away (``poll=False``)."""
+
+    def __init__(self, poll: bool) -> None:
+        self.native = fastpath.NATIVE
+        self.taken = 0
+        self.poll_armed = self._poll if poll else None
+
+    def _poll(self, *a: Any) -> Any:
+        assert self.native is not None
+        assert self.native.poll_armed is not None
+        got = self.native.poll_armed(*a)
+        self.taken += got[0]
+        return got
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.native, name)
+
+
+def _ping(new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch, poll: bool) -> tuple[Any, ...]:
+    """150 WRITEs of 8 bytes from a at b, one at a time, a READ and a SEND now and then (they
+    disarm b's responder); what both memories, the completions and b's responder say after."""
+    codec = _Codec(poll)
+    monkeypatch.setattr(fastpath, "CODEC", codec)
+    # No safety net: the poll itself must wake the QP whose ACK it holds (``UdpPort.sweep``).
+    monkeypatch.setattr(UdpPort, "sweep", lambda self: None)
+    with SoftDevice(new_ip(), port=0) as a, SoftDevice(new_ip(), port=0) as b, Driver() as drv:
+        drv.add(a)
+        drv.add(b)
+        cqa, cqb = CompletionQueue(256), CompletionQueue(256)
+        qa = a.create_qp(send_cq=cqa, recv_cq=cqa)
+        qb = b.create_qp(send_cq=cqb, recv_cq=cqb)
+        ma, mb = bytearray(random.Random(3).randbytes(4096)), bytearray(4096)
+        mra = a.pd.register(ma, 0x1000, ALL_ACCESS)
+        mrb = b.pd.register(mb, 0x9000, ALL_ACCESS)
+        connect_qp(a, qa, 10, local_endpoint(b, qb, 20))
+        connect_qp(b, qb, 20, local_endpoint(a, qa, 10))
+        done = []
+        for i in range(150):
+            off = (i * 8) % 2048
+            if i % 25 == 24:
+                qb.post_recv(RecvWR(wr_id=i, sg_list=(SGE(0x9000 + 3000, 64, mrb.lkey),)))
+                wr = SendWR(wr_id=i, opcode=WrOpcode.SEND, sg_list=(SGE(0x1000 + off, 8, mra.lkey),))
+            elif i % 10 == 9:
+                wr = SendWR(
+                    wr_id=i, opcode=WrOpcode.RDMA_READ, sg_list=(SGE(0x1000 + 2048 + off, 8, mra.lkey),),
+                    remote_addr=0x9000 + off - 8, rkey=mrb.rkey,
+                )  # fmt: skip
+            else:
+                wr = SendWR(
+                    wr_id=i, opcode=WrOpcode.RDMA_WRITE, sg_list=(SGE(0x1000 + off, 8, mra.lkey),),
+                    remote_addr=0x9000 + off, rkey=mrb.rkey,
+                )  # fmt: skip
+            qa.post_send(wr)
+            assert drv.run_until(lambda: len(cqa) > 0, 10.0)
+            done += [(wc.wr_id, wc.status, wc.opcode) for wc in cqa.poll()]
+            done += [(wc.wr_id, wc.status, wc.opcode) for wc in cqb.poll()]
+        qb.disarm()
+        resp = qb.resp
+        return bytes(ma), bytes(mb), done, resp.psn, resp.msn, qa.req.req_psn, codec.taken
+
+
+@native_only
+def test_the_device_poll_equals_the_per_packet_path(
+    new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over two soft devices on loopback: with the device poll (b's WRITEs executed as they are
+    read, no Python call each) and without it, the same memory, completions and responder."""
+    with_poll = _ping(new_ip, monkeypatch, True)
+    without = _ping(new_ip, monkeypatch, False)
+    assert with_poll[:-1] == without[:-1]
+    assert without[-1] == 0
+    assert with_poll[-1] > 100  # most WRITEs were taken by it
+    assert with_poll[3] == with_poll[5]  # b expects what a sends next
