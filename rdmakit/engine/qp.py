@@ -43,10 +43,11 @@ from .congestion import DCQCN_CNP_INTERVAL
 from .cq import CompletionQueue
 from .errors import EngineError
 from .memory import ProtectionDomain
-from .requester import WC_OPCODE, Requester, SendWqe
+from .requester import Requester
 from .resp_runs import fast_middle
 from .responder import Responder
 from .rwqe import RecvWqe
+from .send_wqe import WC_OPCODE, SendWqe
 from .small_tx import SmallTransmit
 from .srq import SharedReceiveQueue
 from .states import QpState, check_transition

@@ -22,8 +22,9 @@ through the same rules, never a second owner.
 from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet
 
 from .congestion import PACKET_OVERHEAD
-from .requester import ATOMIC, PENDING, POSTED, READ, SEND_WRITE, Requester
+from .requester import Requester
 from .responder import Responder
+from .send_wqe import ATOMIC, PENDING, POSTED, READ, SEND_WRITE
 from .stats import QpStats
 from .types import WrOpcode
 
