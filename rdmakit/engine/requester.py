@@ -209,7 +209,10 @@ class Requester:
                         self.cc.on_timeout(now, rtt, floor)
                     else:
                         self.cc.on_loss(now, rtt, floor)
-                    self.pacer.on_cut(now, not timeout and sq[0].kind == SEND_WRITE)
+                    # A NAK-sequence error, an implied NAK or a gap in READ responses: a queue
+                    # overflowed with what this QP sent or asked for. A timeout alone does not
+                    # arm the pacer (``Pacer``).
+                    self.pacer.on_cut(now, not timeout)
         else:
             self.qp.fail_send(WcStatus.RETRY_EXC_ERR)
 
@@ -286,6 +289,7 @@ class Requester:
         # window, so that acknowledgements keep a small window open (RFC 5681 §4.2).
         per_ack = MAX_PKT_PER_ACK
         rate = self.rate
+        fit = units = 0  # no READ limit beyond the spec's (``read_fits``)
         if self.cc_on:
             cwnd = self.cc.packets()
             if cwnd < window:
@@ -302,6 +306,10 @@ class Requester:
                 if not budget:
                     self.pace_deadline = deadline
                     return 0
+                if pacer.rate is not None:
+                    units = budget
+            if window < self.window:
+                fit = window
         if self.need_retry:
             self.rewind()
         sq = self.sq
@@ -313,6 +321,8 @@ class Requester:
         retrans = 0
         n = 0
         idx = self.next_idx
+        #: A READ draws its response PSNs from the window and the pace (``read_fits``).
+        drawn = 0
         while n < budget and idx < nsq:
             wqe = sq[idx]
             off = self.req_off
@@ -391,6 +401,8 @@ class Requester:
             if window <= d < _HALF:
                 break
             kind = wqe.kind
+            if kind == READ and not read_fits(self, wqe, d, fit, n + drawn, units):
+                break
             if not wqe.started:
                 if self.draining:
                     break
@@ -447,6 +459,7 @@ class Requester:
                 done = wqe.read_done
                 rest = wqe.length - done
                 step = max(rest - 1, 0) // mtu + 1
+                drawn += step - 1
                 wqe.first_psn = psn
                 wqe.last_psn = (psn + step - 1) & _MASK
                 pkt = Packet(
@@ -499,5 +512,27 @@ class Requester:
                 self.rexmit_deadline = now + (self.rexmit_timeout() or self.timeout)
             if self.cc_on:
                 rate.sent(n * (mtu + PACKET_OVERHEAD), now)
-                self.pacer.sent(n * (mtu + PACKET_OVERHEAD))
+                self.pacer.sent((n + drawn) * (mtu + PACKET_OVERHEAD))
         return n
+
+
+def read_fits(req: Requester, wqe: SendWqe, d: int, fit: int, drawn: int, units: int) -> bool:
+    """May the READ ``wqe`` be requested now, ``d`` PSNs past ``comp_psn``?
+
+    The spec's window counts a READ at its first PSN only (rxe does too), so a window of
+    512 PSNs lets eight 64 KB READs out at once and their responders' 512 packets meet
+    at the bottleneck together. Once the congestion window is cut (``fit``: its size, 0
+    while it is the spec's, so a clean path sends what rxe sends), every response PSN a
+    READ will draw counts, as a WRITE's packets do, though one READ may always go when
+    nothing else is outstanding; and while the pacer holds a rate (``units``: the
+    packets its bucket lets go now, 0 when not paced), a READ spends the pace of its
+    responses, in debt if need be, so that requests leave as their responses can
+    arrive, not in a burst the responder turns into a burst of responses.
+    """
+    if fit or units:
+        step = max(wqe.length - wqe.read_done - 1, 0) // req.mtu + 1
+        if fit and d and d + step > fit:
+            return False
+        if units and drawn >= units:
+            return False
+    return True
