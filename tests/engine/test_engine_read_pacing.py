@@ -11,6 +11,7 @@ import pytest
 
 from rdmakit.engine import QpCaps, WrOpcode
 from rdmakit.engine.congestion import PACKET_OVERHEAD, RESPONSE_PACING_GAIN, ResponsePacer
+from rdmakit.testing import simgoodput
 from rdmakit.testing.engine import Pair, make_pair, send_wr
 from rdmakit.testing.faults import BOTTLENECK_DEEP, BOTTLENECK_SHALLOW
 from rdmakit.testing.simgoodput import MSG, stream
@@ -170,3 +171,10 @@ def test_the_one_packet_path_steps_aside_for_a_read_past_the_cut_window() -> Non
     a.qp.post_send(send_wr(2, WrOpcode.RDMA_READ, (a.sge(0, 4096),), remote_addr=b.mr.addr, rkey=b.mr.rkey))
     assert a.qp.tx_small(0.0) is None  # 1 + 4 response PSNs > 2
     assert a.qp.poll_transmit(0.0) == []
+
+
+def test_the_simnet_table_refuses_a_bad_count(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        simgoodput.main(["--count", "0"])
+    assert e.value.code == 2
+    assert "--count is 1..100000" in capsys.readouterr().err
