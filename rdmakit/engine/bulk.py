@@ -17,9 +17,10 @@ from rdmakit.wire import BTH_LEN, MIDDLE_OPCODES, PSN_HALF, PSN_MASK, Opcode, Pa
 from .completer import acked, fast_read_middle, read_run, read_run_done
 from .context import QpContext
 from .memory import ProtectionDomain
-from .requester import ATOMIC, POSTED, SEND_WRITE, Requester
+from .requester import Requester
 from .resp_runs import fast_middle, send_run, send_run_done, write_run, write_run_done, write_target
 from .responder import Responder
+from .send_wqe import ATOMIC, POSTED, SEND_WRITE
 from .stats import QpStats
 from .types import Access
 

@@ -31,7 +31,8 @@ from rdmakit.wire import (
 
 from .context import QpContext
 from .memory import scatter
-from .requester import ATOMIC, POSTED, READ, SEND_WRITE, Requester, SendWqe
+from .requester import Requester
+from .send_wqe import ATOMIC, POSTED, READ, SEND_WRITE, SendWqe
 from .types import WcStatus
 
 _MASK = PSN_MASK

@@ -28,8 +28,9 @@ events, keep a QP alive where a TCP connection stays alive:
   increase stages counted by a timer and a byte counter. Before the first
   CNP the QP is not paced, as DCQCN starts at line rate.
 
-- ``Pacer``: once a queue overflowed with SEND or WRITE data (a NAK-sequence
-  error cut the window), the window's packets are spread over the round
+- ``Pacer``: once a queue overflowed with SEND or WRITE data or READ responses
+  (a NAK-sequence error or a gap cut the window), the window's packets, and the
+  response packets READ requests ask for, are spread over the round
   trip rather than sent as ACKs release them: Linux TCP's pacing rate
   (``tcp_update_pacing_rate()``: 200 % of cwnd/SRTT in slow start, 120 %
   after), in bursts of at most about a millisecond of it, as its TSO
@@ -38,8 +39,13 @@ events, keep a QP alive where a TCP connection stays alive:
   AckReq), and a 64 KB queue overflows long before the window fills the
   path.
 
+- ``ResponsePacer``: the responder's side of a READ. Its responses are the data,
+  and no ACK comes back for them; once the requester went back for lost ones (a
+  duplicate READ request), they leave at twice the rate they have been leaving at.
+
 The requester sends while ``psn_diff(req_psn, comp_psn) < min(window,
-Window.packets())`` and, while a rate holds, as ``paced`` allows.
+Window.packets())`` (once the window is cut, a READ counts all its response PSNs)
+and, while a rate holds, as ``paced`` allows.
 """
 
 import math
@@ -118,6 +124,11 @@ PACING_BURST_TIME = 1e-3
 #: one send of a few packets per wake-up keeps the GSO batches a userspace sender needs,
 #: as fq's quantum keeps TSO bursts (Linux net/sched/sch_fq.c, ``quantum``).
 PACING_QUANTUM = 16
+#: The responder's READ responses leave at up to this many times the rate they have been
+#: leaving at (``ResponsePacer``): a burst of a READ's responses then fills a queue at
+#: half the rate it would unpaced at twice the bottleneck's rate, and a requester that
+#: asks for more is held back by less than a sample period.
+RESPONSE_PACING_GAIN = 2.0
 
 
 class Window:
@@ -182,11 +193,13 @@ class Window:
 
 class Pacer:
     """A token bucket at the window's pace (``PACING_*``); ``rate`` is None (not paced)
-    until a NAK-sequence error shows a queue that overflowed with what the requester sent
-    (SEND or WRITE data), so a clean path sends what rxe sends. A timeout alone does not
-    start it (on a long path the local ACK timeout can expire before the first round trip
-    is measured), nor a lost READ response: a READ's data is the responder's, released
-    whole by its request, and pacing the requests only delays them."""
+    until a NAK-sequence error, an implied NAK or a gap in READ responses shows a queue
+    that overflowed with what the requester sent or asked for, so a clean path sends what
+    rxe sends. A timeout alone does not start it (on a long path the local ACK timeout
+    can expire before the first round trip is measured). A READ request spends the pace
+    of the response packets it asks for (``requester.read_fits``), in debt if need be, so
+    READs are asked for as their responses can arrive; the responder spreads each one's
+    responses (``ResponsePacer``)."""
 
     __slots__ = ("armed", "burst", "rate", "tokens", "tokens_at")
 
@@ -238,6 +251,58 @@ class Pacer:
     def sent(self, nbytes: int) -> None:
         if self.rate is not None:
             self.tokens -= nbytes
+
+
+class ResponsePacer(Pacer):
+    """The responder's pace for its READ responses, the data a READ's requester only asks
+    for: a 64 KB READ is 64 packets the responder would send at once, more than a 64 KB
+    queue holds even with nothing else in it. No ACK comes back for a response, so the
+    pace is not a window over a round trip: it is ``RESPONSE_PACING_GAIN`` times the
+    rate the responses have been leaving at (the highest over ``RATE_SAMPLE_PERIOD``
+    spells of sending, decaying, as ``DeliveryRate`` keeps its maximum), which the
+    requester's window and pacer set. It runs from the first duplicate READ request
+    (responses were lost, the requester went back for them), so a clean path sends what
+    rxe sends, and it never holds a response back by more than the gain allows: a
+    requester asking for more lifts the measured rate, and with it the pace, each spell."""
+
+    __slots__ = ("best", "idle", "last_at", "sample_at", "sample_bytes")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.best = 0.0
+        self.sample_at: float | None = None
+        self.sample_bytes = 0
+        #: The last send emptied the responder's queue, and when it was.
+        self.idle = True
+        self.last_at = -math.inf
+
+    def pace(self, packet: int, now: float) -> None:
+        """The rate from the measured one, once armed."""
+        if not self.armed or not self.best:
+            self.rate = None
+            return
+        rate = RESPONSE_PACING_GAIN * self.best
+        if self.rate is None:
+            self.tokens, self.tokens_at = 0.0, now
+        self.rate = rate
+        self.burst = min(max(rate * PACING_BURST_TIME, 2.0 * packet), float(DCQCN_BURST))
+
+    def measure(self, nbytes: int, now: float, backlog: bool) -> None:
+        """``nbytes`` left now, and responses are still queued (``backlog``) or not. A spell
+        of sending lasts while responses are queued (a silence the pacer itself or a busy
+        host made is part of it) or the next come within a sample period; a longer one
+        with nothing to send ends it, and is not counted."""
+        start = self.sample_at
+        if start is None or (self.idle and now - self.last_at > RATE_SAMPLE_PERIOD):
+            self.sample_at, self.sample_bytes = now, 0
+        else:
+            span = now - start
+            if span >= RATE_SAMPLE_PERIOD:
+                self.best = max(self.sample_bytes / span, self.best * K_RATE_DECAY)
+                self.sample_at, self.sample_bytes = now, 0
+        self.sample_bytes += nbytes
+        self.idle, self.last_at = not backlog, now
+        self.sent(nbytes)
 
 
 def paced(dcqcn: "Dcqcn", pacer: Pacer, now: float, packet: int, budget: int) -> tuple[int, float]:

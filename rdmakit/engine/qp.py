@@ -40,14 +40,15 @@ from .armed import ArmedResponder, NativeResponder
 from .attrs import ATTRS, ModifyAttrs, QpAttrs
 from .bulk import BulkReceive
 from .completer import fast_read_middle, on_response
-from .congestion import DCQCN_CNP_INTERVAL
+from .congestion import DCQCN_CNP_INTERVAL, PACKET_OVERHEAD, paced
 from .cq import CompletionQueue
 from .errors import EngineError
 from .memory import ProtectionDomain
-from .requester import WC_OPCODE, Requester, SendWqe
+from .requester import Requester
 from .resp_runs import fast_middle
 from .responder import Responder
 from .rwqe import RecvWqe
+from .send_wqe import WC_OPCODE, SendWqe
 from .small_tx import SmallTransmit
 from .srq import SharedReceiveQueue
 from .states import QpState, check_transition
@@ -135,7 +136,7 @@ class QueuePair(BulkReceive, SmallTransmit, ArmedResponder):
         #: the last one left (DCQCN: at most one per ``DCQCN_CNP_INTERVAL``).
         self._cnp_due = False
         self._cnp_at = -DCQCN_CNP_INTERVAL
-        self.resp = Responder(self, caps.fast_paths)
+        self.resp = Responder(self, caps.fast_paths, caps.congestion_control)
         #: The shared receive queue the QP takes receive WQEs from (:mod:`.srq`), if any.
         self.srq = srq
         if srq is not None:
@@ -518,10 +519,15 @@ class QueuePair(BulkReceive, SmallTransmit, ArmedResponder):
             self.req.rate.on_cnp(now)
 
     def get_timer(self) -> float | None:
-        """The earliest deadline (retransmit or RNR wait) at which to call ``handle_timer``."""
-        return self.req.deadline() if self._tx else None
+        """The earliest deadline (retransmit, RNR wait or pace) at which to call ``handle_timer``."""
+        t = self.req.deadline() if self._tx else None
+        r = self.resp.pace_deadline
+        return r if r is not None and (t is None or r < t) else t
 
     def handle_timer(self, now: float) -> None:
+        r = self.resp.pace_deadline
+        if r is not None and now >= r:
+            self.resp.pace_deadline = None
         if self._tx:
             self.req.on_timer(now)
 
@@ -529,7 +535,7 @@ class QueuePair(BulkReceive, SmallTransmit, ArmedResponder):
         """False when ``poll_transmit`` would certainly return nothing (a cheap test for pumps)."""
         if self.native is not None and self.native.pending:
             return True
-        if self.resp.out:
+        if self.resp.out and self.resp.pace_deadline is None:
             return self._state >= QpState.RTR
         req = self.req
         return (
@@ -558,11 +564,36 @@ class QueuePair(BulkReceive, SmallTransmit, ArmedResponder):
             return []
         out: list[Packet | Train] = []
         budget = (1 << 62) if max_packets is None else max_packets
-        n = self.resp.transmit(out, budget, trains) if self.resp.out else 0
+        n = self._respond(out, budget, now, trains) if self.resp.out else 0
         if self._tx and n < budget:
             n += self.req.transmit(out, budget - n, now, trains)
         self.stats.packets_out += n
         return out
+
+    def _respond(self, out: list[Packet | Train], budget: int, now: float, trains: bool) -> int:
+        """The responder's output, at its pace once READ responses were lost (``ResponsePacer``)."""
+        resp = self.resp
+        pacer = resp.pacer
+        if pacer is None or resp.held_ack() is not None:
+            # One ACK alone (what a native owner of the responder holds, too) is not the data
+            # the pace and DCQCN's rate meter: it leaves at once, and is not measured.
+            return resp.transmit(out, budget, trains)
+        if resp.pace_deadline is not None:
+            return 0
+        # The QP is DCQCN's reaction point for all the data it sends (Zhu et al. 2015, §3.1):
+        # a CNP for READ responses that arrived marked CE lowers their rate too.
+        rate = self.req.rate
+        size = resp.mtu + PACKET_OVERHEAD
+        pacer.pace(size, now)
+        if pacer.rate is not None or rate.rate is not None:
+            budget, deadline = paced(rate, pacer, now, size, budget)
+            if not budget:
+                resp.pace_deadline = deadline
+                return 0
+        n = resp.transmit(out, budget, trains)
+        pacer.measure(n * size, now, bool(resp.out))
+        rate.sent(n * size, now)
+        return n
 
     def transport_error(self, now: float) -> None:
         """The transport lost the path (e.g. a TCP reset): as if retries ran out.

@@ -30,7 +30,6 @@ count. One difference: the retransmit timer is stopped while an RNR wait runs
 """
 
 from collections import deque
-from enum import IntEnum
 
 from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet, Train
 
@@ -48,126 +47,15 @@ from .congestion import (
 from .context import QpContext
 from .credits import RequesterCredits
 from .memory import gather
+from .send_wqe import PENDING, POSTED, PROCESSING, READ, SEND_WRITE, SendWqe
 from .timers import INFINITE_RETRY, MAX_PKT_PER_ACK, rnr_delay, transport_timeout
-from .types import SendWR, WcOpcode, WcStatus, WrOpcode
+from .types import WcStatus, WrOpcode
 
 _MASK = PSN_MASK
 _HALF = PSN_HALF
 _new_packet = tuple.__new__
 #: A timer that fired a hair before a whole local ACK timeout (floating point) still counts.
 _NEARLY = 1 - 1e-9
-
-
-class WqeKind(IntEnum):
-    """What answers a send WQE (rxe ``wr_opcode_mask()``; IBTA §9.7.5.1)."""
-
-    SEND_WRITE = 0  # WR_SEND_MASK / WR_WRITE_MASK: ACKs, cumulative (§9.7.5.1.1)
-    READ = 1  # WR_READ_MASK: RDMA READ responses (§9.7.5.1.3)
-    ATOMIC = 2  # WR_ATOMIC_MASK: an ATOMIC ACKNOWLEDGE (§9.7.5.1.2)
-
-
-class WqeState(IntEnum):
-    """A send WQE's progress (rxe ``enum wqe_state``)."""
-
-    POSTED = 0  # wqe_state_posted: not (re)started since the last rewind
-    PROCESSING = 1  # wqe_state_processing: some packets sent
-    PENDING = 2  # wqe_state_pending: wholly sent, waiting for its response
-
-
-SEND_WRITE, READ, ATOMIC = WqeKind
-POSTED, PROCESSING, PENDING = WqeState
-
-_O = Opcode
-#: WrOpcode -> (MIDDLE, LAST, FIRST, ONLY), indexed by ``first << 1 | last``
-#: (rxe ``next_opcode_rc()``).
-_SEGMENT_OPS: dict[WrOpcode, tuple[Opcode, Opcode, Opcode, Opcode]] = {
-    WrOpcode.SEND: (_O.SEND_MIDDLE, _O.SEND_LAST, _O.SEND_FIRST, _O.SEND_ONLY),
-    WrOpcode.SEND_WITH_IMM: (
-        _O.SEND_MIDDLE, _O.SEND_LAST_WITH_IMMEDIATE, _O.SEND_FIRST, _O.SEND_ONLY_WITH_IMMEDIATE,
-    ),
-    WrOpcode.RDMA_WRITE: (
-        _O.RDMA_WRITE_MIDDLE, _O.RDMA_WRITE_LAST, _O.RDMA_WRITE_FIRST, _O.RDMA_WRITE_ONLY,
-    ),
-    WrOpcode.RDMA_WRITE_WITH_IMM: (
-        _O.RDMA_WRITE_MIDDLE, _O.RDMA_WRITE_LAST_WITH_IMMEDIATE, _O.RDMA_WRITE_FIRST,
-        _O.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-    ),
-}  # fmt: skip
-
-#: Send opcodes whose message takes a receive WQE at the responder (IBTA §9.7.7.2).
-_TAKES_RECEIVE = frozenset((WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM))
-
-WC_OPCODE = {
-    WrOpcode.SEND: WcOpcode.SEND,
-    WrOpcode.SEND_WITH_IMM: WcOpcode.SEND,
-    WrOpcode.RDMA_WRITE: WcOpcode.RDMA_WRITE,
-    WrOpcode.RDMA_WRITE_WITH_IMM: WcOpcode.RDMA_WRITE,
-    WrOpcode.RDMA_READ: WcOpcode.RDMA_READ,
-    WrOpcode.ATOMIC_CMP_AND_SWP: WcOpcode.COMP_SWAP,
-    WrOpcode.ATOMIC_FETCH_AND_ADD: WcOpcode.FETCH_ADD,
-}
-
-
-class SendWqe:
-    """One posted send work request and its progress."""
-
-    __slots__ = (
-        "first_psn",
-        "has_rd",
-        "imm",
-        "is_write",
-        "kind",
-        "last_psn",
-        "length",
-        "ops",
-        "read_done",
-        "seg0",
-        "segs",
-        "signaled",
-        "solicited",
-        "started",
-        "state",
-        "status",
-        "takes_receive",
-        "wc_opcode",
-        "wr",
-    )  # fmt: skip
-
-    def __init__(
-        self, wr: SendWR, opcode: WrOpcode, length: int, segs: list[memoryview], status: WcStatus
-    ) -> None:
-        self.wr = wr
-        self.length = length
-        self.segs = segs
-        #: The one segment when there is exactly one (the zero-copy fast path).
-        self.seg0 = segs[0] if len(segs) == 1 else None
-        #: SUCCESS, or the local error this WQE completes with once it is the head.
-        self.status = status
-        self.signaled = wr.signaled
-        self.wc_opcode = WC_OPCODE[opcode]
-        if opcode is WrOpcode.RDMA_READ:
-            self.kind = READ
-        elif opcode in (WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD):
-            self.kind = ATOMIC
-        else:
-            self.kind = SEND_WRITE
-        self.ops = _SEGMENT_OPS.get(opcode)
-        self.is_write = opcode in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
-        #: ImmDt for the last packet; verbs ignores imm_data on other opcodes.
-        self.imm = wr.imm_data if opcode in (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM) else None
-        #: Takes a receive WQE at the responder: SEND, or WRITE with immediate (IBTA §9.7.7.2).
-        self.takes_receive = opcode in _TAKES_RECEIVE
-        #: SE on the last packet: IBV_SEND_SOLICITED, for the opcodes it applies to (IBTA §9.2
-        #: BTH SE; rxe_req.c init_req_packet()).
-        self.solicited = wr.solicited and self.takes_receive
-        self.state = POSTED
-        self.started = False
-        self.first_psn = 0
-        self.last_psn = 0
-        #: Holds one of the max_rd_atomic slots (rxe ``has_rd_atomic``).
-        self.has_rd = False
-        #: READ: bytes of response data placed so far.
-        self.read_done = 0
 
 
 class Requester:
@@ -321,7 +209,10 @@ class Requester:
                         self.cc.on_timeout(now, rtt, floor)
                     else:
                         self.cc.on_loss(now, rtt, floor)
-                    self.pacer.on_cut(now, not timeout and sq[0].kind == SEND_WRITE)
+                    # A NAK-sequence error, an implied NAK or a gap in READ responses: a queue
+                    # overflowed with what this QP sent or asked for. A timeout alone does not
+                    # arm the pacer (``Pacer``).
+                    self.pacer.on_cut(now, not timeout)
         else:
             self.qp.fail_send(WcStatus.RETRY_EXC_ERR)
 
@@ -398,6 +289,7 @@ class Requester:
         # window, so that acknowledgements keep a small window open (RFC 5681 §4.2).
         per_ack = MAX_PKT_PER_ACK
         rate = self.rate
+        fit = units = 0  # no READ limit beyond the spec's (``read_fits``)
         if self.cc_on:
             cwnd = self.cc.packets()
             if cwnd < window:
@@ -414,6 +306,10 @@ class Requester:
                 if not budget:
                     self.pace_deadline = deadline
                     return 0
+                if pacer.rate is not None:
+                    units = budget
+            if window < self.window:
+                fit = window
         if self.need_retry:
             self.rewind()
         sq = self.sq
@@ -425,6 +321,8 @@ class Requester:
         retrans = 0
         n = 0
         idx = self.next_idx
+        #: A READ draws its response PSNs from the window and the pace (``read_fits``).
+        drawn = 0
         while n < budget and idx < nsq:
             wqe = sq[idx]
             off = self.req_off
@@ -503,6 +401,8 @@ class Requester:
             if window <= d < _HALF:
                 break
             kind = wqe.kind
+            if kind == READ and not read_fits(self, wqe, d, fit, n + drawn, units):
+                break
             if not wqe.started:
                 if self.draining:
                     break
@@ -559,6 +459,7 @@ class Requester:
                 done = wqe.read_done
                 rest = wqe.length - done
                 step = max(rest - 1, 0) // mtu + 1
+                drawn += step - 1
                 wqe.first_psn = psn
                 wqe.last_psn = (psn + step - 1) & _MASK
                 pkt = Packet(
@@ -611,5 +512,27 @@ class Requester:
                 self.rexmit_deadline = now + (self.rexmit_timeout() or self.timeout)
             if self.cc_on:
                 rate.sent(n * (mtu + PACKET_OVERHEAD), now)
-                self.pacer.sent(n * (mtu + PACKET_OVERHEAD))
+                self.pacer.sent((n + drawn) * (mtu + PACKET_OVERHEAD))
         return n
+
+
+def read_fits(req: Requester, wqe: SendWqe, d: int, fit: int, drawn: int, units: int) -> bool:
+    """May the READ ``wqe`` be requested now, ``d`` PSNs past ``comp_psn``?
+
+    The spec's window counts a READ at its first PSN only (rxe does too), so a window of
+    512 PSNs lets eight 64 KB READs out at once and their responders' 512 packets meet
+    at the bottleneck together. Once the congestion window is cut (``fit``: its size, 0
+    while it is the spec's, so a clean path sends what rxe sends), every response PSN a
+    READ will draw counts, as a WRITE's packets do, though one READ may always go when
+    nothing else is outstanding; and while the pacer holds a rate (``units``: the
+    packets its bucket lets go now, 0 when not paced), a READ spends the pace of its
+    responses, in debt if need be, so that requests leave as their responses can
+    arrive, not in a burst the responder turns into a burst of responses.
+    """
+    if fit or units:
+        step = max(wqe.length - wqe.read_done - 1, 0) // req.mtu + 1
+        if fit and d and d + step > fit:
+            return False
+        if units and drawn >= units:
+            return False
+    return True

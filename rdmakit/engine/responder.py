@@ -60,6 +60,7 @@ from rdmakit.wire import (
     rnr_syndrome,
 )
 
+from .congestion import ResponsePacer
 from .context import QpContext
 from .memory import scatter
 from .rdatomic import RdAtomicResources
@@ -107,6 +108,8 @@ class Responder(ResponseOutput):
         "msn",
         "mtu",
         "out",
+        "pace_deadline",
+        "pacer",
         "placed",
         "psn",
         "qp",
@@ -124,8 +127,10 @@ class Responder(ResponseOutput):
         "w_view",
     )  # fmt: skip
 
-    def __init__(self, qp: QpContext, fast: bool = True) -> None:
+    def __init__(self, qp: QpContext, fast: bool = True, congestion: bool = False) -> None:
         self.qp = qp
+        #: Paces READ responses once some were lost (``QpCaps.congestion_control``), else None.
+        self.pacer: ResponsePacer | None = ResponsePacer() if congestion else None
         self.res = RdAtomicResources()
         #: Runs of READ response MIDDLE packets take the tight loop (``QpCaps.fast_paths``).
         self.fast = fast
@@ -144,6 +149,10 @@ class Responder(ResponseOutput):
         if self.srq is None:
             self.rq.clear()  # an SRQ's WQEs are the other QPs' too: never dropped here
         self.out.clear()
+        if self.pacer is not None:
+            self.pacer = ResponsePacer()
+        #: While the pacer holds the next response back: when it may leave.
+        self.pace_deadline: float | None = None
         self.psn = 0
         self.ack_psn = 0
         self.msn = 0
@@ -477,6 +486,8 @@ class Responder(ResponseOutput):
             if view is None:
                 self._fatal(psn, NakCode.REMOTE_ACCESS_ERROR, WcStatus.REM_ACCESS_ERR)
                 return
+        if self.pacer is not None:
+            self.pacer.armed = True  # the requester went back for responses that were lost
         self.queue_read(view, length, psn, psn == res.first_psn)
 
     def flush(self) -> list[int]:
@@ -490,6 +501,7 @@ class Responder(ResponseOutput):
             ids.extend(w.wr_id for w in self.rq)
             self.rq.clear()
         self.out.clear()
+        self.pace_deadline = None
         self.in_msg = None
         self.w_view = None
         return ids

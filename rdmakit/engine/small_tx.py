@@ -23,8 +23,9 @@ from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet
 
 from .armed import NativeResponder
 from .congestion import PACKET_OVERHEAD
-from .requester import ATOMIC, PENDING, POSTED, READ, SEND_WRITE, Requester
+from .requester import Requester, read_fits
 from .responder import Responder
+from .send_wqe import ATOMIC, PENDING, POSTED, READ, SEND_WRITE
 from .stats import QpStats
 from .types import WrOpcode
 
@@ -84,6 +85,8 @@ class SmallTransmit:
         if window <= d < _HALF:
             return None
         kind = wqe.kind
+        if kind == READ and window < req.window and not read_fits(req, wqe, d, window, 0, 0):
+            return None  # the READ's responses do not fit the cut congestion window
         mtu = req.mtu
         wr = wqe.wr
         dqpn = req.qp.dest_qpn

@@ -25,6 +25,8 @@ __all__ = [
     "DUPLICATE",
     "DUPLICATE_REORDER",
     "GIGABIT",
+    "GIGABIT_LOSS",
+    "GIGABIT_REORDER",
     "HEAVY_LOSS",
     "LIGHT_LOSS",
     "LONG_REORDER",
@@ -68,6 +70,11 @@ BOTTLENECK_ECN = Faults(
 )
 #: A 100 ms round trip (no reordering: a WAN path keeps a flow's packets in order).
 WAN = Faults(delay=50e-3)
+#: A 1 Gbit/s link (deep queue) losing 1 % of packets at random.
+GIGABIT_LOSS = Faults(rate=GIGABIT, loss=0.01, delay=50e-6)
+#: A 1 Gbit/s link (deep queue) that holds 10 % of packets back by up to 100 µs, past the
+#: dozen that follow them (paths over parallel links, as netem's ``reorder``).
+GIGABIT_REORDER = Faults(rate=GIGABIT, reorder=0.1, reorder_delay=100e-6, delay=50e-6)
 
 #: The sweep's profiles by name: each fault alone, then all of them at once.
 PROFILES: dict[str, Faults] = {

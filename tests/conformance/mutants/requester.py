@@ -7,6 +7,7 @@ from rdmakit.engine import completer as completer_mod
 from rdmakit.engine import credits as credits_mod
 from rdmakit.engine import qp as qp_mod
 from rdmakit.engine import requester as req_mod
+from rdmakit.engine import send_wqe as wqe_mod
 from rdmakit.engine import timers
 from rdmakit.engine.types import WcStatus
 from rdmakit.wire import NakCode, Opcode, Packet
@@ -111,7 +112,7 @@ def _retry_whole_message() -> None:
 
     def rewind(self: Any) -> None:
         head = self.sq[0] if self.sq else None
-        if head is not None and head.started and head.kind == req_mod.SEND_WRITE:
+        if head is not None and head.started and head.kind == wqe_mod.SEND_WRITE:
             self.comp_psn = head.first_psn
         orig(self)
 
@@ -125,7 +126,7 @@ def _read_retry_from_start() -> None:
 
     def rewind(self: Any) -> None:
         for wqe in self.sq:
-            if wqe.kind == req_mod.READ:
+            if wqe.kind == wqe_mod.READ:
                 wqe.read_done = 0
         orig(self)
 
@@ -177,7 +178,7 @@ def _no_implied_nak() -> None:
 
     def on_response(qp: Any, req: Any, pkt: Any, info: Any, now: float) -> None:
         sq = req.sq
-        if sq and pkt.opcode is Opcode.ACKNOWLEDGE and sq[0].kind != req_mod.SEND_WRITE:
+        if sq and pkt.opcode is Opcode.ACKNOWLEDGE and sq[0].kind != wqe_mod.SEND_WRITE:
             d = (pkt.psn - sq[0].last_psn) & _MASK
             if 0 < d < 0x800000:
                 return
@@ -288,13 +289,13 @@ def _credits_hold_writes() -> None:
 @mutant("se-never-set", "requester", "req.send.se", "req.write_imm.se")
 def _se_never_set() -> None:
     """IBV_SEND_SOLICITED is dropped: SE is never set."""
-    orig = req_mod.SendWqe.__init__
+    orig = wqe_mod.SendWqe.__init__
 
     def init(self: Any, *args: Any) -> None:
         orig(self, *args)
         self.solicited = False
 
-    patch(req_mod.SendWqe, "__init__", init)
+    patch(wqe_mod.SendWqe, "__init__", init)
 
 
 def _rewrite_sent(rewrite: Callable[[Any, Packet], Packet]) -> None:
