@@ -513,10 +513,11 @@ def serve(
     *,
     once: bool = False,
     log: Callable[[str], None] | None = None,
+    handshake_seconds: float = control.HANDSHAKE_SECONDS,
 ) -> None:
     """Serve testers one at a time, their handshakes side by side (`Gate`); pump the device all along."""
     say = log or (lambda _m: None)
-    gate = Gate(listener, secret, say)
+    gate = Gate(listener, secret, say, handshake_seconds)
     try:
         while True:
             sock: MessageSocket | None = None
