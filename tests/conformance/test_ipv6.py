@@ -8,14 +8,24 @@ carries two more (root; skipped, with the reason, where IPv6 is unavailable).
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conformance.agents import against, agent, conformance, ipv6_namespace, results, write_secret
+from tests.conformance.agents import (
+    Agent,
+    against,
+    agent,
+    conformance,
+    ipv6_namespace,
+    results,
+    write_secret,
+)
 from tests.conformance.mutations import MUTATIONS
-from tests.conformance.test_conformance import caught
+from tests.conformance.test_conformance import MINIMAL_AGENT, caught
 
 pytest.importorskip("scapy")
 
@@ -101,3 +111,23 @@ def test_ipv4_does_not_catch_an_ipv6_mutant(mutation: str, tmp_path: Path, new_i
         p = against(a, new_ip(), *only, "--json-out", "-")  # type: ignore[operator]
     assert p.returncode == 0, p.stderr[-2000:]
     assert set(results(json.loads(p.stdout)).values()) == {"PASS"}
+
+
+def test_the_minimal_agent_over_ipv6(netns: str, tmp_path: Path) -> None:
+    """scripts/conformance-agent-minimal.py, written from the protocol document, serves an IPv6 DUT."""
+    secret = write_secret(tmp_path / "secret")
+    cmd = ["ip", "netns", "exec", netns, sys.executable, str(MINIMAL_AGENT), DUT, str(secret)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        cases = ("resp.send.only", "resp.read.only", "req.send.ack", "resp.ip6.header", "req.ip6.header")
+        p = against(Agent(ready["control"], DUT, secret), TESTER, *(a for c in cases for a in ("-k", c)),
+                    "--json-out", "-", netns=netns)  # fmt: skip
+    finally:
+        proc.kill()
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert results(json.loads(p.stdout)) == dict.fromkeys(cases, "PASS"), p.stdout
