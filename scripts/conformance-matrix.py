@@ -60,6 +60,14 @@ def _cell(text: str) -> str:
 NOT_RUN = {"results": [], "icrc_check": "not run", "kernel": "?"}
 
 
+def _counts(name: str, doc: dict[str, Any]) -> str:
+    got = [r["result"] for r in doc["results"]]
+    if not got:
+        return f"| {name} | not run | | | | |"
+    n = [str(got.count(k)) for k in ("PASS", "KNOWN-DEVIATION", "SKIPPED", "FAIL")]
+    return f"| {name} | {len(got)} | " + " | ".join(n) + " |"
+
+
 def render(own: dict[str, Any], own6: dict[str, Any], rxe: dict[str, Any], rxe6: dict[str, Any]) -> str:
     by_id = [{r["id"]: r for r in doc["results"]} for doc in (own6, rxe, rxe6)]
     kernel = rxe.get("kernel", "?")
@@ -84,6 +92,13 @@ def render(own: dict[str, Any], own6: dict[str, Any], rxe: dict[str, Any], rxe6:
         "(the device is the passive side of a connection the suite makes through its QP1).",
         "A KNOWN-DEVIATION is a failure the device's deviations file explains with a public",
         "source; a SKIPPED case does not apply to the device (the reason is given below).",
+        "",
+        "| run | cases | PASS | KNOWN-DEVIATION | SKIPPED | FAIL |",
+        "|---|---|---|---|---|---|",
+        *(
+            _counts(n, d)
+            for n, d in (("rdmakit", own), ("rdmakit IPv6", own6), ("rxe", rxe), ("rxe IPv6", rxe6))
+        ),
         "",
         "| case | device's role | follows | rdmakit | rdmakit IPv6 | rxe | rxe IPv6 |",
         "|---|---|---|---|---|---|---|",

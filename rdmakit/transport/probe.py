@@ -38,8 +38,11 @@ for the masked fields too, as ancillary data of each datagram
 (``IPV6_RECVTCLASS``, ``IPV6_RECVHOPLIMIT``, ``IPV6_FLOWINFO``), and gives
 the tester the 40-byte header the datagram arrived with, rebuilt from them:
 its ICRC oracle then masks real values, and cases can check the DUT's
-traffic class, flow label and hop limit. A sender's flow label is the one its
-kernel chose (``net.ipv6.auto_flowlabels``), or 0.
+traffic class, flow label and hop limit. The tester's own datagrams carry the
+flow label its kernel chooses (``net.ipv6.auto_flowlabels``) unless `send` is
+given one, which the link then leases (``IPV6_FLOWLABEL_MGR``: Linux sends a
+chosen label only under a lease, at most 32 per socket without
+``CAP_NET_ADMIN``).
 
 Every datagram carries the kernel's receive time (``SO_TIMESTAMPNS``): on
 loopback or a direct link that is when the DUT sent it, not when the tester
@@ -79,7 +82,7 @@ _IPV6_FLOWINFO_SEND = 33
 #: ``struct in6_flowlabel_req``: dst, label (network order), action, share, flags, expires, linger, pad.
 _FLOWLABEL_REQ = struct.Struct("=16s4sBBHHHI")
 _IPV6_FL_A_GET, _IPV6_FL_S_ANY, _IPV6_FL_F_CREATE = 0, 255, 1
-_FLOW_LABELS_MAX = 64  # leases one link takes, at most
+_FLOW_LABELS_MAX = 32  # leases one link takes, at most (FL_MAX_PER_SOCK, net/ipv6/ip6_flowlabel.c)
 _ANC6 = _ANC + 3 * socket.CMSG_SPACE(4)
 _IPV6_FIXED = struct.Struct(">IHBB16s16s")  # version/class/flow label, payload length, next header, hop limit
 _IPPROTO_UDP = 17

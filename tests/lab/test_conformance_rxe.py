@@ -95,11 +95,13 @@ def test_the_suite_against_kernel_rxe(guest: LabGuest) -> None:
 def _ipv6_gid(guest: LabGuest) -> int:
     """Give both ends of the lab link a global IPv6 address; the index of rxe0's RoCE v2 GID for the
     guest's (rxe adds one per address of its netdev)."""
-    subprocess.run(["ip", "-n", guest.host_netns, "addr", "add", f"{HOST_ADDR6}/64", "dev", "lab0h", "nodad"],
-                   check=True, capture_output=True, timeout=30)  # fmt: skip
+    host = guest.host_command("sh", "-c", "sysctl -qw net.ipv6.conf.lab0h.disable_ipv6=0 && "
+                              f"ip addr add {HOST_ADDR6}/64 dev lab0h nodad")  # fmt: skip
+    subprocess.run(host, check=True, capture_output=True, timeout=30)
     nic = guest.ready()["NIC"]
     ports = "/sys/class/infiniband/rxe0/ports/1"
     find = (
+        f"sysctl -qw net.ipv6.conf.{nic}.disable_ipv6=0; "
         f"ip addr add {GUEST_ADDR6}/64 dev {nic} nodad || exit 1; "
         f"for _ in $(seq 100); do for g in {ports}/gids/*; do i=${{g##*/}}; "
         f'[ "$(cat $g 2>/dev/null)" = fd77:0000:0000:0000:0000:0000:0000:0002 ] && '
