@@ -38,7 +38,12 @@ for the masked fields too, as ancillary data of each datagram
 (``IPV6_RECVTCLASS``, ``IPV6_RECVHOPLIMIT``, ``IPV6_FLOWINFO``), and gives
 the tester the 40-byte header the datagram arrived with, rebuilt from them:
 its ICRC oracle then masks real values, and cases can check the DUT's
-traffic class, flow label and hop limit. The tester's own datagrams carry the
+traffic class, flow label and hop limit. It also takes datagrams whose UDP
+checksum is 0 (``UDP_NO_CHECK6_RX``): Linux rxe sends RoCEv2 over IPv6 so
+(``rxe_net.c`` ``prepare_udp_hdr()`` leaves it 0, and its own tunnel socket
+accepts 0, ``udp_sock_create6()``), which a plain IPv6 UDP socket drops
+(RFC 8200 §8.1; RFC 6936 allows it for tunnels); the ICRC still covers the
+datagram. The tester's own datagrams carry the
 flow label its kernel chooses (``net.ipv6.auto_flowlabels``) unless `send` is
 given one, which the link then leases (``IPV6_FLOWLABEL_MGR``: Linux sends a
 chosen label only under a lease, at most 32 per socket without
@@ -86,6 +91,7 @@ _FLOW_LABELS_MAX = 32  # leases one link takes, at most (FL_MAX_PER_SOCK, net/ip
 _ANC6 = _ANC + 3 * socket.CMSG_SPACE(4)
 _IPV6_FIXED = struct.Struct(">IHBB16s16s")  # version/class/flow label, payload length, next header, hop limit
 _IPPROTO_UDP = 17
+_SOL_UDP, _UDP_NO_CHECK6_RX = 17, 102  # linux/udp.h
 
 
 def _stamp(anc: list[tuple[int, int, bytes]]) -> float:
@@ -129,6 +135,7 @@ class ProbeLink:
                     (_IPV6_RECVHOPLIMIT, 1), (_IPV6_FLOWINFO, 1), (_IPV6_FLOWINFO_SEND, 1),
                 ):  # fmt: skip
                     self._udp.setsockopt(socket.IPPROTO_IPV6, opt, value)
+                self._udp.setsockopt(_SOL_UDP, _UDP_NO_CHECK6_RX, 1)
             else:
                 self._udp.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DO)
             self._udp.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
