@@ -63,6 +63,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from .udp import SOL_UDP, UDP_NO_CHECK6_RX
+
 __all__ = ["Datagram", "ProbeLink"]
 
 _IP_MTU_DISCOVER = 10  # linux/in.h
@@ -91,7 +93,6 @@ _FLOW_LABELS_MAX = 32  # leases one link takes, at most (FL_MAX_PER_SOCK, net/ip
 _ANC6 = _ANC + 3 * socket.CMSG_SPACE(4)
 _IPV6_FIXED = struct.Struct(">IHBB16s16s")  # version/class/flow label, payload length, next header, hop limit
 _IPPROTO_UDP = 17
-_SOL_UDP, _UDP_NO_CHECK6_RX = 17, 102  # linux/udp.h
 
 
 def _stamp(anc: list[tuple[int, int, bytes]]) -> float:
@@ -135,7 +136,7 @@ class ProbeLink:
                     (_IPV6_RECVHOPLIMIT, 1), (_IPV6_FLOWINFO, 1), (_IPV6_FLOWINFO_SEND, 1),
                 ):  # fmt: skip
                     self._udp.setsockopt(socket.IPPROTO_IPV6, opt, value)
-                self._udp.setsockopt(_SOL_UDP, _UDP_NO_CHECK6_RX, 1)
+                self._udp.setsockopt(SOL_UDP, UDP_NO_CHECK6_RX, 1)
             else:
                 self._udp.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DO)
             self._udp.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
