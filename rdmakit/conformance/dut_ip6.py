@@ -20,6 +20,7 @@ What the spec fixes, and what these cases check:
 """
 
 from . import frames as F
+from .dut_ip import CNP
 from .dut_requester import Q, wc_ok
 from .dut_requester import setup as req_setup
 from .dut_responder import R, alive
@@ -121,7 +122,7 @@ def _masked_fields(ctx: Ctx) -> None:
         ctx.send(F.WRITE_ONLY, psn_add(p, i), tos=tclass, flow_label=fl, hop_limit=hop, ackreq=True,
                  reth=(mr.addr + 16 * i, mr.rkey, 16), payload=data)  # fmt: skip
         rx = ctx.expect(f"ACK of PSN {psn_add(p, i):#x}")
-        if rx.opcode == 0x81:  # a CNP for the CE mark first (resp.ip.cnp checks it)
+        if rx.opcode == CNP:  # a CNP for the CE mark first (resp.ip.cnp checks it)
             rx = ctx.expect(f"ACK of PSN {psn_add(p, i):#x}")
         check(rx.is_ack() and rx.psn == psn_add(p, i) and rx.msn == i + 1,
               f"expected ACK MSN {i + 1} of PSN {psn_add(p, i):#x}, got {rx.describe()}")  # fmt: skip
