@@ -9,7 +9,7 @@ from typing import Any
 
 from rdmakit.cli.errors import EXIT_ERROR, EXIT_USAGE, CliError
 from rdmakit.cli.lifecycle import run
-from rdmakit.cli.options import add_general_flags, int_in
+from rdmakit.cli.options import add_general_flags, float_in, int_in
 from rdmakit.cli.publishing import open_output
 
 EXIT_FAIL = 1
@@ -58,7 +58,7 @@ def _conformance(args: argparse.Namespace) -> int:
     target: runner.SelfTarget | None = None
     try:
         if args.self:
-            target = runner.SelfTarget()
+            target = runner.SelfTarget(*_self_addresses(args))
             client, dut_ip, tester_ip = target.client, target.dut_ip, target.tester_ip
         else:
             if not (args.target and args.dut_ip and args.tester_ip):
@@ -68,11 +68,11 @@ def _conformance(args: argparse.Namespace) -> int:
             except SecretError as e:
                 raise CliError(str(e)) from None
             sock = connect(parse_service(args.target), max_msg_size=65536, timeout=args.connect_timeout)
-            client_handshake(sock, secret)
+            client_handshake(sock, secret, args.connect_timeout)
             client = TargetClient(sock)
             dut_ip, tester_ip = args.dut_ip, args.tester_ip
         with ProbeLink(tester_ip, raw=not args.no_raw) as link:
-            method = "raw socket (IPv4 headers seen)" if link.sees_ip_headers else "IPv4 ID solved per packet"
+            method = link.header_source
             if not quiet_table:
                 print(f"tester {tester_ip} -> DUT {dut_ip}; ICRC check: {method}; seed {args.seed}")
             results = runner.run_cases(client, link, dut_ip, cases, seed=args.seed, deviations=deviations)
@@ -91,6 +91,22 @@ def _conformance(args: argparse.Namespace) -> int:
     if not quiet_table:
         print(report.table(results))
     return EXIT_FAIL if any(r.status == runner.FAIL for r in results) else 0
+
+
+def _self_addresses(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``--self``'s (tester, DUT) addresses: both given, of one family and distinct, or neither."""
+    given = (args.tester_ip, args.dut_ip)
+    if given == (None, None):
+        return None, None
+    if None in given:
+        raise CliError("--self takes both --tester-ip and --dut-ip, or neither", EXIT_USAGE)
+    try:
+        tester, dut = (ipaddress.ip_address(a) for a in given)
+    except ValueError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+    if tester.version != dut.version or tester == dut:
+        raise CliError("--tester-ip and --dut-ip must be two addresses of one IP version", EXIT_USAGE)
+    return str(tester), str(dut)
 
 
 def _target(args: argparse.Namespace) -> int:
@@ -122,7 +138,8 @@ def _target(args: argparse.Namespace) -> int:
                 agent = target.SoftTarget(stack.enter_context(target.open_soft_device(spec)))
             name = agent.info({})["device"]
             print(json.dumps({"control": str(listener.address), "device": name}), flush=True)
-            target.serve(agent, listener, secret, once=args.once, log=log)
+            target.serve(agent, listener, secret, once=args.once, log=log,
+                         handshake_seconds=args.handshake_timeout)  # fmt: skip
     finally:
         listener.close()
     return 0
@@ -156,12 +173,20 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         "KNOWN-DEVIATION or SKIPPED per case (docs/conformance.md). Exit status 1 on any FAIL.",
     )
     add_general_flags(p)
-    p.add_argument("--self", action="store_true", help="test rdmakit's own soft device (spawns the agent)")
+    p.add_argument(
+        "--self",
+        action="store_true",
+        help="test rdmakit's own soft device (spawns the agent; at 127.x addresses unless --tester-ip and "
+        "--dut-ip name two local addresses, IPv4 or IPv6)",
+    )
     p.add_argument("--target", help="the agent's control address, tcp:HOST:PORT")
-    p.add_argument("--dut-ip", help="the DUT's RoCE address")
-    p.add_argument("--tester-ip", help="this host's address the tester uses (UDP 4791)")
+    p.add_argument("--dut-ip", help="the DUT's RoCE address (IPv4 or IPv6)")
+    p.add_argument("--tester-ip", help="this host's address the tester uses (UDP 4791), of the DUT's family")
     p.add_argument("--secret-file", help="the control channel secret (hex); default as the comm channel's")
-    p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to reach the agent (10)")
+    p.add_argument(
+        "--connect-timeout", type=float_in(0.1, 600), default=10.0,
+        help="seconds to reach the agent and pass its handshake (10)",
+    )  # fmt: skip
     p.add_argument("--list", action="store_true", help="list the cases (as JSON with --json-out)")
     p.add_argument("-k", action="append", metavar="PATTERN", help="only cases whose id contains PATTERN")
     p.add_argument(
@@ -190,6 +215,10 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     t.add_argument("--listen", default="tcp:127.0.0.1:0", help="control address, tcp:HOST:PORT")
     t.add_argument("--secret-file", help="the control channel secret (hex); default as the comm channel's")
     t.add_argument("--once", action="store_true", help="exit after the first tester's session")
+    t.add_argument(
+        "--handshake-timeout", type=float_in(1, 600), default=5.0,
+        help="seconds a connection has to pass the handshake before it is closed (5; more for a slow host)",
+    )  # fmt: skip
     t.add_argument("--port", type=int_in(1, 255), help="the verbs device's port (default: its first active)")
     t.add_argument("--gid-index", type=int_in(0, 255), help="the verbs device's GID (default: a RoCEv2 one)")
     t.set_defaults(handler=run(t, _target))

@@ -42,8 +42,7 @@ def build_mad(
     """The UDP payload (BTH .. ICRC) of one UD SEND ONLY carrying `message` to QP `dqpn`."""
     S = _cm()
     stack = S.BTH(opcode=UD_SEND_ONLY, pkey=pkey, dqpn=dqpn, psn=0) / S.DETH(qkey=qkey, srcqp=1) / message
-    ip = S.IP(src=flow.src, dst=flow.dst, id=0, flags="DF")
-    pkt = ip / S.UDP(sport=flow.sport, dport=flow.dport) / stack
+    pkt = flow.ip() / S.UDP(sport=flow.sport, dport=flow.dport) / stack
     body = bytes(pkt[S.UDP].payload)
     if corrupt_icrc:
         body = body[:-4] + bytes(b ^ 0xFF for b in body[-4:])

@@ -6,6 +6,7 @@ others ask the agent to listen on a port and accept whatever comes
 (``cm_listen``), and are SKIPPED for an agent without a connection manager.
 """
 
+import ipaddress
 import time
 from typing import Any
 
@@ -23,18 +24,21 @@ def _sid(port: int) -> int:
     return (TCP_PS << 16) | port
 
 
-def _ipv4(ip: str) -> bytes:
-    return bytes(int(x) for x in ip.split("."))
-
-
 def _gid(ip: str) -> bytes:
-    return bytes(10) + b"\xff\xff" + _ipv4(ip)
+    """The RoCEv2 GID of an address: IPv4-mapped for IPv4 (IBTA Annex A17.8), the address for IPv6."""
+    a = ipaddress.ip_address(ip)
+    return a.packed if a.version == 6 else bytes(10) + b"\xff\xff" + a.packed
 
 
 def _req(ctx: Ctx, comm_id: int, port: int, *, qpn: int | None = None, tid: int | None = None) -> Any:
-    """A REQ as rdma_cm sends it, with its cma_hdr (IPv4: version 0, 0x40, source port, addresses)."""
-    src, dst = (bytes(12) + _ipv4(ip) for ip in (ctx.link.ip, ctx.dut_ip))
-    hdr = bytes([0, 0x40]) + (40000).to_bytes(2, "big") + src + dst
+    """A REQ as rdma_cm sends it, with its cma_hdr (version 0, IP version 4 or 6, source port, addresses;
+    an IPv4 address has 12 zero bytes before it: Linux ``cma.c`` ``cma_format_hdr()``)."""
+    v6 = ipaddress.ip_address(ctx.link.ip).version == 6
+    addr = (
+        _gid(ip) if v6 else bytes(12) + ipaddress.ip_address(ip).packed for ip in (ctx.link.ip, ctx.dut_ip)
+    )
+    src, dst = addr
+    hdr = bytes([0, 0x60 if v6 else 0x40]) + (40000).to_bytes(2, "big") + src + dst
     return C.mad(
         REQ, tid if tid is not None else ctx.rng.getrandbits(64),
         local_comm_id=comm_id, service_id=_sid(port), local_ca_guid=0x0200_00FF_FE00_0001,

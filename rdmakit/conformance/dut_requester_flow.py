@@ -1,9 +1,9 @@
-"""The DUT as requester: end-to-end credits, and the BTH's SE and MigReq bits on its requests."""
+"""The DUT as requester: end-to-end credits, and the BTH's SE and MigReq bits (MigReq on responses too)."""
 
 from . import frames as F
 from .dut_requester import Q, setup, wc_ok
 from .frames import psn_add
-from .harness import Ctx, case, check
+from .harness import Ctx, Skip, case, check
 
 #: How long the tester watches for a request the DUT must not send (the DUT's local ACK
 #: timer in these cases is 1.07 s: a resend of the outstanding request may come, nothing else).
@@ -149,3 +149,67 @@ def _migreq(ctx: Ctx) -> None:
     ctx.log.append(f"MigReq {int(seen[0].migreq)} on every packet")
     ctx.ack(psn_add(p, 3), 2)
     wc_ok(ctx, 2)
+
+
+# -- MigReq and the path migration state (IBTA §17.2.8) --
+#
+# A QP's APM state machine starts in Migrated and leaves it only when software loads an
+# alternate path and moves it to Rearm; a QP sends MigReq = 1 in every request and response
+# while Migrated, 0 while Rearm or Armed (qib_ruc.c qib_make_ruc_header(), rdmavt
+# rvt_create_qp(): s_mig_state = IB_MIG_MIGRATED). On RoCE no alternate path can be loaded
+# (Linux _ib_modify_qp()), so a QP with the state machine stays Migrated and sends 1.
+# These cases hold a DUT to the state its agent reports (query_qp "path_mig_state", from
+# ibv_query_qp on a verbs device); a DUT with no APM state machine reports none, and the
+# cases are SKIPPED with that reason: rdmakit's engine has none and sends MigReq 0 as rxe
+# does (req.hdr.migreq still checks that the bit never changes on a QP).
+
+_MIG_STATES = ("MIGRATED", "REARM", "ARMED")  # enum ibv_mig_state
+
+
+def mig_state(ctx: Ctx) -> str:
+    """The DUT QP's path migration state as its agent reports it; Skip when it reports none."""
+    state = ctx.query().get("path_mig_state")
+    if state is None:
+        raise Skip(
+            "the DUT reports no path migration state (no APM state machine; IBTA §17.2.8 would "
+            "start it in Migrated, MigReq 1): req.hdr.migreq checks MigReq is constant instead"
+        )
+    check(state in _MIG_STATES, f"the agent reports path migration state {state!r}")
+    return str(state)
+
+
+def migreq_follows(rx: F.Rx, state: str) -> None:
+    want = state == "MIGRATED"
+    check(rx.migreq == want, f"MigReq {int(rx.migreq)} on {rx.describe()} in path migration state {state}")
+
+
+@case(
+    "req.hdr.migreq_state",
+    Q,
+    "MigReq on the DUT's requests follows its path migration state: 1 while Migrated, 0 in Rearm/Armed",
+    "IBTA Vol.1 §9.2 (BTH MigReq), §17.2.8 (APM starts in Migrated); qib_ruc.c qib_make_ruc_header()",
+    "the SEND's MigReq matches the agent's path_mig_state; SKIPPED for a DUT that reports none",
+)
+def _migreq_state(ctx: Ctx) -> None:
+    qp, mr = setup(ctx)
+    state = mig_state(ctx)
+    ctx.post_send("SEND", mr, 8)
+    rx = ctx.expect_request(F.SEND_ONLY, qp.sq_psn)
+    ctx.ack(qp.sq_psn)
+    wc_ok(ctx)
+    migreq_follows(rx, state)
+
+
+@case(
+    "resp.hdr.migreq_state",
+    "responder",
+    "MigReq on the DUT's responses follows its path migration state: 1 while Migrated, 0 in Rearm/Armed",
+    "IBTA Vol.1 §9.2 (BTH MigReq), §17.2.8 (APM starts in Migrated); qib_rc.c qib_send_rc_ack()",
+    "the ACK's MigReq matches the agent's path_mig_state; SKIPPED for a DUT that reports none",
+)
+def _resp_migreq_state(ctx: Ctx) -> None:
+    qp = ctx.dut_qp()
+    mr = ctx.mr()
+    state = mig_state(ctx)
+    ctx.send(F.WRITE_ONLY, qp.rq_psn, ackreq=True, reth=(mr.addr, mr.rkey, 8), payload=bytes(8))
+    migreq_follows(ctx.expect_ack(qp.rq_psn, 1), state)

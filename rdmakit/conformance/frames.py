@@ -1,10 +1,17 @@
 """The tester's packets: built and dissected with scapy, ICRCs checked independently of ``rdmakit.wire``.
 
-Requests and responses are scapy ``IP/UDP/BTH/...`` stacks (``scapy.contrib.roce``
-and :mod:`.scapy_layers`); the ICRC is scapy's ``BTH.compute_icrc`` over the
-masked IPv4 pseudo-header (IBTA Annex A17.3.3). The tester sends with DF set
-and an IPv4 Identification of 0 (:mod:`rdmakit.transport.probe`), so that is
+Requests and responses are scapy ``IP/UDP/BTH/...`` or ``IPv6/UDP/BTH/...``
+stacks (``scapy.contrib.roce`` and :mod:`.scapy_layers`), by the family of the
+tester's address; the ICRC is scapy's ``BTH.compute_icrc`` over the masked
+IPv4 or IPv6 pseudo-header (IBTA Annex A17.3.3; on IPv6 traffic class, flow
+label and hop limit are masked, Annex A17.4). The tester sends IPv4 with DF
+set and an Identification of 0 (:mod:`rdmakit.transport.probe`), so that is
 the header its ICRCs cover.
+
+A received IPv6 packet's ICRC is checked against the header it came with
+(:mod:`rdmakit.transport.probe` rebuilds it from the kernel's ancillary data;
+``method="ipv6-header"``): scapy masks its real traffic class, flow label and
+hop limit.
 
 A received packet's ICRC is checked against its real IPv4 header when the
 link saw it (a raw socket, ``method="ip-header"``). Otherwise the
@@ -17,6 +24,7 @@ none does (``method="solved-id"``).
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import SimpleNamespace
@@ -31,12 +39,13 @@ def scapy() -> SimpleNamespace:
     """scapy's layers, imported on first use: listing the cases needs no scapy."""
     from scapy.contrib.roce import BTH
     from scapy.layers.inet import IP, UDP
+    from scapy.layers.inet6 import IPv6
     from scapy.packet import Raw
 
     from .scapy_layers import IETH, RETH, AtomicAckETH, AtomicETH, ImmDt
 
     return SimpleNamespace(
-        BTH=BTH, IP=IP, UDP=UDP, Raw=Raw, IETH=IETH, RETH=RETH, AtomicAckETH=AtomicAckETH,
+        BTH=BTH, IP=IP, IPv6=IPv6, UDP=UDP, Raw=Raw, IETH=IETH, RETH=RETH, AtomicAckETH=AtomicAckETH,
         AtomicETH=AtomicETH, ImmDt=ImmDt,
     )  # fmt: skip
 
@@ -95,6 +104,21 @@ class Flow:
     sport: int = ROCE_PORT
     dport: int = ROCE_PORT
 
+    def ip(self, ip_id: int = 0) -> ScapyPacket:
+        """The IP layer of the tester's packets: IPv4 with DF and ``ip_id``, or IPv6 (nothing to fix:
+        the ICRC masks traffic class, flow label and hop limit, whatever the kernel puts there)."""
+        return ip_layer(self.src, self.dst, ip_id, True)
+
+
+def ip_layer(src: str, dst: str, ip_id: int, df: bool) -> ScapyPacket:
+    S = scapy()
+    layer: ScapyPacket
+    if ":" in src:
+        layer = S.IPv6(src=src, dst=dst, nh=17)
+    else:
+        layer = S.IP(src=src, dst=dst, id=ip_id, flags="DF" if df else 0)
+    return layer
+
 
 def build(
     flow: Flow,
@@ -141,20 +165,41 @@ def build(
     if ieth is not None:
         stack = stack / S.IETH(rkey=ieth)
     stack = stack / S.Raw(payload + b"\0" * pad)
-    ip = S.IP(src=flow.src, dst=flow.dst, id=ip_id, flags="DF")
-    pkt = ip / S.UDP(sport=flow.sport, dport=flow.dport) / stack
+    pkt = flow.ip(ip_id) / S.UDP(sport=flow.sport, dport=flow.dport) / stack
     body = bytes(pkt[S.UDP].payload)
     if corrupt_icrc:
         body = body[:-4] + bytes(b ^ 0xFF for b in body[-4:])
     return body
 
 
-def _icrc_for(src: str, dst: str, sport: int, dport: int, body: bytes, ip_id: int, df: bool) -> bytes:
+def _icrc_for(
+    src: str, dst: str, sport: int, dport: int, body: bytes, ip_id: int, df: bool, v6_header: bytes = b""
+) -> bytes:
+    """scapy's ICRC of ``body`` (its own last 4 bytes replaced) under an IPv4 header, or under
+    ``v6_header`` as received (traffic class, flow label, hop limit as they came)."""
     S = scapy()
-    ip = S.IP(src=src, dst=dst, id=ip_id, flags="DF" if df else 0)
+    ip = S.IPv6(v6_header[:40]) if v6_header else ip_layer(src, dst, ip_id, df)
+    ip.remove_payload()
     pkt = ip / S.UDP(sport=sport, dport=dport) / S.BTH(body)
     del pkt[S.BTH].icrc
     return bytes(pkt)[-4:]
+
+
+def unmasked_v6_icrc(flow: Flow, body: bytes, tclass: int, flow_label: int, hop_limit: int) -> bytes:
+    """The ICRC of ``body`` (its last 4 bytes left out) as a sender that forgot Annex A17.3.3's IPv6
+    masks computes it: over the traffic class, flow label and hop limit it sends with, not ones.
+
+    The rest is as ``BTH.compute_icrc``: 8 bytes of ones for the LRH, the UDP checksum and BTH
+    byte 4 masked, CRC-32 stored least significant byte first. With all three fields at ones
+    it is scapy's ICRC (``tests/conformance/test_ipv6.py`` checks it)."""
+    S = scapy()
+    n = 8 + len(body)
+    ip = S.IPv6(src=flow.src, dst=flow.dst, nh=17, tc=tclass, fl=flow_label, hlim=hop_limit, plen=n)
+    udp = S.UDP(sport=flow.sport, dport=flow.dport, len=n, chksum=0xFFFF)
+    bth = bytearray(body[:-4])
+    bth[4] = 0xFF
+    crc = zlib.crc32(b"\xff" * 8 + bytes(ip) + bytes(udp) + bytes(bth))
+    return crc.to_bytes(4, "little")
 
 
 @lru_cache(maxsize=64)
@@ -211,13 +256,16 @@ class Rx:
     ip_id: int | None = None
     extra: dict[str, object] = field(default_factory=dict)
     #: The UDP source port, the BTH SE and MigReq bits, the reserved bits (resv6, resv7),
-    #: the IPv4 TOS byte (None when the link did not see the header), the pad bytes.
+    #: the IPv4 TOS byte or IPv6 traffic class (None when the link did not see the header), the pad bytes.
     sport: int = 0
     solicited: bool = False
     migreq: bool = False
     reserved: int = 0
     tos: int | None = None
     pad: bytes = b""
+    #: The IPv4 TTL or IPv6 hop limit, and the IPv6 flow label (None when not seen, or IPv4).
+    hop_limit: int | None = None
+    flow_label: int | None = None
     #: When the DUT sent it: the kernel's receive time at the tester (``time.time()`` clock).
     stamp: float = 0.0
 
@@ -257,6 +305,10 @@ def check_icrc(
     src: str, sport: int, dst: str, dport: int, body: bytes, ip_header: bytes | None
 ) -> tuple[bool, str, int]:
     """Whether ``body``'s ICRC checks; how it was checked; the IPv4 ID it covers (-1: none)."""
+    if ":" in src:
+        if ip_header is None or len(ip_header) < 40:
+            return False, "ipv6-header: the link gave no IPv6 header", -1
+        return _icrc_for(src, dst, sport, dport, body, 0, True, ip_header) == body[-4:], "ipv6-header", -1
     if ip_header is not None:
         ip_id = int.from_bytes(ip_header[4:6], "big")
         df = bool(ip_header[6] & 0x40)
@@ -288,8 +340,13 @@ def dissect(src: str, sport: int, dst: str, dport: int, body: bytes, ip_header: 
         opcode=op, dqpn=int(bth.dqpn), psn=int(bth.psn), ackreq=bool(bth.ackreq), pkey=int(bth.pkey),
         version=int(bth.version), padcount=pad, payload=b"", icrc_ok=ok, icrc_method=method, ip_id=ip_id,
         sport=sport, solicited=bool(bth.solicited), migreq=bool(bth.migreq),
-        reserved=(int(bth.resv6) << 7) | int(bth.resv7), tos=None if ip_header is None else ip_header[1],
+        reserved=(int(bth.resv6) << 7) | int(bth.resv7),
     )  # fmt: skip
+    if ip_header is not None and ip_header[0] >> 4 == 6 and len(ip_header) >= 40:
+        first = int.from_bytes(ip_header[:4], "big")
+        rx.tos, rx.flow_label, rx.hop_limit = first >> 20 & 0xFF, first & 0xFFFFF, ip_header[7]
+    elif ip_header is not None and len(ip_header) >= 20:
+        rx.tos, rx.hop_limit = ip_header[1], ip_header[8]
     if op in _WITH_AETH:
         if len(rest) < 4:
             return None
@@ -318,4 +375,4 @@ def dissect(src: str, sport: int, dst: str, dport: int, body: bytes, ip_header: 
     return rx
 
 
-__all__ = ["Flow", "Rx", "build", "dissect", "scapy", "solve_ip_id"]
+__all__ = ["Flow", "Rx", "build", "dissect", "ip_layer", "scapy", "solve_ip_id", "unmasked_v6_icrc"]

@@ -13,6 +13,7 @@ Every packet the DUT sends in a case has its ICRC checked; one that does not
 check fails the case, whatever else it expected.
 """
 
+import ipaddress
 import random
 import time
 from collections.abc import Callable
@@ -96,6 +97,7 @@ class Ctx:
         self.link = link
         self.info = info
         self.rng = rng
+        dut_ip = str(ipaddress.ip_address(dut_ip))  # as the link's socket names its sources
         self.flow = F.Flow(link.ip, dut_ip, sport=link.port)
         self.dut_ip = dut_ip
         #: The QPN the tester answers to in this case (a fresh one per case).
@@ -212,12 +214,24 @@ class Ctx:
         check(not got and not pending[side], f"expected no {side} completion, got {got or pending[side]}")
 
     # -- packets --
-    def send(self, opcode: int, psn: int, *, tos: int = 0, **kw: Any) -> float:
-        """Send one packet (IPv4 TOS byte ``tos``); return when it left (``time.time()``)."""
+    @property
+    def v6(self) -> bool:
+        """Whether this run is over IPv6 (RoCEv2 Annex A17.4)."""
+        return ":" in self.dut_ip
+
+    def send(
+        self, opcode: int, psn: int, *, tos: int = 0, hop_limit: int | None = None, flow_label: int = 0,
+        **kw: Any,
+    ) -> float:  # fmt: skip
+        """Send one packet; return when it left (``time.time()``).
+
+        ``tos`` is the IPv4 TOS byte or IPv6 traffic class, ``hop_limit`` the IPv4 TTL or IPv6
+        hop limit, ``flow_label`` the IPv6 flow label (see `ProbeLink.send`)."""
         assert self.qp is not None
         kw.setdefault("dqpn", self.qp.qpn)
         dqpn = kw.pop("dqpn")
-        return self.link.send(F.build(self.flow, opcode, dqpn, psn, **kw), (self.dut_ip, F.ROCE_PORT), tos)
+        pkt = F.build(self.flow, opcode, dqpn, psn, **kw)
+        return self.link.send(pkt, (self.dut_ip, F.ROCE_PORT), tos, hop_limit, flow_label)
 
     def recv(self, timeout: float = 3.0) -> F.Rx | None:
         """The DUT's next packet to this case's QPN (ICRC checked), or None within `timeout`."""

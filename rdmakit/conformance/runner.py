@@ -45,6 +45,7 @@ def load_cases() -> list[Case]:
     from . import (  # noqa: F401
         dut_cm,
         dut_ip,
+        dut_ip6,
         dut_requester,
         dut_requester_errors,
         dut_requester_flow,
@@ -149,10 +150,17 @@ def _loopback_pair() -> tuple[str, str]:
 
 
 class SelfTarget:
-    """``rdmakit conformance-target`` on a soft device at a 127.x address, in a child process."""
+    """``rdmakit conformance-target`` on a soft device, in a child process.
 
-    def __init__(self) -> None:
-        self.tester_ip, self.dut_ip = _loopback_pair()
+    At a 127.x address with the tester at the next, unless both addresses are
+    given: two distinct local addresses of one family (IPv6: RoCEv2 Annex
+    A17.4), each with its own UDP port 4791.
+    """
+
+    def __init__(self, tester_ip: str | None = None, dut_ip: str | None = None) -> None:
+        if tester_ip is None or dut_ip is None:
+            tester_ip, dut_ip = _loopback_pair()
+        self.tester_ip, self.dut_ip = tester_ip, dut_ip
         secret = secrets.token_bytes(32)
         env = dict(os.environ, RDMAKIT_COMCH_SECRET=secret.hex())
         cmd = [sys.executable, "-m", "rdmakit", "conformance-target", "-d", f"soft-udp:{self.dut_ip}",

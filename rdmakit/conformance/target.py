@@ -15,6 +15,7 @@ those waiting run side by side, each with its own deadline (`.target_gate`).
 """
 
 import contextlib
+import ipaddress
 import select
 import time
 from collections import deque
@@ -226,7 +227,11 @@ class Target:
                 r = attrs["remote"]
                 if not isinstance(r, dict) or not isinstance(r.get("ip"), str) or len(r["ip"]) > 64:
                     raise Refused("remote must be {ip, port}")
-                remote = (r["ip"], _int(r, "port", 1, 65535))
+                try:
+                    ip = ipaddress.ip_address(r["ip"])
+                except ValueError:
+                    raise Refused("remote ip must be an IPv4 or IPv6 address") from None
+                remote = (str(ip), _int(r, "port", 1, 65535))
             elif name in _MODIFY:
                 kw[name] = _int(attrs, name, *_MODIFY[name])
             else:
@@ -401,6 +406,8 @@ class SoftTarget(Target):
     def _dev_modify(self, qp: QueuePair, state: QpState, kw: dict[str, int], remote: Remote) -> None:
         extra: dict[str, Any] = dict(kw)
         if remote is not None:
+            if (":" in remote[0]) != (":" in self.dev.ip):
+                raise Refused(f"the device is at {self.dev.ip}: the remote must be of its IP version")
             extra["remote"] = PeerAddress(*remote)
         qp.modify(state, **extra)
 
@@ -506,10 +513,11 @@ def serve(
     *,
     once: bool = False,
     log: Callable[[str], None] | None = None,
+    handshake_seconds: float = control.HANDSHAKE_SECONDS,
 ) -> None:
     """Serve testers one at a time, their handshakes side by side (`Gate`); pump the device all along."""
     say = log or (lambda _m: None)
-    gate = Gate(listener, secret, say)
+    gate = Gate(listener, secret, say, handshake_seconds)
     try:
         while True:
             sock: MessageSocket | None = None

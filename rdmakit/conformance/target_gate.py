@@ -31,8 +31,12 @@ class _Waiting:
 class Gate:
     """Handshakes in progress on `listener`; `step` returns a tester that passed one."""
 
-    def __init__(self, listener: Listener, secret: bytes, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, listener: Listener, secret: bytes, say: Callable[[str], None],
+        seconds: float = control.HANDSHAKE_SECONDS,
+    ) -> None:  # fmt: skip
         self.listener, self.secret, self.say = listener, secret, say
+        self.seconds = seconds  # each handshake's bound from its accept
         self.waiting: list[_Waiting] = []
 
     def fds(self) -> list[int]:
@@ -47,7 +51,7 @@ class Gate:
         if self.listener.fileno() in readable and (sock := self.listener.accept(0)) is not None:
             if len(self.waiting) >= MAX_HANDSHAKES:
                 self._drop(self.waiting[0], f"{MAX_HANDSHAKES} handshakes wait; the oldest is closed")
-            self.waiting.append(_Waiting(sock, now + control.HANDSHAKE_SECONDS))
+            self.waiting.append(_Waiting(sock, now + self.seconds))
         for w in list(self.waiting):
             if w.sock.fileno() in readable:
                 try:
@@ -58,7 +62,7 @@ class Gate:
                     self._drop(w, str(e))
                     continue
             if now > w.deadline:
-                self._drop(w, f"no handshake within {control.HANDSHAKE_SECONDS:g} s")
+                self._drop(w, f"no handshake within {self.seconds:g} s")
         return None
 
     def _advance(self, w: _Waiting) -> bool:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rdmakit.engine import Access, QpCaps, QpState, WcOpcode
 from rdmakit.verbs import VerbsDevice, VerbsError
 from rdmakit.verbs.device import VerbsQP
-from rdmakit.verbs.qp_modify import modify_qp
+from rdmakit.verbs.qp_modify import modify_qp, path_mig_state
 
 from .target import CM_LOG_MAX, CM_QPS_MAX, Refused, Region, Remote, Target, _Qp
 
@@ -65,6 +65,9 @@ class VerbsTarget(Target):
 
     def _dev_state(self, qp: VerbsQP) -> QpState:
         return qp.state
+
+    def _dev_stats(self, qp: VerbsQP) -> dict[str, Any]:
+        return {"path_mig_state": path_mig_state(qp)}
 
     def _dev_register(self, length: int, access: Access, mid: int) -> Region:
         buf = bytearray(length)

@@ -1,5 +1,8 @@
 """The conformance tester's link: hand-built RoCEv2 datagrams out, the DUT's datagrams in, with IP headers.
 
+The link speaks IPv4 or IPv6, by the family of its address (RoCEv2 runs on
+both, IBTA Annex A17.4). What follows up to "IPv6" is about IPv4.
+
 The tester (``rdmakit.conformance``) builds every byte of its BTH .. ICRC
 itself; this module only moves them, so that all socket code stays in the
 transport layer. It sends from a UDP socket bound to the tester's address and
@@ -27,6 +30,25 @@ header, so the tester solves for it; so is a UDP datagram whose raw copy does
 not come within ``_PAIR_WAIT`` (the raw socket sees every UDP datagram of the
 host and drops some when the host is busy).
 
+IPv6 has no Identification: the ICRC's IPv6 pseudo-header (Annex A17.3.3)
+is the fixed header with traffic class, flow label and hop limit masked to
+ones, and the UDP socket knows every other field. A raw IPv6 socket never
+shows the IP header (RFC 3542 §3), so the link opens none; it asks the kernel
+for the masked fields too, as ancillary data of each datagram
+(``IPV6_RECVTCLASS``, ``IPV6_RECVHOPLIMIT``, ``IPV6_FLOWINFO``), and gives
+the tester the 40-byte header the datagram arrived with, rebuilt from them:
+its ICRC oracle then masks real values, and cases can check the DUT's
+traffic class, flow label and hop limit. It also takes datagrams whose UDP
+checksum is 0 (``UDP_NO_CHECK6_RX``): Linux rxe sends RoCEv2 over IPv6 so
+(``rxe_net.c`` ``prepare_udp_hdr()`` leaves it 0, and its own tunnel socket
+accepts 0, ``udp_sock_create6()``), which a plain IPv6 UDP socket drops
+(RFC 8200 §8.1; RFC 6936 allows it for tunnels); the ICRC still covers the
+datagram. The tester's own datagrams carry the
+flow label its kernel chooses (``net.ipv6.auto_flowlabels``) unless `send` is
+given one, which the link then leases (``IPV6_FLOWLABEL_MGR``: Linux sends a
+chosen label only under a lease, at most 32 per socket without
+``CAP_NET_ADMIN``).
+
 Every datagram carries the kernel's receive time (``SO_TIMESTAMPNS``): on
 loopback or a direct link that is when the DUT sent it, not when the tester
 got round to reading it, so timers measured between two of the DUT's packets
@@ -41,6 +63,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from .udp import SOL_UDP, UDP_NO_CHECK6_RX
+
 __all__ = ["Datagram", "ProbeLink"]
 
 _IP_MTU_DISCOVER = 10  # linux/in.h
@@ -52,6 +76,23 @@ _MAX_PENDING = 4096  # UDP datagrams held for pairing, at most
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # linux/asm-generic/socket.h
 _ANC = socket.CMSG_SPACE(16)
 _IP_TOS = socket.IP_TOS
+# linux/in6.h
+_IPV6_FLOWINFO = 11
+_IPV6_MTU_DISCOVER = 23
+_IPV6_PMTUDISC_DO = 2
+_IPV6_RECVHOPLIMIT = 51
+_IPV6_HOPLIMIT = 52
+_IPV6_RECVTCLASS = 66
+_IPV6_TCLASS = 67
+_IPV6_FLOWLABEL_MGR = 32
+_IPV6_FLOWINFO_SEND = 33
+#: ``struct in6_flowlabel_req``: dst, label (network order), action, share, flags, expires, linger, pad.
+_FLOWLABEL_REQ = struct.Struct("=16s4sBBHHHI")
+_IPV6_FL_A_GET, _IPV6_FL_S_ANY, _IPV6_FL_F_CREATE = 0, 255, 1
+_FLOW_LABELS_MAX = 32  # leases one link takes, at most (FL_MAX_PER_SOCK, net/ipv6/ip6_flowlabel.c)
+_ANC6 = _ANC + 3 * socket.CMSG_SPACE(4)
+_IPV6_FIXED = struct.Struct(">IHBB16s16s")  # version/class/flow label, payload length, next header, hop limit
+_IPPROTO_UDP = 17
 
 
 def _stamp(anc: list[tuple[int, int, bytes]]) -> float:
@@ -65,7 +106,11 @@ def _stamp(anc: list[tuple[int, int, bytes]]) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Datagram:
-    """One datagram for the tester: where it came from, its UDP payload, its IPv4 header if seen."""
+    """One datagram for the tester: where it came from, its UDP payload, its IP header if seen.
+
+    On IPv4 the header is the one a raw socket saw (None when it saw none); on
+    IPv6 it is always there, rebuilt from the kernel's ancillary data.
+    """
 
     src_ip: str
     sport: int
@@ -81,24 +126,36 @@ class ProbeLink:
     def __init__(self, ip: str, port: int = 4791, *, raw: bool = True) -> None:
         self.ip = ip
         self.port = port
-        self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.v6 = ":" in ip
+        self._udp = socket.socket(socket.AF_INET6 if self.v6 else socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            self._udp.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DO)
+            if self.v6:
+                self._packed = socket.inet_pton(socket.AF_INET6, ip)
+                for opt, value in (
+                    (socket.IPV6_V6ONLY, 1), (_IPV6_MTU_DISCOVER, _IPV6_PMTUDISC_DO), (_IPV6_RECVTCLASS, 1),
+                    (_IPV6_RECVHOPLIMIT, 1), (_IPV6_FLOWINFO, 1), (_IPV6_FLOWINFO_SEND, 1),
+                ):  # fmt: skip
+                    self._udp.setsockopt(socket.IPPROTO_IPV6, opt, value)
+                self._udp.setsockopt(SOL_UDP, UDP_NO_CHECK6_RX, 1)
+            else:
+                self._udp.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DO)
             self._udp.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
             self._udp.bind((ip, port))
             self._udp.setblocking(False)
         except BaseException:
             self._udp.close()
             raise
+        self.ip = self._udp.getsockname()[0]
         self.port = self._udp.getsockname()[1]
         self._raw: socket.socket | None = None
+        self._labels: set[tuple[str, int]] = set()  # (destination, IPv6 flow label) leases this socket holds
         self._pending: deque[Datagram] = deque()  # the UDP socket's datagrams, for pairing
         self._ready: deque[Datagram] = deque()
         #: Payloads returned without their raw frame (`_orphan`): that frame, if it comes, is dropped.
         self._orphans: deque[bytes] = deque(maxlen=64)
         #: Payloads of raw frames returned without their UDP copies: those copies, if they come, are dropped.
         self._unpaired: deque[bytes] = deque(maxlen=64)
-        if raw:
+        if raw and not self.v6:
             try:
                 r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
             except PermissionError:
@@ -111,15 +168,62 @@ class ProbeLink:
 
     @property
     def sees_ip_headers(self) -> bool:
-        """Whether received datagrams carry their IPv4 header (a raw socket is open)."""
-        return self._raw is not None
+        """Whether received datagrams carry their IP header (IPv6, or a raw socket is open)."""
+        return self.v6 or self._raw is not None
 
-    def send(self, payload: bytes, dst: tuple[str, int], tos: int = 0) -> float:
-        """Send one datagram (IPv4 TOS byte ``tos``: DSCP and ECN); return when (``time.time()``)."""
-        anc = [(socket.IPPROTO_IP, _IP_TOS, bytes([tos & 0xFF]))] if tos else []
+    @property
+    def header_source(self) -> str:
+        """Where received datagrams' IP headers come from, in words for a report."""
+        if self.v6:
+            return "IPv6 header from the kernel's ancillary data (traffic class, flow label, hop limit)"
+        if self._raw is not None:
+            return "raw socket (IPv4 headers seen)"
+        return "IPv4 ID solved per packet"
+
+    def send(
+        self, payload: bytes, dst: tuple[str, int], tos: int = 0, hop_limit: int | None = None,
+        flow_label: int = 0,
+    ) -> float:  # fmt: skip
+        """Send one datagram; return when (``time.time()``).
+
+        ``tos`` is the IPv4 TOS byte or the IPv6 traffic class (DSCP and ECN);
+        ``hop_limit`` the IPv6 hop limit or IPv4 TTL (None: the kernel's default);
+        ``flow_label`` an IPv6 flow label (0: the kernel's, ``net.ipv6.auto_flowlabels``).
+        """
+        anc: list[tuple[int, int, bytes]] = []
+        address: tuple[str, int] | tuple[str, int, int, int] = dst
+        if flow_label:
+            if not self.v6 or not 0 < flow_label <= 0xFFFFF:
+                raise ValueError("a flow label is a 20-bit IPv6 field")
+            self._lease(dst[0], flow_label)
+            address = (dst[0], dst[1], flow_label, 0)
+        if self.v6:
+            if tos:
+                anc.append((socket.IPPROTO_IPV6, _IPV6_TCLASS, struct.pack("=i", tos & 0xFF)))
+            if hop_limit is not None:
+                anc.append((socket.IPPROTO_IPV6, _IPV6_HOPLIMIT, struct.pack("=i", hop_limit & 0xFF)))
+        else:
+            if tos:
+                anc.append((socket.IPPROTO_IP, _IP_TOS, bytes([tos & 0xFF])))
+            if hop_limit is not None:
+                anc.append((socket.IPPROTO_IP, socket.IP_TTL, struct.pack("=i", hop_limit & 0xFF)))
         at = time.time()
-        self._udp.sendmsg([payload], anc, 0, dst)
+        self._udp.sendmsg([payload], anc, 0, address)
         return at
+
+    def _lease(self, dst: str, label: int) -> None:
+        """Hold ``label`` towards ``dst`` (``IPV6_FLOWLABEL_MGR``): Linux sends a chosen flow label
+        only under a lease."""
+        if (dst, label) in self._labels:
+            return
+        if len(self._labels) >= _FLOW_LABELS_MAX:
+            raise ValueError(f"at most {_FLOW_LABELS_MAX} flow labels per link")
+        req = _FLOWLABEL_REQ.pack(
+            socket.inet_pton(socket.AF_INET6, dst), label.to_bytes(4, "big"), _IPV6_FL_A_GET, _IPV6_FL_S_ANY,
+            _IPV6_FL_F_CREATE, 0, 0, 0,
+        )  # fmt: skip
+        self._udp.setsockopt(socket.IPPROTO_IPV6, _IPV6_FLOWLABEL_MGR, req)
+        self._labels.add((dst, label))
 
     def _from_raw(self, pkt: bytes, stamp: float) -> Datagram | None:
         if len(pkt) < 28 or pkt[0] >> 4 != 4:
@@ -134,10 +238,32 @@ class ProbeLink:
 
     def _recv_udp(self) -> Datagram | None:
         try:
-            data, anc, _flags, (src, sport) = self._udp.recvmsg(_MAX_DATAGRAM, _ANC)
+            data, anc, _flags, addr = self._udp.recvmsg(_MAX_DATAGRAM, _ANC6 if self.v6 else _ANC)
         except BlockingIOError:
             return None
-        return Datagram(src, sport, data, None, _stamp(anc))
+        src, sport = addr[0], addr[1]
+        header = self._v6_header(src, len(data), anc) if self.v6 else None
+        return Datagram(src, sport, data, header, _stamp(anc))
+
+    def _v6_header(self, src: str, length: int, anc: list[tuple[int, int, bytes]]) -> bytes:
+        """The fixed IPv6 header a datagram of ``length`` UDP payload bytes from ``src`` came with.
+
+        The kernel sends ``IPV6_FLOWINFO`` (traffic class and flow label, network order)
+        only when they are not all zero."""
+        tclass, hop, flowinfo = 0, 0, 0
+        for level, kind, data in anc:
+            if level != socket.IPPROTO_IPV6 or len(data) < 4:
+                continue
+            if kind == _IPV6_TCLASS:
+                tclass = struct.unpack("=i", data[:4])[0] & 0xFF
+            elif kind == _IPV6_HOPLIMIT:
+                hop = struct.unpack("=i", data[:4])[0] & 0xFF
+            elif kind == _IPV6_FLOWINFO:
+                flowinfo = int.from_bytes(data[:4], "big")
+        first = 6 << 28 | tclass << 20 | flowinfo & 0xFFFFF
+        return _IPV6_FIXED.pack(
+            first, 8 + length, _IPPROTO_UDP, hop, socket.inet_pton(socket.AF_INET6, src), self._packed
+        )
 
     def _read_udp(self) -> None:
         while len(self._pending) < _MAX_PENDING:

@@ -29,6 +29,9 @@ WOULD_BLOCK = frozenset((errno.EAGAIN, errno.EWOULDBLOCK))
 SOL_UDP = 17
 UDP_SEGMENT = 103  # linux/udp.h
 UDP_GRO = 104
+#: Take IPv6 datagrams whose UDP checksum is 0: Linux rxe sends RoCEv2 over IPv6 so (``rxe_net.c``
+#: ``prepare_udp_hdr()``; its own socket accepts 0, ``udp_sock_create6()``); the ICRC covers them.
+UDP_NO_CHECK6_RX = 102
 SO_RCVBUFFORCE = 33
 SO_SNDBUFFORCE = 32
 IP_MTU_DISCOVER = 10  # linux/in.h
@@ -93,6 +96,7 @@ class UdpLink:
             else:
                 sock.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO)
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.setsockopt(SOL_UDP, UDP_NO_CHECK6_RX, 1)
             _set_buffer(sock, SO_RCVBUFFORCE, socket.SO_RCVBUF, SOCKET_BUFFER)
             _set_buffer(sock, SO_SNDBUFFORCE, socket.SO_SNDBUF, SOCKET_BUFFER)
             sock.bind((ip, port))

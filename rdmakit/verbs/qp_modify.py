@@ -20,7 +20,7 @@ from rdmakit.verbs.attrs import QpAttrMask, gid_text, mtu_enum, qp_access
 from rdmakit.verbs.device import VerbsQP
 from rdmakit.verbs.pvcall import call as _call
 
-__all__ = ["MODIFIABLE", "modify_qp"]
+__all__ = ["MIG_STATES", "MODIFIABLE", "modify_qp", "path_mig_state"]
 
 _M = QpAttrMask
 #: attribute name -> (``ibv_qp_attr`` field, mask bit)
@@ -66,3 +66,14 @@ def modify_qp(
         attr.ah_attr = av
         mask |= _M.AV
     _call(f"ibv_modify_qp -> {to.name}", lambda: qp._qp.modify(attr, int(mask)))
+
+
+#: ``enum ibv_mig_state`` (``verbs.h``): the APM state machine's states (IBTA Vol. 1 §17.2.8).
+MIG_STATES = ("MIGRATED", "REARM", "ARMED")
+
+
+def path_mig_state(qp: VerbsQP) -> str:
+    """`qp`'s path migration state (``ibv_query_qp`` with ``IBV_QP_PATH_MIG_STATE``)."""
+    attr, _ = _call("ibv_query_qp", lambda: qp._qp.query(int(_M.PATH_MIG_STATE)))
+    v = int(attr.path_mig_state)
+    return MIG_STATES[v] if 0 <= v < len(MIG_STATES) else f"UNKNOWN({v})"

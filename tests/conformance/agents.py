@@ -19,9 +19,16 @@ class Agent:
     secret_file: Path
 
 
-def conformance(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def _in(netns: str | None) -> list[str]:
+    """The prefix that runs a command in network namespace `netns` (none: here)."""
+    return [] if netns is None else ["ip", "netns", "exec", netns]
+
+
+def conformance(
+    *args: str, timeout: float = 600, netns: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rdmakit", "conformance", *args],
+        [*_in(netns), sys.executable, "-m", "rdmakit", "conformance", *args],
         capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False,
     )  # fmt: skip
 
@@ -33,15 +40,18 @@ def write_secret(path: Path) -> Path:
 
 
 @contextmanager
-def agent(dut_ip: str, secret_file: Path, mutation: str | None = None, once: bool = False) -> Iterator[Agent]:
-    """A target agent on a soft device at `dut_ip`, in its own process (with `mutation` applied)."""
+def agent(
+    dut_ip: str, secret_file: Path, mutation: str | None = None, once: bool = False, netns: str | None = None
+) -> Iterator[Agent]:
+    """A target agent on a soft device at `dut_ip`, in its own process (with `mutation` applied),
+    in network namespace `netns` if given."""
     args = ["-d", f"soft-udp:{dut_ip}", "--listen", "tcp:127.0.0.1:0", "--secret-file", str(secret_file)]
     if once:
         args.append("--once")
     if mutation is None:
-        cmd = [sys.executable, "-m", "rdmakit", "conformance-target", *args]
+        cmd = [*_in(netns), sys.executable, "-m", "rdmakit", "conformance-target", *args]
     else:
-        cmd = [sys.executable, "-m", "tests.conformance.mutations", mutation, *args]
+        cmd = [*_in(netns), sys.executable, "-m", "tests.conformance.mutations", mutation, *args]
     # A mutant changes Python code the native data plane would bypass.
     env = dict(os.environ, RDMAKIT_PURE_PYTHON="1") if mutation is not None else None
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -63,12 +73,31 @@ def agent(dut_ip: str, secret_file: Path, mutation: str | None = None, once: boo
                 stream.close()
 
 
-def against(a: Agent, tester_ip: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The suite against agent `a`, as a tester at `tester_ip`."""
+def against(
+    a: Agent, tester_ip: str, *args: str, netns: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The suite against agent `a`, as a tester at `tester_ip` (in network namespace `netns`)."""
     return conformance(
         "--target", a.control, "--dut-ip", a.dut_ip, "--tester-ip", tester_ip,
-        "--secret-file", str(a.secret_file), *args,
+        "--secret-file", str(a.secret_file), *args, netns=netns,
     )  # fmt: skip
+
+
+@contextmanager
+def ipv6_namespace(*addresses: str) -> Iterator[str]:
+    """A network namespace of its own, ``v6conf-<pid>-<n>``, whose loopback carries `addresses`
+    (IPv6, no duplicate address detection); deleted on exit. Needs root."""
+    name = f"v6conf-{os.getpid()}-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, timeout=30)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, capture_output=True,
+                       timeout=30)  # fmt: skip
+        for a in addresses:
+            subprocess.run(["ip", "-n", name, "addr", "add", f"{a}/128", "dev", "lo", "nodad"], check=True,
+                           capture_output=True, timeout=30)  # fmt: skip
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True, timeout=30)
 
 
 def results(doc: dict[str, Any]) -> dict[str, str]:

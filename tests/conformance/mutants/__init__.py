@@ -34,15 +34,19 @@ class Mutant:
     plant: Callable[[], None]
     area: str  # responder | requester | completer | qp | memory | codec | cm
     catch: tuple[str, ...]  # cases to run; one at least must FAIL
+    #: Only a run over IPv6 can catch it (``tests/conformance/test_ipv6.py``): it runs there.
+    ipv6: bool = False
 
 
 MUTATIONS: dict[str, Mutant] = {}
 
 
-def mutant(name: str, area: str, *catch: str) -> Callable[[Callable[[], None]], Callable[[], None]]:
+def mutant(
+    name: str, area: str, *catch: str, ipv6: bool = False
+) -> Callable[[Callable[[], None]], Callable[[], None]]:
     def register(fn: Callable[[], None]) -> Callable[[], None]:
         assert name not in MUTATIONS, name
-        MUTATIONS[name] = Mutant(fn, area, catch)
+        MUTATIONS[name] = Mutant(fn, area, catch, ipv6)
         return fn
 
     return register

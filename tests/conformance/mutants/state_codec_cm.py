@@ -95,6 +95,27 @@ def _icrc_not_checked() -> None:
     patch(codec_py.PythonCodec, "check_decode", check_decode)
 
 
+@mutant("icrc-v6-hop-limit-covered", "codec", "req.ip6.header", "resp.ip6.header", "resp.ip6.masked_fields",
+        ipv6=True)  # fmt: skip
+def _icrc_v6_hop_limit() -> None:
+    """The IPv6 pseudo-header keeps the hop limit the sender puts there (64) instead of ones.
+
+    Two such stacks on one link still agree, and IPv4 is untouched: only a router, or an
+    independent ICRC over IPv6 (the tester's scapy oracle), tells.
+    """
+    from rdmakit.wire import icrc as icrc_mod
+
+    pack = icrc_mod._V6_MASKED.pack
+
+    def ipv6(cls: Any, src: bytes, dst: bytes, sport: int, dport: int, *, next_header: int = 17) -> Any:
+        def header(n: int, k: int) -> bytes:
+            return pack(0x6FFFFFFF, 8 + n, next_header, 64, src, dst, sport, dport, 8 + n, 0xFFFF)
+
+        return cls._checked(header, True)
+
+    patch(IcrcFlow, "ipv6", classmethod(ipv6))
+
+
 @mutant("tver-not-checked", "codec", "resp.hdr.tver")
 def _tver_not_checked() -> None:
     """A packet with TVer other than 0 is decoded as if it were 0."""
