@@ -392,12 +392,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--capture", metavar="DIR", help="write each perftest run's RoCEv2 packets (tcpdump) to DIR"
     )
-    p.add_argument("--markdown", metavar="JSON", help="print a --json-out file as Markdown, and exit")
+    p.add_argument(
+        "--markdown", metavar="JSON[,JSON...]", help="print --json-out files' rows as Markdown, and exit"
+    )
     p.add_argument("--update", metavar="DOC", nargs="+", help="with --markdown: rewrite DOC's netem blocks")
     a = p.parse_args(argv)
     if a.markdown:
         try:
-            rows = _load(a.markdown)
+            rows = [row for name in a.markdown.split(",") if name for row in _load(name)]
             for doc in a.update or ():
                 if not update(Path(doc), rows):
                     raise ValueError(f"{doc} has no <!-- netem-matrix --> or <!-- netem-summary --> block")
