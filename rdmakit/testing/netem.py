@@ -33,7 +33,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from rdmakit.transport.user_files import UserFileError, read_user_file
 
 from .goodput import _BW_ROW, _MIB
 from .netbed import HUNG, Done, Red
-from .netem_report import HEADER, failed, line, markdown, update
+from .netem_report import HEADER, Row, failed, line, markdown, update
 from .netembed import RXE, NetemBed, RedPath, unavailable
 from .rcpeer import verify
 
@@ -111,29 +111,6 @@ CNP_FILTER = "udp port 4791 and udp[8] = 0x81"
 #: ``tc -s qdisc``: a qdisc's drops, and what RED did.
 _DROPPED = re.compile(r"dropped (\d+)")
 _RED_STATS = re.compile(r"marked (\d+) early (\d+) pdrop (\d+)")
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    path: str
-    what: str
-    netem: str
-    #: MB/s (10^6 bytes) by run (``RUNS``); None: the run failed (``notes``).
-    mbs: dict[str, float | None]
-    notes: dict[str, str]
-    #: By exchange (``CHECKS``): "" when every byte checked, else what failed.
-    checks: dict[str, str]
-    check_seconds: dict[str, float]
-    #: The guest's 1-minute load average after the path.
-    load: float
-    hung: list[str] = field(default_factory=list)
-    #: By run: how rxe's counters moved (``rxk0.sent_pkts`` ...) and, on paths that mark
-    #: ECN, the CNPs on the wire and what the qdiscs of rdmakit's link did (``marked`` ...).
-    counters: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    def ratio(self, run: str) -> float | None:
-        got, tcp = self.mbs.get(run), self.mbs.get("iperf3")
-        return got / tcp if got is not None and tcp else None
 
 
 def _why(done: Done) -> str:

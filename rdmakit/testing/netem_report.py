@@ -9,13 +9,34 @@ figures in the docs come from one run's JSON and nowhere else.
 """
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rdmakit.transport.user_files import read_user_file
 
-if TYPE_CHECKING:
-    from .netem import Row
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    path: str
+    what: str
+    netem: str
+    #: MB/s (10^6 bytes) by run (``RUNS``); None: the run failed (``notes``).
+    mbs: dict[str, float | None]
+    notes: dict[str, str]
+    #: By exchange (``CHECKS``): "" when every byte checked, else what failed.
+    checks: dict[str, str]
+    check_seconds: dict[str, float]
+    #: The guest's 1-minute load average after the path.
+    load: float
+    hung: list[str] = field(default_factory=list)
+    #: By run: how rxe's counters moved (``rxk0.sent_pkts`` ...) and, on paths that mark
+    #: ECN, the CNPs on the wire and what the qdiscs of rdmakit's link did (``marked`` ...).
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def ratio(self, run: str) -> float | None:
+        got, tcp = self.mbs.get(run), self.mbs.get("iperf3")
+        return got / tcp if got is not None and tcp else None
+
 
 #: The pairs of the tables, in column order, and their headings.
 PAIRS = (
@@ -34,7 +55,7 @@ def _run(pair: str, op: str) -> str:
     return pair if op == "write" else f"{pair} read"
 
 
-def _fig(r: "Row", run: str, *, md: bool) -> str:
+def _fig(r: Row, run: str, *, md: bool) -> str:
     if run not in r.mbs:
         return "–" if md else f"{'-':>13}"
     got, ratio = r.mbs[run], r.ratio(run)
@@ -48,7 +69,7 @@ def _fig(r: "Row", run: str, *, md: bool) -> str:
 HEADER = f"{'path':<10} {'op':<5} {'iperf3':>7} " + " ".join(f"{p:>13}" for p, _ in PAIRS) + "  bytes checked"
 
 
-def line(r: "Row") -> str:
+def line(r: Row) -> str:
     """The path's lines: MB/s and, after each RDMA figure, its ratio to iperf3."""
     tcp = r.mbs.get("iperf3")
     out = []
@@ -70,7 +91,7 @@ def line(r: "Row") -> str:
     return "\n".join(out)
 
 
-def _table(rows: "list[Row]", op: str, *, checks: bool) -> str:
+def _table(rows: list[Row], op: str, *, checks: bool) -> str:
     head = "| path | qdiscs, each way | iperf3 TCP | " + " | ".join(h for _, h in PAIRS) + " |"
     rule = "| --- | --- | ---: | " + " | ".join("---:" for _ in PAIRS) + " |"
     if checks:
@@ -94,7 +115,7 @@ def _table(rows: "list[Row]", op: str, *, checks: bool) -> str:
     return "\n".join(out)
 
 
-def markdown(rows: "list[Row]") -> str:
+def markdown(rows: list[Row]) -> str:
     """Every row: the WRITE table (with the byte checks), the READ table and the ECN counters."""
     out = [
         "`ib_write_bw` (MB/s; ratio to iperf3 TCP on the same path in the same run):",
@@ -115,7 +136,7 @@ def markdown(rows: "list[Row]") -> str:
     return "\n".join(out)
 
 
-def summary(rows: "list[Row]") -> str:
+def summary(rows: list[Row]) -> str:
     """WRITE on the README's paths (``SUMMARY``), in that order."""
     by_name = {r.path: r for r in rows}
     return _table([by_name[n] for n in SUMMARY if n in by_name], "write", checks=False)
@@ -124,7 +145,7 @@ def summary(rows: "list[Row]") -> str:
 _BLOCK = "<!-- {0} -->\n(.*?)<!-- /{0} -->"
 
 
-def update(doc: Path, rows: "list[Row]") -> bool:
+def update(doc: Path, rows: list[Row]) -> bool:
     """Rewrite ``doc``'s ``netem-matrix`` and ``netem-summary`` blocks; False if it has neither."""
     text = read_user_file(str(doc), "the document", 1 << 22).data.decode()
     found = False
@@ -138,7 +159,7 @@ def update(doc: Path, rows: "list[Row]") -> bool:
     return found
 
 
-def failed(rows: "list[Row]") -> bool:
+def failed(rows: list[Row]) -> bool:
     """A run of rdmakit failed, an exchange lost or changed a byte, or anything hung."""
     return any(
         r.hung
