@@ -372,24 +372,22 @@ class UdpPort:
             rx.ours = OURS_STRIKES
 
     def _kernel_request(self, qp: QueuePair, pkt: Packet, now: float) -> None:
-        """A packet of a kernel peer (rxe), which sends each alone. Every ``KERNEL_ACK_EVERY``
-        PSNs executed without an ACK, one is sent unasked; that ACK, or the one the packet asked
-        for, goes out before the next datagram is read. Other answers (an ACK for each
-        duplicate, C9-105) wait for the end of the pass, where consecutive ones merge."""
+        """A packet of a kernel peer (rxe), which sends each alone: taken, and what it leaves
+        the responder to send goes out before the next is read; every ``KERNEL_ACK_EVERY``
+        PSNs executed without an ACK, one is sent unasked."""
         resp = qp.resp
         before = resp.ack_psn
         qp.receive(pkt, now)
         moved = (resp.ack_psn - before) & _U24
-        if not moved:
-            return
-        unacked = self._unacked.get(qp.qpn, 0) + moved
-        if pkt.ackreq:
-            unacked = 0  # its ACK is queued
-        elif unacked >= KERNEL_ACK_EVERY:
-            qp.ack_progress()
-            unacked = 0
-        self._unacked[qp.qpn] = unacked
-        if not unacked:
+        if moved:
+            unacked = self._unacked.get(qp.qpn, 0) + moved
+            if pkt.ackreq:
+                unacked = 0  # the packet asked for its ACK
+            elif unacked >= KERNEL_ACK_EVERY:
+                qp.ack_progress()
+                unacked = 0
+            self._unacked[qp.qpn] = unacked
+        if resp.out:
             self._active[qp.qpn] = qp
             self._answer = True
 
