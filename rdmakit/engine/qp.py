@@ -482,14 +482,6 @@ class QueuePair(BulkReceive, SmallTransmit):
 
     # -- congestion notification (RoCEv2 Annex A17.9) --
 
-    def ack_progress(self) -> None:
-        """Acknowledge, unasked, the requests executed so far: an ACK covers every request up
-        to its PSN (IBTA §9.7.5.1.1, coalesced acknowledgement), so a responder may send one
-        before the requester's AckReq. The caller knows some were executed."""
-        if self._rx:
-            resp = self.resp
-            resp.queue_ack((resp.ack_psn - 1) & 0xFFFFFF)
-
     def congestion_experienced(self, now: float) -> None:
         """A packet for this QP arrived marked CE (ECN 0b11 in the IP header, which only the
         transport sees): as the notification point, owe the peer a CNP, at most one per

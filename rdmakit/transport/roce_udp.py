@@ -45,12 +45,6 @@ from .udp import CE, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpLink
 
 #: GRO batches read per ``progress`` before the timers and transmit get a turn.
 MAX_RX_BATCHES = 64
-#: A kernel requester's packets (one datagram each) executed before the responder acknowledges
-#: them unasked (``QueuePair.ack_progress``). rxe asks for an ACK every 64 packets
-#: (``RXE_MAX_PKT_PER_ACK``) and restarts its retransmit timer on every ACK that makes
-#: progress (rxe_comp.c); a receiver slower than the sender would otherwise answer a
-#: window of 128 PSNs only after rxe's timer (67 ms by default) had sent it all again.
-KERNEL_ACK_EVERY = 16
 
 _BTH = struct.Struct(">BBHII")
 _ICRC = struct.Struct("<I")
@@ -99,11 +93,6 @@ class UdpPort:
         #: their doorbell, a segment reached them, a timer of theirs fired), by QPN. A QP
         #: leaves once ``may_transmit`` says it has nothing; ``sweep`` puts every QP back.
         self._active: dict[int, QueuePair] = {}
-        #: Per QPN, the kernel requester's PSNs executed since its last unasked ACK.
-        self._unacked: dict[int, int] = {}
-        #: A kernel requester's packet left the responder something to send (an ACK, a NAK, a
-        #: READ response): the receive pass ends so that it leaves before more is read.
-        self._answer = False
 
     @property
     def codec(self) -> SegmentCodec:
@@ -115,7 +104,6 @@ class UdpPort:
 
     def forget(self, qp: QueuePair) -> None:
         self._faults.pop(qp.qpn, None)  # the receive state is per source, not per QP
-        self._unacked.pop(qp.qpn, None)
         if self._active.get(qp.qpn) is qp:
             del self._active[qp.qpn]
 
@@ -190,9 +178,6 @@ class UdpPort:
             nsegs = (nbytes + segsize - 1) // segsize if nbytes else 1
             self.counters.packets_in += nsegs
             self._rx_batch(nbytes, segsize, src_ip, sport, 0, now, ecn == CE)
-            if self._answer:
-                self._answer = False
-                break
             if read is None and not link.ready():
                 break
         return busy
@@ -367,29 +352,9 @@ class UdpPort:
             if other is None:
                 c.bad_icrc += 1
             else:
-                self._kernel_request(qp, other, now)
+                qp.receive(other, now)
         if ours and rx is not None and not rx.kernel:
             rx.ours = OURS_STRIKES
-
-    def _kernel_request(self, qp: QueuePair, pkt: Packet, now: float) -> None:
-        """A packet of a kernel peer (rxe), which sends each alone: taken, and what it leaves
-        the responder to send goes out before the next is read; every ``KERNEL_ACK_EVERY``
-        PSNs executed without an ACK, one is sent unasked."""
-        resp = qp.resp
-        before = resp.ack_psn
-        qp.receive(pkt, now)
-        moved = (resp.ack_psn - before) & _U24
-        if moved:
-            unacked = self._unacked.get(qp.qpn, 0) + moved
-            if pkt.ackreq:
-                unacked = 0  # the packet asked for its ACK
-            elif unacked >= KERNEL_ACK_EVERY:
-                qp.ack_progress()
-                unacked = 0
-            self._unacked[qp.qpn] = unacked
-        if resp.out:
-            self._active[qp.qpn] = qp
-            self._answer = True
 
     # -- sending ------------------------------------------------------------------------
     def transmit(self, now: float) -> bool:
