@@ -48,7 +48,10 @@ PAIRS = (
 #: The README's rows: the target path, the delays and the losses.
 SUMMARY = ("loss1", "clean", "delay1", "delay10", "delay50", "loss0.1", "loss5")
 #: Counters of the ECN table, by heading.
-ECN_COUNTERS = (("marked", "CE marked"), ("early", "RED early drops"), ("dropped", "drops"), ("cnps", "CNPs"))
+ECN_COUNTERS = (
+    ("marked", "CE marked"), ("early", "RED early drops"), ("pdrop", "RED queue full"),
+    ("dropped", "netem's drops"), ("cnps", "CNPs"),
+)  # fmt: skip
 
 
 def _run(pair: str, op: str) -> str:

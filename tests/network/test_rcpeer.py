@@ -99,7 +99,7 @@ def test_the_docs_blocks_are_rewritten_from_the_json_and_nothing_else(tmp_path: 
         _row(path="clean", mbs={"iperf3": 10.0, "rk-rk": 5.0, "rk-rk read": 2.5}),
         _row(
             path="red-ecn", mbs={"iperf3": 2.0, "rk-rk": 1.0},
-            counters={"rk-rk": {"marked": 7, "cnps": 3, "dropped": 0, "early": 0}},
+            counters={"rk-rk": {"marked": 7, "cnps": 3, "dropped": 0, "early": 0, "pdrop": 5}},
         ),
     ]  # fmt: skip
     report = tmp_path / "m.json"
@@ -123,7 +123,7 @@ def test_the_docs_blocks_are_rewritten_from_the_json_and_nothing_else(tmp_path: 
     assert "| loss1 |" in matrix
     assert "`ib_read_bw`" in matrix
     assert "| 2.50 (0.25×) |" in matrix
-    assert "| red-ecn | rk-rk | 1.00 | 7 | 0 | 0 | 3 |" in matrix  # the ECN counters
+    assert "| red-ecn | rk-rk | 1.00 | 7 | 0 | 5 | 0 | 3 |" in matrix  # the ECN counters
     # The summary keeps SUMMARY's order (loss1 first) and leaves the ECN paths to the docs.
     assert summary.index("| loss1 |") < summary.index("| clean |")
     assert "red-ecn" not in summary
