@@ -1,27 +1,35 @@
 """The netem matrix: goodput and every RC operation on impaired paths, beside TCP and kernel rxe.
 
-    python3 -m rdmakit.testing.netem [--paths P,...] [--seconds S] [--json-out FILE]
+    python3 -m rdmakit.testing.netem [--paths P,...] [--runs R,...] [--checks C,...]
+                                     [--seconds S] [--json-out FILE] [--capture DIR]
+    python3 -m rdmakit.testing.netem --markdown FILE[,FILE...] [--update DOC ...]
 
 Meant for the lab guest (``scripts/lab/netem-matrix.sh`` boots it and runs this):
-its kernel has ``sch_netem`` and ``rdma_rxe``. A bed of three veth paths
-(:mod:`rdmakit.testing.netembed`, MTU 1500) carries on every path of ``PATHS``
-the same netem qdisc at both ends of each link, then, in the same run:
+its kernel has ``sch_netem``, ``sch_red`` and ``rdma_rxe``. A bed of three veth
+paths (:mod:`rdmakit.testing.netembed`, MTU 1500) carries on every path of
+``PATHS`` the same qdiscs at both ends of each link (netem, and for the ECN paths
+a tbf bottleneck whose queue is RED), then, in the same run (``RUNS``):
 
 - ``iperf3``: one TCP stream for ``--seconds`` (its receiver's figure);
 - ``rk-rk``: ``rdmakit perftest ib_write_bw -D S`` between two namespaces;
-- ``rk>rxe`` / ``rxe>rk``: rdmakit's client writing to perftest's ``ib_write_bw``
-  server on kernel rxe, and perftest's client on rxe writing to rdmakit's server;
-- ``rxe-rxe``: perftest's ``ib_write_bw`` between two kernel rxe devices;
-- ``bytes``: every RC operation (SEND, SEND with immediate, WRITE, WRITE with
+- ``rk>rxe`` / ``rxe>rk``: rdmakit's client against perftest's server on kernel
+  rxe, and perftest's client on rxe against rdmakit's server;
+- ``rxe-rxe``: perftest between two kernel rxe devices (rxe's own figure);
+- the same four with ``ib_read_bw`` (``rk-rk read`` ...);
+- ``CHECKS``: every RC operation (SEND, SEND with immediate, WRITE, WRITE with
   immediate, READ, fetch-and-add, compare-and-swap) for sizes 0 .. 256 KiB in both
   directions, each byte checked (:mod:`rdmakit.testing.rcpeer`), between two
   rdmakit engines and between rdmakit and kernel rxe.
 
-Every program runs under a deadline: one still running is killed and reported as
-``HUNG``; one that fails shows its last line. Goodput is perftest's ``BW
-average`` and iperf3's receiver figure, both in MB/s (10^6 bytes); the ratios
-divide by iperf3's figure on the same path in the same run. Exit status 1 if a
-run of rdmakit failed or anything hung.
+Beside each run it records how rxe's hardware counters moved and, on the paths
+that mark CE, the CNPs on rdmakit's link and RED's marks and drops
+(``Row.counters``). Every program runs under a deadline: one still running is
+killed and reported as ``HUNG``; one that fails shows its last line. Goodput is
+perftest's ``BW average`` and iperf3's receiver figure, both in MB/s (10^6
+bytes); the ratios divide by iperf3's figure on the same path in the same run.
+Exit status 1 if a run of rdmakit failed, an exchange failed or anything hung.
+``--markdown`` prints the rows of ``--json-out`` files as the docs' tables
+(:mod:`rdmakit.testing.netem_report`), ``--update`` writes them into documents.
 """
 
 import argparse
