@@ -43,6 +43,8 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("testing/goodput.py", "main", "open"): (1, "writes the --json-out report (an output)"),
     ("testing/netem.py", "main", "open"): (1, "writes the --json-out report (an output)"),
     ("testing/netembed.py", "NetemBed.gid_index", ".read_text"): (2, "sysfs GIDs of its own rxe device"),
+    ("testing/netembed.py", "NetemBed.rxe_counters", ".read_text"): (1, "sysfs counters of its rxe device"),
+    ("testing/netem_report.py", "update", ".write_text"): (1, "rewrites --update's document (an output)"),
     ("testing/rcpeer.py", "write_json", ".write_text"): (1, "its own descriptor, into --dir (an output)"),
     ("testing/rcpeer.py", "responder", ".read_text"): (1, "the peer rcpeer's descriptor in --dir"),
     ("testing/rcpeer.py", "Requester.__init__", ".read_text"): (1, "the peer rcpeer's descriptor"),

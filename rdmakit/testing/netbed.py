@@ -113,7 +113,7 @@ def red_unavailable() -> str | None:
     try:
         run = ["ip", "netns", "exec", probe]
         subprocess.run([*run, "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1"], check=False)
-        red = [*run, "tc", "qdisc", "add", "dev", "v0", "root", *_red_args(ECN_RED)]
+        red = [*run, "tc", "qdisc", "add", "dev", "v0", "root", *red_args(ECN_RED)]
         done = subprocess.run(red, capture_output=True, text=True, check=False)
         if done.returncode:
             return f"this kernel has no RED qdisc (sch_red): {done.stderr.strip()}"
@@ -122,12 +122,14 @@ def red_unavailable() -> str | None:
     return None
 
 
-def _red_args(red: Red, rate: str = "1gbit") -> list[str]:
-    """tc's words for ``red`` (its burst as tc-red(8) advises: (2 min + max) / (3 avpkt))."""
+def red_args(red: Red, rate: str = "1gbit", *, ecn: bool = True) -> list[str]:
+    """tc's words for ``red`` (its burst as tc-red(8) advises: (2 min + max) / (3 avpkt));
+    without ``ecn`` RED drops where it would mark."""
     burst = max((2 * red.min + red.max) // 3300, 2)
     return [
         "red", "limit", str(red.limit), "min", str(red.min), "max", str(red.max), "avpkt", "1100",
-        "burst", str(burst), "probability", str(red.probability), "bandwidth", rate, "ecn",
+        "burst", str(burst), "probability", str(red.probability), "bandwidth", rate,
+        *(["ecn"] if ecn else []),
     ]  # fmt: skip
 
 
@@ -233,7 +235,7 @@ class NetBed:
                         "1:1",
                         "handle",
                         "10:",
-                        *_red_args(sh.red),
+                        *red_args(sh.red),
                     ]
                     self.sh(red, "r")
 

@@ -1,27 +1,35 @@
 """The netem matrix: goodput and every RC operation on impaired paths, beside TCP and kernel rxe.
 
-    python3 -m rdmakit.testing.netem [--paths P,...] [--seconds S] [--json-out FILE]
+    python3 -m rdmakit.testing.netem [--paths P,...] [--runs R,...] [--checks C,...]
+                                     [--seconds S] [--json-out FILE] [--capture DIR]
+    python3 -m rdmakit.testing.netem --markdown FILE[,FILE...] [--update DOC ...]
 
 Meant for the lab guest (``scripts/lab/netem-matrix.sh`` boots it and runs this):
-its kernel has ``sch_netem`` and ``rdma_rxe``. A bed of three veth paths
-(:mod:`rdmakit.testing.netembed`, MTU 1500) carries on every path of ``PATHS``
-the same netem qdisc at both ends of each link, then, in the same run:
+its kernel has ``sch_netem``, ``sch_red`` and ``rdma_rxe``. A bed of three veth
+paths (:mod:`rdmakit.testing.netembed`, MTU 1500) carries on every path of
+``PATHS`` the same qdiscs at both ends of each link (netem, and for the ECN paths
+a tbf bottleneck whose queue is RED), then, in the same run (``RUNS``):
 
 - ``iperf3``: one TCP stream for ``--seconds`` (its receiver's figure);
 - ``rk-rk``: ``rdmakit perftest ib_write_bw -D S`` between two namespaces;
-- ``rk>rxe`` / ``rxe>rk``: rdmakit's client writing to perftest's ``ib_write_bw``
-  server on kernel rxe, and perftest's client on rxe writing to rdmakit's server;
-- ``rxe-rxe``: perftest's ``ib_write_bw`` between two kernel rxe devices;
-- ``bytes``: every RC operation (SEND, SEND with immediate, WRITE, WRITE with
+- ``rk>rxe`` / ``rxe>rk``: rdmakit's client against perftest's server on kernel
+  rxe, and perftest's client on rxe against rdmakit's server;
+- ``rxe-rxe``: perftest between two kernel rxe devices (rxe's own figure);
+- the same four with ``ib_read_bw`` (``rk-rk read`` ...);
+- ``CHECKS``: every RC operation (SEND, SEND with immediate, WRITE, WRITE with
   immediate, READ, fetch-and-add, compare-and-swap) for sizes 0 .. 256 KiB in both
   directions, each byte checked (:mod:`rdmakit.testing.rcpeer`), between two
   rdmakit engines and between rdmakit and kernel rxe.
 
-Every program runs under a deadline: one still running is killed and reported as
-``HUNG``; one that fails shows its last line. Goodput is perftest's ``BW
-average`` and iperf3's receiver figure, both in MB/s (10^6 bytes); the ratios
-divide by iperf3's figure on the same path in the same run. Exit status 1 if a
-run of rdmakit failed or anything hung.
+Beside each run it records how rxe's hardware counters moved and, on the paths
+that mark CE, the CNPs on rdmakit's link and RED's marks and drops
+(``Row.counters``). Every program runs under a deadline: one still running is
+killed and reported as ``HUNG``; one that fails shows its last line. Goodput is
+perftest's ``BW average`` and iperf3's receiver figure, both in MB/s (10^6
+bytes); the ratios divide by iperf3's figure on the same path in the same run.
+Exit status 1 if a run of rdmakit failed, an exchange failed or anything hung.
+``--markdown`` prints the rows of ``--json-out`` files as the docs' tables
+(:mod:`rdmakit.testing.netem_report`), ``--update`` writes them into documents.
 """
 
 import argparse
@@ -29,36 +37,70 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from rdmakit.transport.user_files import UserFileError, read_user_file
 
 from .goodput import _BW_ROW, _MIB
-from .netbed import HUNG, Done
-from .netembed import RXE, NetemBed, unavailable
+from .netbed import HUNG, Done, Red
+from .netem_report import HEADER, Row, failed, line, markdown, update
+from .netembed import RXE, NetemBed, RedPath, unavailable
 from .rcpeer import verify
 
-#: name -> (what the path is, netem parameters applied at both ends of each link).
-PATHS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "clean": ("no impairment", ()),
-    "delay1": ("1 ms each way", ("delay", "1ms")),
-    "delay10": ("10 ms each way", ("delay", "10ms")),
-    "delay50": ("50 ms each way", ("delay", "50ms")),
-    "loss0.1": ("0.1 % loss, 10 ms", ("delay", "10ms", "loss", "0.1%")),
-    "loss1": ("1 % loss, 10 ms", ("delay", "10ms", "loss", "1%")),
-    "loss5": ("5 % loss, 10 ms", ("delay", "10ms", "loss", "5%")),
-    "ecn1": ("1 % CE marks (ECT) or loss (not ECT), 10 ms", ("delay", "10ms", "loss", "1%", "ecn")),
-    "reorder": ("25 % sent at once, the rest 10 ms late", ("delay", "10ms", "reorder", "25%", "50%")),
-    "duplicate": ("1 % duplicated, 10 ms", ("delay", "10ms", "duplicate", "1%")),
-    "corrupt": ("0.1 % with a flipped bit, 10 ms", ("delay", "10ms", "corrupt", "0.1%")),
-    "rate": ("20 Mbit/s, 10 ms", ("delay", "10ms", "rate", "20mbit")),
+__all__ = ["PATHS", "RUNS", "Row", "failed", "line", "main", "markdown"]
+
+
+@dataclass(frozen=True, slots=True)
+class Impairment:
+    """What one path of the matrix is, its netem parameters (both ends of each link) and,
+    for the ECN paths, the RED bottleneck after them (``RedPath``)."""
+
+    what: str
+    netem: tuple[str, ...]
+    red: RedPath | None = None
+
+
+#: The RED bottleneck of the ECN paths: 20 Mbit/s, CE (or a drop) from 20 KB queued, about
+#: 40 % of the 50 KB bandwidth-delay product at 10 ms each way; at most 200 KB queued.
+GUEST_RED = Red(min=20_000, max=60_000, limit=200_000, probability=0.1)
+PATHS: dict[str, Impairment] = {
+    "clean": Impairment("no impairment", ()),
+    "delay1": Impairment("1 ms each way", ("delay", "1ms")),
+    "delay10": Impairment("10 ms each way", ("delay", "10ms")),
+    "delay50": Impairment("50 ms each way", ("delay", "50ms")),
+    "loss0.1": Impairment("0.1 % loss, 10 ms", ("delay", "10ms", "loss", "0.1%")),
+    "loss1": Impairment("1 % loss, 10 ms", ("delay", "10ms", "loss", "1%")),
+    "loss5": Impairment("5 % loss, 10 ms", ("delay", "10ms", "loss", "5%")),
+    "ecn1": Impairment("1 % CE marks (ECT) or loss (not ECT), 10 ms", ("delay", "10ms", "loss", "1%", "ecn")),
+    "reorder": Impairment(
+        "25 % sent at once, the rest 10 ms late", ("delay", "10ms", "reorder", "25%", "50%")
+    ),
+    "duplicate": Impairment("1 % duplicated, 10 ms", ("delay", "10ms", "duplicate", "1%")),
+    "corrupt": Impairment("0.1 % with a flipped bit, 10 ms", ("delay", "10ms", "corrupt", "0.1%")),
+    "rate": Impairment("20 Mbit/s, 10 ms", ("delay", "10ms", "rate", "20mbit")),
+    "red-ecn": Impairment(
+        "20 Mbit/s, RED marks CE, 10 ms", ("delay", "10ms"), RedPath("20mbit", "32kb", GUEST_RED, ecn=True)
+    ),
+    "red-drop": Impairment(
+        "20 Mbit/s, the same RED drops, 10 ms",
+        ("delay", "10ms"),
+        RedPath("20mbit", "32kb", GUEST_RED, ecn=False),
+    ),
 }
-RUNS = ("iperf3", "rk-rk", "rk>rxe", "rxe>rk", "rxe-rxe")
+#: The runs on every path: iperf3, then perftest's WRITE and READ bandwidth tests between
+#: the four pairs (``Pair``).
+RUNS = (
+    "iperf3", "rk-rk", "rk>rxe", "rxe>rk", "rxe-rxe",
+    "rk-rk read", "rk>rxe read", "rxe>rk read", "rxe-rxe read",
+)  # fmt: skip
+#: Runs that are rdmakit's: one of them failing fails the matrix (rxe ↔ rxe is the baseline).
+OURS = tuple(r for r in RUNS if "rk" in r.replace("rxe", ""))
 CHECKS = ("rk-rk", "rk-rxe")
 #: Message sizes of the byte-checked exchange (rcpeer): one packet, several, and 256 KiB,
 #: so that a lossy path under TCG still ends in minutes.
@@ -72,26 +114,11 @@ RXE_QP_TIMEOUT = 18
 CHECK_TIMEOUT_S = 420
 ATTEMPTS = 3
 CLOCK_FIT_FAILED = re.compile(r"Can't produce a report|\b-?(inf|nan)\b")
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    path: str
-    what: str
-    netem: str
-    #: MB/s (10^6 bytes) by run (``RUNS``); None: the run failed (``notes``).
-    mbs: dict[str, float | None]
-    notes: dict[str, str]
-    #: By exchange (``CHECKS``): "" when every byte checked, else what failed.
-    checks: dict[str, str]
-    check_seconds: dict[str, float]
-    #: The guest's 1-minute load average after the path.
-    load: float
-    hung: list[str] = field(default_factory=list)
-
-    def ratio(self, run: str) -> float | None:
-        got, tcp = self.mbs.get(run), self.mbs.get("iperf3")
-        return got / tcp if got is not None and tcp else None
+#: A CNP on the wire (RoCEv2 Annex A17.9.3): to or from port 4791, BTH opcode 0x81.
+CNP_FILTER = "udp port 4791 and udp[8] = 0x81"
+#: ``tc -s qdisc``: a qdisc's drops, and what RED did.
+_DROPPED = re.compile(r"dropped (\d+)")
+_RED_STATS = re.compile(r"marked (\d+) early (\d+) pdrop (\d+)")
 
 
 def _why(done: Done) -> str:
@@ -101,11 +128,16 @@ def _why(done: Done) -> str:
     return (lines[-1] if lines else f"status {done.rc}")[:200]
 
 
+def _delta(after: dict[str, int], before: dict[str, int], prefix: str = "") -> dict[str, int]:
+    return {prefix + k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
 class Matrix:
-    def __init__(self, bed: NetemBed, seconds: int) -> None:
-        self.bed, self.seconds = bed, seconds
+    def __init__(self, bed: NetemBed, seconds: int, capture: Path | None = None) -> None:
+        self.bed, self.seconds, self.capture = bed, seconds, capture
         self._port = 18600
-        self.rk = [sys.executable, "-m", "rdmakit", "perftest", "ib_write_bw"]
+        self.path = ""
+        self.rk = [sys.executable, "-m", "rdmakit", "perftest"]
 
     def port(self) -> int:
         self._port += 1
@@ -126,43 +158,101 @@ class Matrix:
         report = json.loads(c.out)
         return float(report["end"]["sum_received"]["bits_per_second"]) / 8e6, ""
 
-    def _rxe(self, dev: str) -> list[str]:
+    def _rxe(self, test: str, dev: str) -> list[str]:
         gid = self.bed.gid_index(RXE[dev])
-        return ["ib_write_bw", "-d", RXE[dev], "-x", str(gid)]
+        return [test, "-d", RXE[dev], "-x", str(gid)]
 
-    def perftest(self, run: str) -> tuple[float | None, str]:
-        """``run``'s ``ib_write_bw -D`` pair (``RUNS``): MB/s, or None and why not.
+    def perftest(self, run: str) -> tuple[float | None, str, dict[str, int]]:
+        """``run``'s perftest pair (``RUNS``, ``-D``): MB/s, or None and why not; counters.
 
         perftest converts cycles to time with a clock rate it fits at start-up; in a
         TCG guest the fit sometimes fails ("Can't produce a report", ``inf``) after a
         transfer that completed: such a run is repeated, up to ``ATTEMPTS`` times.
         """
         for _ in range(ATTEMPTS - 1):
-            mbs, why = self._perftest(run)
+            mbs, why, counters = self._perftest(run)
             if mbs is not None or not CLOCK_FIT_FAILED.search(why):
-                return mbs, why
+                return mbs, why, counters
         return self._perftest(run)
 
-    def _perftest(self, run: str) -> tuple[float | None, str]:
+    def _sides(self, run: str) -> tuple[tuple[str | None, list[str]], tuple[str | None, list[str]], str]:
+        """``run``'s server and client, and the link it crosses."""
+        pair, _, op = run.partition(" ")
+        test = "ib_read_bw" if op == "read" else "ib_write_bw"
         port = self.port()
         dur = ["-p", str(port), "-D", str(self.seconds)]
-        if run == "rk-rk":
+        rk = [*self.rk, test]
+        if pair == "rk-rk":
             (a_ns, a), (b_ns, b) = self._ends("soft")
-            srv, cli = (b_ns, [*self.rk, "-d", b, *dur]), (a_ns, [*self.rk, "-d", a, *dur, b])
-        elif run == "rk>rxe":
+            return (b_ns, [*rk, "-d", b, *dur]), (a_ns, [*rk, "-d", a, *dur, b]), "soft"
+        if pair == "rk>rxe":
             (k_ns, k), (c_ns, c) = self._ends("kern")
-            srv, cli = (k_ns, [*self._rxe("k0"), *dur]), (c_ns, [*self.rk, "-d", c, *dur, k])
-        elif run == "rxe>rk":
+            return (k_ns, [*self._rxe(test, "k0"), *dur]), (c_ns, [*rk, "-d", c, *dur, k]), "kern"
+        if pair == "rxe>rk":
             (k_ns, _k), (c_ns, c) = self._ends("kern")
-            srv, cli = (c_ns, [*self.rk, "-d", c, *dur]), (k_ns, [*self._rxe("k0"), *dur, c])
-        else:
-            (j_ns, _j0), (_ns, j1) = self._ends("rxe")
-            srv, cli = (j_ns, [*self._rxe("j1"), *dur]), (j_ns, [*self._rxe("j0"), *dur, j1])
+            return (c_ns, [*rk, "-d", c, *dur]), (k_ns, [*self._rxe(test, "k0"), *dur, c]), "kern"
+        (j_ns, _j0), (_ns, j1) = self._ends("rxe")
+        return (j_ns, [*self._rxe(test, "j1"), *dur]), (j_ns, [*self._rxe(test, "j0"), *dur, j1]), "rxe"
+
+    def _perftest(self, run: str) -> tuple[float | None, str, dict[str, int]]:
+        srv, cli, link = self._sides(run)
+        port = int(srv[1][srv[1].index("-p") + 1])
+        devices = {"kern": ("rxk0",), "rxe": ("rxj0", "rxj1")}.get(link, ())
+        before = {d: self.bed.rxe_counters(d) for d in devices}
+        watch = self._watch(link, run)
         server, client = self.bed.pair(srv, cli, port=port, timeout=self.seconds + SLACK_S)
+        counters = self._unwatch(watch)
+        for d in devices:
+            counters |= _delta(self.bed.rxe_counters(d), before[d], f"{d}.")
         got = _BW_ROW.findall(client.out)
         if client.rc != 0 or server.rc != 0 or not got:
-            return None, _why(client if client.rc != 0 or server.rc == 0 else server)
-        return float(got[0]) * _MIB / 1e6, ""
+            return None, _why(client if client.rc != 0 or server.rc == 0 else server), counters
+        return float(got[0]) * _MIB / 1e6, "", counters
+
+    def _watch(self, link: str, run: str) -> "tuple[list[Any], dict[str, int]]":
+        """What runs beside ``run``: a capture (``--capture``) and, on rdmakit's own link of a path
+        that marks ECN, a count of CNPs and the qdiscs' counters from before it."""
+        procs: list[Any] = []
+        lft, rgt = self.bed.links[link].left, self.bed.links[link].right
+        if self.capture is not None:
+            ns, dev, _addr = rgt
+            pcap = self.capture / f"{self.path}-{run.replace(' ', '-').replace('>', '2')}.pcap"
+            procs.append(
+                self.bed.popen(ns, ["tcpdump", "-i", dev, "-s", "128", "-w", str(pcap), "udp port 4791"])
+            )
+        before: dict[str, int] = {}
+        if link == "soft" and _marks_ecn(self.path):
+            procs.append(self.bed.popen(lft[0], ["tcpdump", "-i", lft[1], "-n", "-q", "-l", CNP_FILTER]))
+            before = self._qdiscs(link)
+        if procs:
+            time.sleep(1.0)  # tcpdump opens its socket
+        return procs, before
+
+    def _unwatch(self, watch: "tuple[list[Any], dict[str, int]]") -> dict[str, int]:
+        procs, before = watch
+        found: dict[str, int] = {}
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+            done = self.bed.wait(proc, time.monotonic() + 30)
+            if "-w" not in proc.args:
+                found["cnps"] = sum(1 for line in done.out.splitlines() if "UDP" in line)
+        if before or "cnps" in found:
+            after = self._qdiscs("soft")
+            found |= {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        return found
+
+    def _qdiscs(self, link: str) -> dict[str, int]:
+        """Both ends of ``link``: the root qdisc's drops, and RED's marks and drops."""
+        got: dict[str, int] = {}
+        for ns, dev, _addr in (self.bed.links[link].left, self.bed.links[link].right):
+            text = self.bed.sh(["tc", "-s", "qdisc", "show", "dev", dev], ns)
+            dropped = _DROPPED.search(text)
+            got["dropped"] = got.get("dropped", 0) + (int(dropped.group(1)) if dropped else 0)
+            red = _RED_STATS.search(text)
+            if red is not None:
+                for key, value in zip(("marked", "early", "pdrop"), red.groups(), strict=True):
+                    got[key] = got.get(key, 0) + int(value)
+        return got
 
     def check(self, which: str, workdir: Path) -> tuple[str, float]:
         """Every RC operation both ways with its bytes checked: "" or what failed; seconds."""
@@ -200,23 +290,48 @@ class Matrix:
         problems += verify(gp["guest-requests"], hp["guest-requests"])
         return "; ".join(problems)[:300], seconds
 
-    def row(self, name: str, workdir: Path) -> Row:
-        what, params = PATHS[name]
-        self.bed.set_netem(params)
+    def row(
+        self, name: str, workdir: Path, runs: tuple[str, ...] = RUNS, checks: tuple[str, ...] = CHECKS
+    ) -> Row:
+        path = PATHS[name]
+        self.path = name
+        self.bed.set_netem(path.netem, red=path.red)
         mbs: dict[str, float | None] = {}
         notes: dict[str, str] = {}
-        for run in RUNS:
+        counters: dict[str, dict[str, int]] = {}
+        for run in runs:
             t0 = time.monotonic()
-            mbs[run], notes[run] = self.iperf3() if run == "iperf3" else self.perftest(run)
-            _progress(f"{name} {run}: {mbs[run]} MB/s {notes[run]} ({time.monotonic() - t0:.0f} s)")
-        checks: dict[str, str] = {}
+            if run == "iperf3":
+                mbs[run], notes[run] = self.iperf3()
+            else:
+                mbs[run], notes[run], counters[run] = self.perftest(run)
+            took = time.monotonic() - t0
+            _progress(f"{name} {run}: {mbs[run]} MB/s {notes[run]} ({took:.0f} s) {counters.get(run, '')}")
+        failures: dict[str, str] = {}
         secs: dict[str, float] = {}
-        for which in CHECKS:
-            checks[which], secs[which] = self.check(which, workdir)
-            _progress(f"{name} check {which}: {checks[which] or 'ok'} ({secs[which]:.0f} s)")
-        hung = [k for k, v in {**notes, **checks}.items() if v.startswith("HUNG") or ": HUNG" in v]
-        netem = " ".join(params) or "(none)"
-        return Row(name, what, netem, mbs, notes, checks, secs, os.getloadavg()[0], hung)
+        for which in checks:
+            failures[which], secs[which] = self.check(which, workdir)
+            _progress(f"{name} check {which}: {failures[which] or 'ok'} ({secs[which]:.0f} s)")
+        hung = [k for k, v in {**notes, **failures}.items() if v.startswith("HUNG") or ": HUNG" in v]
+        return Row(
+            name, path.what, describe(path), mbs, notes, failures, secs, os.getloadavg()[0], hung,
+            {k: v for k, v in counters.items() if v},
+        )  # fmt: skip
+
+
+def describe(path: Impairment) -> str:
+    """The qdiscs of ``path`` as tc's words: netem's, and the RED bottleneck's after it."""
+    text = " ".join(path.netem) or "(none)"
+    red = path.red
+    if red is not None:
+        text += f"; tbf rate {red.rate}, RED {red.red.min // 1000}-{red.red.max // 1000} KB"
+        text += " ecn" if red.ecn else " (drops)"
+    return text
+
+
+def _marks_ecn(name: str) -> bool:
+    path = PATHS[name]
+    return path.red is not None or "ecn" in path.netem
 
 
 def _progress(text: str) -> None:
@@ -225,107 +340,82 @@ def _progress(text: str) -> None:
 
 def _lines(out: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
-    for line in out.splitlines():
-        if line.startswith("{"):
+    for text in out.splitlines():
+        if text.startswith("{"):
             try:
-                found.append(json.loads(line))
+                found.append(json.loads(text))
             except ValueError:
                 continue
     return found
 
 
-HEADER = (
-    f"{'path':<10} {'netem (each way)':<34} {'iperf3':>7} {'rk-rk':>13} {'rk>rxe':>13} {'rxe>rk':>13} "
-    f"{'rxe-rxe':>13}  bytes checked (rk-rk, rk-rxe)"
-)
+def _split(text: str, known: tuple[str, ...], what: str) -> tuple[str, ...]:
+    names = tuple(n for n in text.split(",") if n)
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(f"unknown {what} {bad[0]!r} (of: {', '.join(known)})")
+    return names
 
 
-def line(r: Row) -> str:
-    """One row of the table: MB/s and, after each RDMA figure, its ratio to iperf3."""
-
-    def fig(run: str) -> str:
-        got, ratio = r.mbs.get(run), r.ratio(run)
-        if got is None:
-            return f"{'failed':>13}"
-        return f"{got:6.2f} ({ratio:4.2f}x)" if ratio is not None else f"{got:6.2f}       "
-
-    tcp = r.mbs.get("iperf3")
-    checks = ", ".join("ok" if not r.checks[c] else "FAILED" for c in CHECKS)
-    secs = "/".join(f"{r.check_seconds[c]:.0f}" for c in CHECKS)
-    out = f"{r.path:<10} {r.netem[:34]:<34} {tcp if tcp is not None else float('nan'):7.2f} "
-    out += " ".join(fig(run) for run in RUNS[1:]) + f"  {checks} ({secs} s)  load {r.load:.1f}"
-    for key, note in {**r.notes, **r.checks}.items():
-        if note:
-            out += f"\n{'':<10} {key}: {note}"
-    return out
-
-
-def markdown(rows: list[Row]) -> str:
-    """The rows as a Markdown table (MB/s, and each RDMA figure's ratio to iperf3)."""
-
-    def fig(r: Row, run: str) -> str:
-        got, ratio = r.mbs.get(run), r.ratio(run)
-        if got is None:
-            return f"failed: {r.notes[run][:60]}"
-        return f"{got:.2f} ({ratio:.2f}×)" if ratio is not None else f"{got:.2f}"
-
-    out = [
-        "| path | netem, each way | iperf3 TCP | rdmakit ↔ rdmakit | rdmakit → rxe | rxe → rdmakit "
-        "| rxe ↔ rxe | bytes checked: rdmakit ↔ rdmakit, rdmakit ↔ rxe |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for r in rows:
-        tcp = r.mbs.get("iperf3")
-        checks = ", ".join(
-            f"all ({r.check_seconds[c]:.0f} s)" if not r.checks[c] else f"FAILED: {r.checks[c][:80]}"
-            for c in CHECKS
-        )
-        figs = " | ".join(fig(r, run) for run in RUNS[1:])
-        tcp_text = f"{tcp:.2f}" if tcp is not None else f"failed: {r.notes['iperf3'][:60]}"
-        out.append(f"| {r.path} | `{r.netem}` | {tcp_text} | {figs} | {checks} |")
-    return "\n".join(out)
-
-
-def failed(rows: list[Row]) -> bool:
-    """A run of rdmakit failed, an exchange lost or changed a byte, or anything hung."""
-    ours = ("rk-rk", "rk>rxe", "rxe>rk")
-    return any(r.hung or any(r.mbs[k] is None for k in ours) or any(r.checks.values()) for r in rows)
+def _load(path: str) -> list[Row]:
+    text = read_user_file(path, "the matrix's JSON", 1 << 20).data
+    try:
+        return [Row(**r) for r in json.loads(text)]
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path} is not a --json-out file: {e}") from e
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m rdmakit.testing.netem", description=__doc__.split("\n")[0])
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of: {', '.join(PATHS)}")
+    p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of: {', '.join(RUNS)}")
+    p.add_argument(
+        "--checks", default=",".join(CHECKS), help="the byte-checked exchanges (rk-rk,rk-rxe; none: '')"
+    )
     p.add_argument("--seconds", type=int, default=5, help="iperf3 -t and perftest -D (5)")
     p.add_argument("--json-out", help="write the rows as JSON to this file")
-    p.add_argument("--markdown", metavar="JSON", help="print a --json-out file as Markdown, and exit")
+    p.add_argument(
+        "--capture", metavar="DIR", help="write each perftest run's RoCEv2 packets (tcpdump) to DIR"
+    )
+    p.add_argument(
+        "--markdown", metavar="JSON[,JSON...]", help="print --json-out files' rows as Markdown, and exit"
+    )
+    p.add_argument("--update", metavar="DOC", nargs="+", help="with --markdown: rewrite DOC's netem blocks")
     a = p.parse_args(argv)
     if a.markdown:
         try:
-            text = read_user_file(a.markdown, "the matrix's JSON", 1 << 20).data
-            rows = [Row(**r) for r in json.loads(text)]
-        except UserFileError as e:
-            print(f"netem: {e.message}", file=sys.stderr)
+            rows = [row for name in a.markdown.split(",") if name for row in _load(name)]
+            for doc in a.update or ():
+                if not update(Path(doc), rows):
+                    raise ValueError(f"{doc} has no <!-- netem-matrix --> or <!-- netem-summary --> block")
+        except (UserFileError, OSError, ValueError) as e:
+            print(f"netem: {getattr(e, 'message', e)}", file=sys.stderr)
             return 1
-        except (ValueError, TypeError) as e:
-            print(f"netem: {a.markdown} is not a --json-out file: {e}", file=sys.stderr)
-            return 1
-        print(markdown(rows))
+        if not a.update:
+            print(markdown(rows))
         return 0
-    names = [n for n in a.paths.split(",") if n]
-    bad = [n for n in names if n not in PATHS]
-    if bad or not names or not 1 <= a.seconds <= 120:
-        p.error(f"unknown path {bad[0]!r}" if bad else "give a path; --seconds is 1..120")
-    missing = [t for t in ("iperf3", "ib_write_bw", "tc", "rdma") if shutil.which(t) is None]
+    try:
+        names = _split(a.paths, tuple(PATHS), "path")
+        runs = _split(a.runs, RUNS, "run")
+        checks = _split(a.checks, CHECKS, "check")
+    except ValueError as e:
+        p.error(str(e))
+    if not names or not 1 <= a.seconds <= 120 or a.update:
+        p.error("give a path; --seconds is 1..120; --update goes with --markdown")
+    missing = [t for t in ("iperf3", "ib_write_bw", "tc", "rdma", "tcpdump") if shutil.which(t) is None]
     why = f"{', '.join(missing)} not installed" if missing else unavailable()
     if why is not None:
         print(f"netem: {why}", file=sys.stderr)
         return 1
     rows = []
     print(HEADER, flush=True)
+    capture = Path(a.capture) if a.capture else None
+    if capture is not None:
+        capture.mkdir(parents=True, exist_ok=True)
     with NetemBed() as bed, tempfile.TemporaryDirectory(prefix="rdmakit-netem-") as work:
-        matrix = Matrix(bed, a.seconds)
+        matrix = Matrix(bed, a.seconds, capture)
         for name in names:
-            rows.append(matrix.row(name, Path(work)))
+            rows.append(matrix.row(name, Path(work), runs, checks))
             print(line(rows[-1]), flush=True)
             if a.json_out:
                 with open(a.json_out, "w") as f:

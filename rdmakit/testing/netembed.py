@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .netbed import HUNG, BedError, Done, run_in
+from .netbed import HUNG, BedError, Done, Red, red_args, run_in
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,17 @@ class Link:
     name: str
     left: tuple[str | None, str, str]
     right: tuple[str | None, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class RedPath:
+    """A bottleneck after the netem delay: tbf at ``rate`` (``burst``) whose queue is ``red``,
+    marking CE on ECN-capable packets (``ecn``) or dropping them."""
+
+    rate: str
+    burst: str
+    red: Red
+    ecn: bool
 
 
 #: rxe device names on the kern and rxe paths, by netdev.
@@ -161,17 +172,37 @@ class NetemBed:
                         return int(gid.name)
         return None
 
-    def set_netem(self, params: Sequence[str], limit: int = 10000) -> None:
-        """The same ``netem`` qdisc (``limit`` packets) at both ends of every path."""
+    def set_netem(self, params: Sequence[str], limit: int = 10000, red: "RedPath | None" = None) -> None:
+        """The same ``netem`` qdisc (``limit`` packets) at both ends of every path; with ``red``,
+        a tbf rate limit after it whose queue is RED (marking CE, or dropping without ECN), as a
+        router's egress to a slower link holds its queue."""
         for link in self.links.values():
             for ns, dev, _addr in (link.left, link.right):
-                tc = ["tc", "qdisc", "replace", "dev", dev, "root", "netem", "limit", str(limit)]
-                self.sh([*tc, *params], ns)
+                self.sh(["tc", "qdisc", "del", "dev", dev, "root"], ns, check=False)
+                tc = ["tc", "qdisc", "add", "dev", dev]
+                self.sh([*tc, "root", "handle", "1:", "netem", "limit", str(limit), *params], ns)
+                if red is not None:
+                    tbf = ["tbf", "rate", red.rate, "burst", red.burst, "limit", str(red.red.limit)]
+                    self.sh([*tc, "parent", "1:1", "handle", "2:", *tbf], ns)
+                    self.sh(
+                        [*tc, "parent", "2:1", "handle", "3:", *red_args(red.red, red.rate, ecn=red.ecn)], ns
+                    )
 
     def qdisc_stats(self, link: str) -> str:
         """The ``tc -s qdisc`` lines of ``link``'s left end (sent, dropped, ...)."""
         ns, dev, _addr = self.links[link].left
         return self.sh(["tc", "-s", "qdisc", "show", "dev", dev], ns)
+
+    @staticmethod
+    def rxe_counters(name: str) -> dict[str, int]:
+        """rxe device ``name``'s hardware counters (rxe_hw_counters.c: ``sent_pkts``,
+        ``rcvd_seq_err``, ``completer_retry_err``, ``duplicate_request`` ...)."""
+        found: dict[str, int] = {}
+        with contextlib.suppress(OSError):
+            for f in (_SYSFS_IB / name / "ports" / "1" / "hw_counters").iterdir():
+                with contextlib.suppress(OSError, ValueError):
+                    found[f.name] = int(f.read_text().strip())
+        return found
 
     # -- running programs -------------------------------------------------------------------
     def popen(self, ns: str | None, argv: Sequence[str]) -> "subprocess.Popen[str]":

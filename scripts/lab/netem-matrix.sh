@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Boot the lab guest and run the netem matrix in it (rdmakit.testing.netem): goodput
-# of rdmakit, of kernel rxe and of iperf3 TCP, and every RC operation with its bytes
-# checked, on veth paths under netem delay, loss, ECN marks, reordering, duplication,
-# corruption and a rate limit. Prints the table; ARGs go to the module:
-#   scripts/lab/netem-matrix.sh [--paths clean,loss1] [--seconds 5] [--json-out FILE]
+# Boot the lab guest and run the netem matrix in it (rdmakit.testing.netem): WRITE and
+# READ goodput of rdmakit, of kernel rxe and of iperf3 TCP, and every RC operation with
+# its bytes checked, on veth paths under netem delay, loss, ECN marks, RED, reordering,
+# duplication, corruption and a rate limit. Prints the table; ARGs go to the module:
+#   scripts/lab/netem-matrix.sh [--paths clean,loss1] [--runs iperf3,rk-rk] [--json-out FILE]
 # A --json-out FILE is written in the guest's writable share (RDMAKIT_LAB_OUT) and
 # copied to FILE on the host.
 set -euo pipefail

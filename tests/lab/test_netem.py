@@ -38,6 +38,7 @@ def guest() -> Iterator[LabGuest]:
 def test_one_percent_loss_ten_ms_every_run_ends_and_every_byte_checks(guest: LabGuest) -> None:
     res = guest.run(
         *GUEST_PYTHON, "-m", "rdmakit.testing.netem", "--paths", "loss1", "--seconds", "3",
+        "--runs", "iperf3,rk-rk,rk>rxe,rxe>rk,rxe-rxe",  # WRITE: the full matrix adds READ
         "--json-out", str(GUEST_SHARE / "out" / "netem.json"), timeout=1200,
     )  # fmt: skip
     print(res.stdout, res.stderr)
@@ -57,6 +58,30 @@ def test_one_percent_loss_ten_ms_every_run_ends_and_every_byte_checks(guest: Lab
         if row["mbs"][run] is None:
             assert row["notes"][run].strip(), (run, row)
     assert res.returncode == (1 if row["mbs"]["rk>rxe"] is None or row["mbs"]["rxe>rk"] is None else 0)
+
+
+def test_red_marks_ce_rdmakit_answers_with_cnps_and_without_ecn_red_drops(guest: LabGuest) -> None:
+    """Annex A17.9 on a real qdisc: RED on each link's egress (20 Mbit/s after 10 ms of netem)
+    marks CE on rdmakit's ECT(0) datagrams, and the responder answers with CNPs; the same RED
+    without ``ecn`` drops them instead, and no CNP is sent. Goodput and the counters of both
+    paths are printed (docs/networks.md has the matrix's)."""
+    res = guest.run(
+        *GUEST_PYTHON, "-m", "rdmakit.testing.netem", "--paths", "red-ecn,red-drop", "--runs", "iperf3,rk-rk",
+        "--checks", "", "--seconds", "3", "--json-out", str(GUEST_SHARE / "out" / "red.json"), timeout=1200,
+    )  # fmt: skip
+    print(res.stdout, res.stderr)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    rows = {r["path"]: r for r in json.loads((guest.share / "out" / "red.json").read_text())}
+    assert rows.keys() == {"red-ecn", "red-drop"}
+    for row in rows.values():
+        assert row["hung"] == [], row
+        assert (row["mbs"]["rk-rk"] or 0) > 0, row
+    ecn, drop = rows["red-ecn"]["counters"]["rk-rk"], rows["red-drop"]["counters"]["rk-rk"]
+    assert ecn["marked"] > 0, ecn  # RED marked what rdmakit sent as ECT(0) ...
+    assert ecn["cnps"] > 0, ecn  # ... and the responder answered the CE marks with CNPs
+    assert ecn["early"] == 0, ecn  # an ECN-capable packet is marked, not dropped early
+    assert (drop["marked"], drop["cnps"]) == (0, 0), drop  # no marks, no CNPs
+    assert drop["early"] > 0, drop  # the same RED dropped instead
 
 
 @pytest.fixture(scope="module")

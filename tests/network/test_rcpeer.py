@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,46 @@ def test_the_matrix_fails_on_a_failed_run_of_rdmakit_a_bad_byte_or_a_hang() -> N
     assert failed([_row(hung=["rk-rk"])])
     assert "0.50x" in line(_row())
     assert "| 2.00 (0.50×) |" in markdown([_row()])
+
+
+def test_the_docs_blocks_are_rewritten_from_the_json_and_nothing_else(tmp_path: Path) -> None:
+    rows = [
+        _row(),
+        _row(path="clean", mbs={"iperf3": 10.0, "rk-rk": 5.0, "rk-rk read": 2.5}),
+        _row(
+            path="red-ecn", mbs={"iperf3": 2.0, "rk-rk": 1.0},
+            counters={"rk-rk": {"marked": 7, "cnps": 3, "dropped": 0, "early": 0, "pdrop": 5}},
+        ),
+    ]  # fmt: skip
+    report = tmp_path / "m.json"
+    report.write_text(json.dumps([asdict(r) for r in rows]))
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "before\n<!-- netem-matrix -->\nold\n<!-- /netem-matrix -->\nmiddle\n"
+        "<!-- netem-summary -->\nold\n<!-- /netem-summary -->\nafter\n"
+    )
+    cmd = [sys.executable, "-m", "rdmakit.testing.netem", "--markdown", str(report), "--update", str(doc)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    text = doc.read_text()
+    assert "old" not in text
+    assert text.startswith("before\n")
+    assert text.endswith("after\n")
+    matrix = text.split("<!-- netem-matrix -->")[1].split("<!-- /netem-matrix -->")[0]
+    summary = text.split("<!-- netem-summary -->")[1].split("<!-- /netem-summary -->")[0]
+    assert "| clean |" in matrix
+    assert "| red-ecn |" in matrix
+    assert "| loss1 |" in matrix
+    assert "`ib_read_bw`" in matrix
+    assert "| 2.50 (0.25×) |" in matrix
+    assert "| red-ecn | rk-rk | 1.00 | 7 | 0 | 5 | 0 | 3 |" in matrix  # the ECN counters
+    # The summary keeps SUMMARY's order (loss1 first) and leaves the ECN paths to the docs.
+    assert summary.index("| loss1 |") < summary.index("| clean |")
+    assert "red-ecn" not in summary
+    bare = tmp_path / "bare.md"
+    bare.write_text("no blocks here\n")
+    cmd[-1] = str(bare)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "no <!-- netem-matrix -->" in done.stderr.splitlines()[-1]
+    assert bare.read_text() == "no blocks here\n"
