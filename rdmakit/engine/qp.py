@@ -40,7 +40,7 @@ from .armed import ArmedResponder, NativeResponder
 from .attrs import ATTRS, ModifyAttrs, QpAttrs
 from .bulk import BulkReceive
 from .completer import fast_read_middle, on_response
-from .congestion import DCQCN_CNP_INTERVAL, PACKET_OVERHEAD, paced
+from .congestion import DCQCN_CNP_INTERVAL
 from .cq import CompletionQueue
 from .errors import EngineError
 from .memory import ProtectionDomain
@@ -564,36 +564,11 @@ class QueuePair(BulkReceive, SmallTransmit, ArmedResponder):
             return []
         out: list[Packet | Train] = []
         budget = (1 << 62) if max_packets is None else max_packets
-        n = self._respond(out, budget, now, trains) if self.resp.out else 0
+        n = self.resp.paced_transmit(out, budget, now, trains, self.req.rate) if self.resp.out else 0
         if self._tx and n < budget:
             n += self.req.transmit(out, budget - n, now, trains)
         self.stats.packets_out += n
         return out
-
-    def _respond(self, out: list[Packet | Train], budget: int, now: float, trains: bool) -> int:
-        """The responder's output, at its pace once READ responses were lost (``ResponsePacer``)."""
-        resp = self.resp
-        pacer = resp.pacer
-        if pacer is None or resp.held_ack() is not None:
-            # One ACK alone (what a native owner of the responder holds, too) is not the data
-            # the pace and DCQCN's rate meter: it leaves at once, and is not measured.
-            return resp.transmit(out, budget, trains)
-        if resp.pace_deadline is not None:
-            return 0
-        # The QP is DCQCN's reaction point for all the data it sends (Zhu et al. 2015, §3.1):
-        # a CNP for READ responses that arrived marked CE lowers their rate too.
-        rate = self.req.rate
-        size = resp.mtu + PACKET_OVERHEAD
-        pacer.pace(size, now)
-        if pacer.rate is not None or rate.rate is not None:
-            budget, deadline = paced(rate, pacer, now, size, budget)
-            if not budget:
-                resp.pace_deadline = deadline
-                return 0
-        n = resp.transmit(out, budget, trains)
-        pacer.measure(n * size, now, bool(resp.out))
-        rate.sent(n * size, now)
-        return n
 
     def transport_error(self, now: float) -> None:
         """The transport lost the path (e.g. a TCP reset): as if retries ran out.

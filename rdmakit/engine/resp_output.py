@@ -25,6 +25,7 @@ from rdmakit.wire import (
     psn_diff,
 )
 
+from .congestion import PACKET_OVERHEAD, Dcqcn, ResponsePacer, paced
 from .context import QpContext
 from .credits import advertised
 
@@ -67,7 +68,7 @@ class ReadReply:
 class ResponseOutput:
     """The output half of the ``Responder`` (its base class)."""
 
-    __slots__ = ()
+    __slots__ = ("pace_deadline", "pacer")
     qp: QpContext
     out: deque[Packet | ReadReply]
     rq: deque[Any]
@@ -75,6 +76,10 @@ class ResponseOutput:
     msn: int
     mtu: int
     fast: bool
+    #: Responses wait for their pace once READ responses were lost (None: not yet, or off).
+    pacer: ResponsePacer | None
+    #: While the pacer holds the next response back: when it may leave.
+    pace_deadline: float | None
 
     def _queue(self, pkt: Packet) -> None:
         out = self.out
@@ -120,6 +125,32 @@ class ResponseOutput:
     def queue_nak(self, code: NakCode, psn: int) -> None:
         self.qp.stats.count_nak_sent(code)
         self._queue(self._ack(Opcode.ACKNOWLEDGE, psn, nak_syndrome(code)))
+
+    def paced_transmit(
+        self, out: list[Packet | Train], budget: int, now: float, trains: bool, rate: Dcqcn
+    ) -> int:
+        """``transmit``, at the pace once READ responses were lost (``ResponsePacer``) and at
+        the QP's DCQCN ``rate``: the QP is DCQCN's reaction point for all the data it sends
+        (Zhu et al. 2015, §3.1), so a CNP for READ responses that arrived marked CE lowers
+        their rate too."""
+        pacer = self.pacer
+        if pacer is None or self.held_ack() is not None:
+            # One ACK alone (what a native owner of the responder holds, too) is not the data
+            # the pace and DCQCN's rate meter: it leaves at once, and is not measured.
+            return self.transmit(out, budget, trains)
+        if self.pace_deadline is not None:
+            return 0
+        size = self.mtu + PACKET_OVERHEAD
+        pacer.pace(size, now)
+        if pacer.rate is not None or rate.rate is not None:
+            budget, deadline = paced(rate, pacer, now, size, budget)
+            if not budget:
+                self.pace_deadline = deadline
+                return 0
+        n = self.transmit(out, budget, trains)
+        pacer.measure(n * size, now, bool(self.out))
+        rate.sent(n * size, now)
+        return n
 
     def transmit(self, out: list[Packet | Train], budget: int, trains: bool = False) -> int:
         """Append up to ``budget`` response packets to ``out`` (runs of READ response

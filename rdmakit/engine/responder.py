@@ -108,8 +108,6 @@ class Responder(ResponseOutput):
         "msn",
         "mtu",
         "out",
-        "pace_deadline",
-        "pacer",
         "placed",
         "psn",
         "qp",
