@@ -68,6 +68,15 @@ def bell_of(dev: SoftDevice) -> Bell:
         return bell
 
 
+class _ThreadPoll(threading.local):
+    """A poll object of the driver's descriptor, made in each thread that asks (``threading.local``
+    runs ``__init__`` once per thread)."""
+
+    def __init__(self, fd: int) -> None:
+        self.poll = select.poll()
+        self.poll.register(fd, select.POLLIN)
+
+
 class SoftPump:
     """The device's `Driver`, run under the device's lock (any thread's progress engine may pump
     it), skipped while quiet as the module says."""
@@ -75,15 +84,16 @@ class SoftPump:
     def __init__(self, driver: Driver, bell: Bell) -> None:
         self.driver = driver
         self._bell = bell
-        self._ready = select.poll()
-        self._ready.register(driver.fileno(), select.POLLIN)
+        # One poll object per thread: the PEs of several threads may pump one device, and a
+        # poll object refuses a second caller while one is inside it.
+        self._ready = _ThreadPoll(driver.fileno())
         self._quiet = False
         self._seen = -1  # the bell's count at the last run
         self._skipped = 0
 
     def progress(self) -> bool:
         bell = self._bell
-        if self._quiet and bell.rung == self._seen and self._skipped < QUIET_RUNS and not self._ready.poll(0):
+        if self._quiet and bell.rung == self._seen and self._skipped < QUIET_RUNS and not self._readable():
             self._skipped += 1
             return False
         with bell.lock:
@@ -92,6 +102,9 @@ class SoftPump:
         self._quiet = not busy
         self._skipped = 0
         return busy
+
+    def _readable(self) -> bool:
+        return bool(self._ready.poll.poll(0))
 
     def fileno(self) -> int:
         return self.driver.fileno()
