@@ -54,6 +54,16 @@ def agent(
         cmd = [*_in(netns), sys.executable, "-m", "tests.conformance.mutations", mutation, *args]
     # A mutant changes Python code the native data plane would bypass.
     env = dict(os.environ, RDMAKIT_PURE_PYTHON="1") if mutation is not None else None
+    with spawned(cmd, dut_ip, secret_file, env) as a:
+        yield a
+
+
+@contextmanager
+def spawned(
+    cmd: list[str], dut_ip: str, secret_file: Path, env: dict[str, str] | None = None
+) -> Iterator[Agent]:
+    """Any agent command (the minimal agent, an altered one) that prints its ready line on
+    stdout, in its own process, stopped and reaped on exit."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None

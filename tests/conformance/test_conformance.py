@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.agents import Agent, against, agent, conformance, results, write_secret
+from tests.conformance.agents import against, agent, conformance, results, spawned, write_secret
 from tests.conformance.mutations import MUTATIONS
 
 pytest.importorskip("scapy")
@@ -166,21 +166,10 @@ def test_the_protocol_document_is_enough_for_an_agent(tmp_path: Path, new_ip: Ca
     with the standard library alone; the suite drives it in both roles."""
     secret = write_secret(tmp_path / "secret")
     dut = new_ip()
-    proc = subprocess.Popen([sys.executable, str(MINIMAL_AGENT), dut, str(secret)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        ready = json.loads(proc.stdout.readline())
-        a = Agent(ready["control"], dut, secret)
+    with spawned([sys.executable, str(MINIMAL_AGENT), dut, str(secret)], dut, secret) as a:
         cases = ("resp.send.only", "resp.write.multi", "resp.read.only", "resp.dup.fadd", "req.send.ack",
                  "req.read.resp", "req.nak.remote_access")  # fmt: skip
         p = against(a, new_ip(), *(arg for c in cases for arg in ("-k", c)), "--json-out", "-")
-    finally:
-        proc.kill()
-        proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
     got = results(json.loads(p.stdout))
     assert got == dict.fromkeys(cases, "PASS"), got
     assert p.returncode == 0

@@ -8,7 +8,6 @@ carries two more (root; skipped, with the reason, where IPv6 is unavailable).
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.conformance.agents import (
-    Agent,
     against,
     agent,
     conformance,
     ipv6_namespace,
     results,
+    spawned,
     write_secret,
 )
 from tests.conformance.mutations import MUTATIONS
@@ -117,17 +116,7 @@ def test_the_minimal_agent_over_ipv6(netns: str, tmp_path: Path) -> None:
     """scripts/conformance-agent-minimal.py, written from the protocol document, serves an IPv6 DUT."""
     secret = write_secret(tmp_path / "secret")
     cmd = ["ip", "netns", "exec", netns, sys.executable, str(MINIMAL_AGENT), DUT, str(secret)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        ready = json.loads(proc.stdout.readline())
-        cases = ("resp.send.only", "resp.read.only", "req.send.ack", "resp.ip6.header", "req.ip6.header")
-        p = against(Agent(ready["control"], DUT, secret), TESTER, *(a for c in cases for a in ("-k", c)),
-                    "--json-out", "-", netns=netns)  # fmt: skip
-    finally:
-        proc.kill()
-        proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+    cases = ("resp.send.only", "resp.read.only", "req.send.ack", "resp.ip6.header", "req.ip6.header")
+    with spawned(cmd, DUT, secret) as a:
+        p = against(a, TESTER, *(arg for c in cases for arg in ("-k", c)), "--json-out", "-", netns=netns)
     assert results(json.loads(p.stdout)) == dict.fromkeys(cases, "PASS"), p.stdout

@@ -8,14 +8,13 @@ for Migrated.
 """
 
 import json
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conformance.agents import Agent, against, results, write_secret
+from tests.conformance.agents import against, results, spawned, write_secret
 
 pytest.importorskip("scapy")
 
@@ -36,17 +35,7 @@ def test_migreq_follows_the_reported_state(
     dut = new_ip()
     cmd = [sys.executable, "-c", AGENT.format(state=state), "-d", f"soft-udp:{dut}", "--listen",
            "tcp:127.0.0.1:0", "--secret-file", str(secret), "--once"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        ready = json.loads(proc.stdout.readline())
-        p = against(Agent(ready["control"], dut, secret), new_ip(), *(a for c in CASES for a in ("-k", c)),
-                    "--json-out", "-")  # fmt: skip
-    finally:
-        proc.kill()
-        proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+    with spawned(cmd, dut, secret) as a:
+        p = against(a, new_ip(), *(arg for c in CASES for arg in ("-k", c)), "--json-out", "-")
     assert results(json.loads(p.stdout)) == dict.fromkeys(CASES, want), p.stdout
     assert p.returncode == (1 if want == "FAIL" else 0)
