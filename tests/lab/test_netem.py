@@ -79,7 +79,9 @@ def test_red_marks_ce_rdmakit_answers_with_cnps_and_without_ecn_red_drops(guest:
     ecn, drop = rows["red-ecn"]["counters"]["rk-rk"], rows["red-drop"]["counters"]["rk-rk"]
     assert ecn["marked"] > 0, ecn  # RED marked what rdmakit sent as ECT(0) ...
     assert ecn["cnps"] > 0, ecn  # ... and the responder answered the CE marks with CNPs
-    assert ecn["early"] == 0, ecn  # an ECN-capable packet is marked, not dropped early
+    # An ECN-capable packet is marked, not dropped early; RED still drops the few packets that
+    # are not ECT (the side channel's TCP, neighbour discovery): sch_red counts those as early.
+    assert ecn["early"] * 20 < ecn["marked"], ecn
     assert (drop["marked"], drop["cnps"]) == (0, 0), drop  # no marks, no CNPs
     assert drop["early"] > 0, drop  # the same RED dropped instead
 
