@@ -17,7 +17,8 @@ figure beside the raw-socket baseline that does the same thing without RDMA:
   GSO→GRO stream of RoCE-sized datagrams in the same direction, through the
   soft device's own socket setup;
 - the polling WRITE round trip through the DOCA job and task APIs against the
-  engine's, with the same far side (`rdmakit.cli.bench_doca`).
+  engine's, with the same far side, each run alternated with one of the
+  engine's (`rdmakit.cli.bench_doca`).
 
 Where installed, C tools run on the same two addresses as a second baseline
 (`rdmakit.cli.bench_tools`): iperf3 for the TCP stream, fi_pingpong (libfabric,
@@ -120,7 +121,7 @@ def headline(m: Measure, args: argparse.Namespace, rep: Report) -> None:
         return lambda: m.rdma_rtt(op, 8, pings, s, compare_add, swap) * 1e6
 
     common = {"baseline": ping.value, "baseline_name": ping.name}
-    write_poll = add(
+    add(
         "rtt_write_poll",
         "RDMA WRITE 8 B round trip, polling",
         "µs",
@@ -157,22 +158,18 @@ def headline(m: Measure, args: argparse.Namespace, rep: Report) -> None:
         c_baseline_name="sockperf ping-pong -m 14 (its minimum), blocking",
     )
 
-    # The DOCA layer: the same round trip and far side as the engine's row, this side through DOCA.
-    vs_engine = {"baseline": write_poll.value, "baseline_name": write_poll.name}
-    add(
-        "doca_job_rtt",
-        "DOCA job API: WRITE 8 B round trip, polling",
-        "µs",
-        lambda: bench_doca.write_round_trip("job", m.child, m.a, m.b, pings, spin) * 1e6,
-        **vs_engine,
+    # The DOCA layer: the same round trip and far side as the engine's row, this side through DOCA,
+    # each run alternated with one of the engine's (`bench_doca.alternated`): the ratio that counts.
+    eng, job, task = bench_doca.alternated(
+        lambda: m.rdma_rtt(WrOpcode.RDMA_WRITE, 8, pings, spin), m.child, m.a, m.b, pings, spin, runs
     )
-    add(
-        "doca_task_rtt",
-        "DOCA task API: the same",
-        "µs",
-        lambda: bench_doca.write_round_trip("task", m.child, m.a, m.b, pings, spin) * 1e6,
-        **vs_engine,
-    )
+    us = [[x * 1e6 for x in xs] for xs in (eng, job, task)]
+    alt = rep.add(Row("rtt_write_alt", "RDMA WRITE 8 B round trip, alternated with DOCA", "µs", us[0]))
+    for key, name, xs in (
+        ("doca_job_rtt", "DOCA job API: WRITE 8 B round trip, polling", us[1]),
+        ("doca_task_rtt", "DOCA task API: the same", us[2]),
+    ):
+        rep.add(Row(key, name, "µs", xs, baseline=alt.value, baseline_name=alt.name))
 
 
 def _bench(args: argparse.Namespace) -> int:

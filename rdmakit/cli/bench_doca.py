@@ -10,6 +10,11 @@ and ``progress_retrieve`` (``doca_workq``), through the task API
 its callback ran. A WRITE's responder does no DOCA work on any NIC, so the
 ratio of these rows to the engine's is what the DOCA layer costs per job.
 
+`alternated` measures the engine's row and both DOCA rows in turn, run by
+run, so that the ratio compares runs made under the same load of the host:
+on a shared machine the load moves between rows measured one after the
+other by more than the 15 % the target allows.
+
 The far side's queue pair and memory come as the engine's endpoint and
 registration; they become the DOCA objects a peer's ``doca_rdma_export`` and
 ``doca_mmap_export_rdma`` would have given (`ConnectionDescriptor`,
@@ -152,6 +157,24 @@ def write_round_trip(api: Api, child: Child, ip_a: str, ip_b: str, count: int, s
         if serving:
             child.send(op="stop")
             child.recv()  # the far side's counters: it stopped serving
+
+
+def alternated(
+    engine: Callable[[], float], child: Child, ip_a: str, ip_b: str, count: int, spin: float, runs: int
+) -> tuple[list[float], list[float], list[float]]:
+    """`runs` medians each (seconds) of the engine's round trip (`engine`), the job API's and the task
+    API's, measured in turn: each round runs all three, starting one further along than the last."""
+    fns: tuple[Callable[[], float], ...] = (
+        engine,
+        lambda: write_round_trip("job", child, ip_a, ip_b, count, spin),
+        lambda: write_round_trip("task", child, ip_a, ip_b, count, spin),
+    )
+    out: tuple[list[float], list[float], list[float]] = ([], [], [])
+    for i in range(runs):
+        for k in range(len(fns)):
+            j = (i + k) % len(fns)
+            out[j].append(fns[j]())
+    return out
 
 
 def _job_round_trips(pe: PE, wq: WorkQ, job: RdmaWriteJob, count: int, spin: float) -> list[float]:

@@ -93,7 +93,8 @@ class SoftPump:
 
     def progress(self) -> bool:
         bell = self._bell
-        if self._quiet and bell.rung == self._seen and self._skipped < QUIET_RUNS and not self._readable():
+        quiet = self._quiet and bell.rung == self._seen and self._skipped < QUIET_RUNS
+        if quiet and not self._ready.poll.poll(0):  # the descriptor, polled here: no call of ours
             self._skipped += 1
             return False
         with bell.lock:
@@ -102,9 +103,6 @@ class SoftPump:
         self._quiet = not busy
         self._skipped = 0
         return busy
-
-    def _readable(self) -> bool:
-        return bool(self._ready.poll.poll(0))
 
     def fileno(self) -> int:
         return self.driver.fileno()

@@ -23,12 +23,13 @@ their inventory and reused; nothing here allocates on the data path.
 """
 
 from collections.abc import Iterator
+from operator import attrgetter
 from typing import Protocol, Self
 
 from rdmakit.doca.errors import DocaError, DocaErrorCode
 from rdmakit.doca.mmap import AccessFlag, Mmap
 
-__all__ = ["DEFAULT_MAX_LIST_LEN", "MAX_REFCOUNT", "Buf"]
+__all__ = ["DEFAULT_MAX_LIST_LEN", "MAX_REFCOUNT", "Buf"]  # plan_state: for rdmakit.doca.rdma_jobs
 
 DEFAULT_MAX_LIST_LEN = 64
 MAX_REFCOUNT = 0xFFFF  # refcount is a uint16_t (doca_buf_inc_refcount)
@@ -165,24 +166,14 @@ class Buf:
 
     def commit_append(self, n: int) -> None:
         """Grow the data section by `n` bytes written through `append_view`."""
-        self._check_live()
-        if not 0 <= n <= self.tailroom:
+        if self._refcount == 0:
+            self._check_live()
+        # One call per completed job: the tailroom is computed here, not through the property.
+        if not 0 <= n <= self._addr + self._length - (self._data + self._data_len):
             raise DocaError(
                 DocaErrorCode.INVALID_VALUE, f"cannot append {n} bytes to {self.tailroom} of tailroom"
             )
         self._data_len += n
-
-    def _plan_key(self) -> tuple[object, ...]:
-        """What a job planned on this buffer (and the rest of its list) depends on.
-
-        The descriptor's mmap, liveness, geometry and list neighbours; a job's
-        plan (``rdmakit.doca.rdma_jobs.plan_key``) is reused while it is equal.
-        """
-        key = (self, self._mmap, self._refcount != 0, self._addr, self._length, self._data, self._data_len)
-        if self._next is None and self._prev is None:
-            return key
-        rest = () if self._next is None else self._next._plan_key()
-        return (*key, self._prev is None, rest)
 
     # -- lists ----------------------------------------------------------------------
 
@@ -312,3 +303,12 @@ class Buf:
             f"<Buf {self._addr:#x}+{self._length} data={self._data:#x}+{self._data_len}"
             f" refcount={self._refcount}>"
         )
+
+
+#: What a job planned on a buffer depends on (``rdmakit.doca.rdma_jobs``): the descriptor's mmap,
+#: liveness, geometry and list neighbours. A plan is reused while every buffer of its lists gives the
+#: same tuple; a live buffer's mmap cannot be stopped or destroyed (``doca_mmap_stop``: buffers
+#: still point into it), so its registration and permissions hold as long as this does.
+plan_state: "attrgetter[tuple[object, ...]]" = attrgetter(
+    "_mmap", "_refcount", "_addr", "_length", "_data", "_data_len", "_prev", "_next"
+)

@@ -216,18 +216,33 @@ class _DevChild(Protocol):
 
 
 class _DevPump:
-    """A device's pump as its engines run it: a busy run wakes every engine sharing the device."""
+    """A device's pump as its engines run it: a busy run wakes every engine sharing the device.
 
-    __slots__ = ("engines", "inner")
+    `progress` is the backend pump's own while one engine runs it (an engine's progress makes no
+    call of ours per device), and `_progress_waking` while several do.
+    """
+
+    __slots__ = ("_engines", "inner", "progress")
 
     def __init__(self, inner: Pump) -> None:
         self.inner = inner
-        self.engines: tuple[ProgressEngine, ...] = ()  # set while more than one engine runs it
+        self._engines: tuple[ProgressEngine, ...] = ()
+        self.progress: Callable[[], bool] = inner.progress
 
-    def progress(self) -> bool:
+    @property
+    def engines(self) -> tuple["ProgressEngine", ...]:
+        """The engines to wake after a busy run; set while more than one engine runs the pump."""
+        return self._engines
+
+    @engines.setter
+    def engines(self, engines: tuple["ProgressEngine", ...]) -> None:
+        self._engines = engines
+        self.progress = self._progress_waking if engines else self.inner.progress
+
+    def _progress_waking(self) -> bool:
         busy = self.inner.progress()
-        if busy and self.engines:
-            for pe in self.engines:  # whoever waits collects its contexts' completions
+        if busy:
+            for pe in self._engines:  # whoever waits collects its contexts' completions
                 pe.wake()
         return busy
 

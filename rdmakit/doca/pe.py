@@ -150,7 +150,8 @@ class ProgressEngine:
     def defer(self, callback: Callable[[], None]) -> None:
         """For tasks: run `callback` in the next `progress` (and wake an armed waiter)."""
         self._deferred.append(callback)
-        self.notify()
+        if self._armed:
+            self.notify()
 
     # -- pumps and descriptors ----------------------------------------------------------------
 

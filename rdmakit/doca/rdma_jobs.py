@@ -35,10 +35,11 @@ table does not list is not an RDMA job. `wc_error` says why a work
 completion failed, in the terms of the job.
 
 A plan is the job's work-queue entry, as a NIC driver writes one into a slot
-of its ring: the context keeps it on the job (`plan_key` says what it was
-checked against) and posts it again while the job's buffers and the
-context's start are the same, so resubmitting a job, or a task, allocates no
-job, work request or event.
+of its ring: the context keeps it on the job (`Posted.epoch`, `Posted.bufs`
+and `Posted.state` say what it was checked against) and posts it again while
+the context's start and every buffer of the job's lists (`plan_state`) are
+the same, so resubmitting a job, or a task, allocates no job, work request or
+event.
 """
 
 import dataclasses
@@ -49,7 +50,7 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from rdmakit.doca.backend import BackendQP, JobType
-from rdmakit.doca.buf import Buf
+from rdmakit.doca.buf import Buf, plan_state
 from rdmakit.doca.ctx import Event, Job
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode, error_from_wc_status
@@ -113,7 +114,7 @@ class _OnConnection(Job):
     """An RDMA job names the connection it runs on; None: the context's only one."""
 
     connection: RdmaConnection | None = None
-    #: The context's plan of this job (`Posted`), reused while `plan_key` holds; not a field.
+    #: The context's plan of this job (`Posted`), reused while it fits (`Posted.fits`); not a field.
     _plan: "Posted | None" = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
 
@@ -241,18 +242,23 @@ class Posted:
     lane: BackendQP | None = None  # the queue pair it was posted to
     conn: RdmaConnection | None = None  # the connection of that queue pair, if by address
     wr: "SendWR | RecvWR | None" = None  # what is posted; its wr_id is the plan's
-    key: tuple[object, ...] = ()  # what it was planned against (`plan_key`)
     ok: Event | None = None  # its success event, made at the first success on `conn`
+    # What it was planned against: the context's start, every buffer of the job's lists (a job is
+    # frozen, so these are its buffers for good) and what each one was then (`plan_state`).
+    epoch: int = -1
+    bufs: tuple[Buf, ...] = ()
+    state: tuple[tuple[object, ...], ...] = ()
 
+    def fits(self, epoch: int) -> bool:
+        """Whether the plan still holds in the context's start `epoch` (the steady state of a
+        resubmitted job: DOCA's work-queue entry written again as it was)."""
+        return self.epoch == epoch and tuple(map(plan_state, self.bufs)) == self.state
 
-def plan_key(epoch: int, bufs: tuple[Buf | None, ...]) -> tuple[object, ...]:
-    """What a plan depends on: the context's start (`epoch`) and each buffer's place and list.
-
-    A live buffer's mmap cannot be stopped or destroyed (``doca_mmap_stop``:
-    buffers still point into it), so its registration and permissions hold
-    as long as the buffer is the same descriptor of the same mmap.
-    """
-    return (epoch, *[b._plan_key() if isinstance(b, Buf) else b for b in bufs])
+    def plan_for(self, epoch: int, named: tuple[Buf | None, ...]) -> None:
+        """Record what the plan was made against: the start `epoch` and the `named` buffers' lists."""
+        self.epoch = epoch
+        self.bufs = tuple(b for head in named if head is not None for b in head)
+        self.state = tuple(map(plan_state, self.bufs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,7 +471,7 @@ class JobSpec(NamedTuple):
     job_type: JobType  # the device capability the job needs
     needs: AccessFlag | None  # what the responder's mmap and context must grant (guide §5.1.4)
     plan: Callable[[Any, int, Planning], Plan]  # the job (of this row's class), its wr_id
-    bufs: Callable[[Any], tuple[Buf | None, ...]]  # the buffers the job names, for `plan_key`
+    bufs: Callable[[Any], tuple[Buf | None, ...]]  # the buffers the job names, for `Posted.plan_for`
 
 
 def _bufs(*names: str) -> Callable[[Any], tuple[Buf | None, ...]]:

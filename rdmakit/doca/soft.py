@@ -231,18 +231,26 @@ class SoftBackendQP:
             raise DocaError(DocaErrorCode.INVALID_VALUE, f"bad connection info: {e}", Fault.PEER) from e
 
     def post_send(self, wr: SendWR) -> None:
+        bell = self._lock  # ``with bell:`` written out: the per-job path makes no further call
+        bell.lock.acquire()
         try:
-            with self._lock:
-                self._qp.post_send(wr)
+            bell.rung += 1
+            self._qp.post_send(wr)
         except EngineError as e:
             raise error_from_engine(e) from e
+        finally:
+            bell.lock.release()
 
     def post_recv(self, wr: RecvWR) -> None:
+        bell = self._lock
+        bell.lock.acquire()
         try:
-            with self._lock:
-                self._qp.post_recv(wr)
+            bell.rung += 1
+            self._qp.post_recv(wr)
         except EngineError as e:
             raise error_from_engine(e) from e
+        finally:
+            bell.lock.release()
 
     def poll(self, max_entries: int) -> Sequence[Completion]:
         cq = self._cq

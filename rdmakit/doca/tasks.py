@@ -284,7 +284,7 @@ class Task:
                 raise DocaError(DocaErrorCode.IN_USE, f"this {self.doca_name} task is already submitted")
             raise DocaError(DocaErrorCode.BAD_STATE, f"this {self.doca_name} task was freed")
         ctx = self._ctx
-        pe = ctx.pe
+        pe = ctx._pe if ctx._pe is not None else ctx.pe  # connected (the task API), else its WorkQ's
         if pe is None:
             raise DocaError(
                 DocaErrorCode.NOT_CONNECTED, "the context is not connected to a progress engine (connect_ctx)"
@@ -301,7 +301,8 @@ class Task:
         except BaseException:
             self._state = TaskState.ALLOCATED
             raise
-        pe.notify()  # a waiter asleep on the handle must progress the new work
+        if pe._armed:
+            pe.notify()  # a waiter asleep on the handle must progress the new work
 
     def try_submit(self) -> None:
         """``doca_task_try_submit``: the task is validated before it is submitted, as by `submit`."""
@@ -344,7 +345,9 @@ class Task:
             cb(self, self._user_data, ctx._user_data)
         finally:
             self._completions += 1
-            ctx._release_held()
+            ctx._held -= 1  # `Ctx._release_held`, inline: only a STOPPING context has more to do
+            if ctx._state is CtxState.STOPPING:
+                ctx._check_drained()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._state.value} status={self._status.name}>"

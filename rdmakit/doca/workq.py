@@ -135,7 +135,8 @@ class WorkQ:
         jobs are in flight, BAD_STATE unless the context is RUNNING, IN_USE if
         this job object is already in flight; the context may raise more.
         """
-        self._check_open()
+        if self._closed:
+            self._check_open()
         ctx = job.ctx
         if ctx._workq is not self:
             raise DocaError(DocaErrorCode.NOT_FOUND, f"{ctx!r} is not attached to this WorkQ")
@@ -152,7 +153,8 @@ class WorkQ:
 
     def progress_retrieve(self) -> Event | None:
         """Run the WorkQ's engine (its devices and contexts); one completed `Event`, or None (AGAIN)."""
-        self._check_open()
+        if self._closed:
+            self._check_open()
         ready = self._ready
         if not ready:
             self._pe.progress()

@@ -1,0 +1,257 @@
+"""One 8-byte WRITE round trip through the engine, the DOCA job API and the DOCA task API, stage by stage.
+
+The far side is a plain soft device in the caller's thread, pumped by hand
+(`Far`), so nothing is left to a scheduler: each side (`engine_side`,
+`doca_side`) yields one callable per stage of `STAGES`, and `_run` calls each
+until it returns True. `measure` gives the median time and the median count of
+Python calls of each stage (`Calls`, through ``sys.setprofile``); ``only``
+counts the calls of one package's code, e.g. the DOCA layer's own.
+``benchmarks/bench_doca_stages.py`` prints them; tests hold the DOCA layer's
+calls per stage to a bound.
+
+A soft device on a loopback address delivers a datagram to its peer's socket
+before ``sendto`` returns, so every stage but the idle one does its work in one
+call of its callable.
+"""
+
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from ipaddress import IPv6Address, ip_address
+from types import FrameType
+
+from rdmakit.doca import (
+    PE,
+    AccessFlag,
+    BufInventory,
+    ConnectionDescriptor,
+    CtxState,
+    Dev,
+    Mmap,
+    MmapDescriptor,
+    Rdma,
+    RdmaTaskWrite,
+    RdmaWriteJob,
+    WorkQ,
+)
+from rdmakit.engine import SGE, Access, CompletionQueue, SendWR, WcStatus, WrOpcode
+from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.device import SoftDevice
+from rdmakit.transport.driver import Driver
+
+__all__ = ["STAGES", "Calls", "Far", "Steps", "doca_side", "engine_side", "measure"]
+
+STAGES = ("submit", "requester transmit", "far side: receive, place, ACK", "complete", "idle progress")
+
+
+@dataclass(frozen=True)
+class Steps:
+    """One round trip: a callable per stage of `STAGES`, each run until it returns True, and what
+    readies the next round trip (not a stage: neither timed nor counted)."""
+
+    stages: tuple[Callable[[], bool], ...]
+    reset: Callable[[], None] = lambda: None
+
+
+class Far:
+    """The far side: a soft device with 8 writable bytes and one QP, pumped by hand."""
+
+    def __init__(self, ip: str) -> None:
+        self.dev = SoftDevice(ip)
+        self.cq = CompletionQueue(64)
+        self.mem = bytearray(8)
+        every = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+        self.mr = self.dev.pd.register(self.mem, 0x4000_0000, every)
+        self.qp = self.dev.create_qp(send_cq=self.cq, recv_cq=self.cq)
+        self.psn = random.getrandbits(24)
+        self.ep = local_endpoint(self.dev, self.qp, self.psn)
+
+    def step(self) -> bool:
+        return self.dev.progress(time.perf_counter())
+
+    def close(self) -> None:
+        self.dev.close()
+
+
+@contextmanager
+def engine_side(far: Far, ip: str) -> Iterator[Steps]:
+    dev = SoftDevice(ip)
+    driver = Driver()
+    driver.add(dev)
+    cq = CompletionQueue(64)
+    qp = dev.create_qp(send_cq=cq, recv_cq=cq)
+    psn = random.getrandbits(24)
+    connect_qp(dev, qp, psn, far.ep)
+    connect_qp(far.dev, far.qp, far.psn, local_endpoint(dev, qp, psn))
+    mem = bytearray(b"8 bytes!")
+    mr = dev.pd.register(mem, 0x1000, Access.LOCAL_WRITE)
+    wr = SendWR(
+        wr_id=1, opcode=WrOpcode.RDMA_WRITE, sg_list=(SGE(0x1000, 8, mr.lkey),), remote_addr=far.mr.addr,
+        rkey=far.mr.rkey,
+    )  # fmt: skip
+
+    def submit() -> bool:
+        qp.post_send(wr)
+        return True
+
+    def complete() -> bool:
+        driver.progress()
+        if not len(cq):
+            return False
+        if cq.poll(1)[0].status is not WcStatus.SUCCESS:
+            raise SystemExit("the engine's WRITE failed")
+        return True
+
+    try:
+        yield Steps((submit, driver.progress, far.step, complete, lambda: not driver.progress()))
+    finally:
+        driver.close()
+        dev.close()
+
+
+@contextmanager
+def doca_side(far: Far, ip: str, api: str) -> Iterator[Steps]:
+    pe = PE()
+    dev = Dev.open(ip, pe=pe)
+    rdma = Rdma()
+    inv = BufInventory(2)
+    inv.start()
+    done: list[RdmaTaskWrite] = []
+    wq: WorkQ | None = None
+    mmaps: list[Mmap] = []
+    try:
+        rdma.add_dev(dev)
+        rdma.set_permissions(AccessFlag.LOCAL_READ_WRITE)
+        if api == "job":
+            wq = WorkQ(4, pe=pe)
+            rdma.workq_add(wq)
+        else:
+            pe.connect_ctx(rdma)
+            rdma.task_write_set_conf(lambda t, u, c: done.append(t), lambda t, u, c: done.append(t), 1)
+        rdma.start()
+        mine = ConnectionDescriptor.from_bytes(rdma.export()).to_backend()
+        ep = far.ep
+        rdma.connect(
+            ConnectionDescriptor(
+                transport="roce-udp", gid=IPv6Address(ep.gid), ip=ip_address(ep.ip), port=ep.port, qpn=ep.qpn,
+                psn=ep.psn, mtu=ep.mtu,
+            )
+        )  # fmt: skip
+        connect_qp(far.dev, far.qp, far.psn, type(far.ep)(**mine))  # type: ignore[arg-type]
+        while rdma.state is not CtxState.RUNNING:
+            pe.progress()
+        local = Mmap()
+        local.set_permissions(AccessFlag.LOCAL_READ_WRITE)
+        local.set_memrange(bytearray(b"8 bytes!"))
+        local.add_dev(dev)
+        local.start()
+        mmaps.append(local)
+        desc = MmapDescriptor(
+            addr=far.mr.addr, length=8, rkey=far.mr.rkey, access=AccessFlag.RDMA_WRITE,
+            device=f"udp:{far.ep.ip}", gid=IPv6Address(far.ep.gid), mtu=far.ep.mtu,
+        )  # fmt: skip
+        mmaps.append(Mmap.create_from_export(desc.to_bytes(), dev))
+        src = inv.get_by_data(local, local.addr, 8)
+        dst = inv.get_by_addr(mmaps[1], mmaps[1].addr, 8)
+
+        def reset() -> None:
+            dst.set_data(dst.addr, 0)  # the WRITE appends at the data's end: the same 8 bytes each time
+
+        if wq is not None:
+            job, queue = RdmaWriteJob(ctx=rdma, src_buf=src, dst_buf=dst), wq
+
+            def submit() -> bool:
+                queue.submit(job)
+                return True
+
+            def complete() -> bool:
+                ev = queue.progress_retrieve()
+                if ev is None:
+                    return False
+                if ev.error is not None:
+                    raise SystemExit(f"the DOCA WRITE job failed: {ev.error}")
+                return True
+
+            yield Steps(
+                (submit, pe.progress, far.step, complete, lambda: queue.progress_retrieve() is None), reset
+            )
+        else:
+            task = rdma.task_write_allocate_init(src, dst)
+
+            def submit() -> bool:
+                task.submit()
+                return True
+
+            def complete() -> bool:
+                pe.progress()
+                if not done:
+                    return False
+                done.clear()
+                if task.error is not None:
+                    raise SystemExit(f"the DOCA WRITE task failed: {task.error}")
+                return True
+
+            yield Steps((submit, pe.progress, far.step, complete, lambda: not pe.progress()), reset)
+            task.free()
+    finally:
+        rdma.close()
+        if wq is not None:
+            wq.close()
+        dev.close_all()
+        pe.close_all()
+
+
+def _run(steps: Steps, out: list[list[int]], clock: Callable[[], int]) -> None:
+    for k, step in enumerate(steps.stages):
+        t0 = clock()
+        while not step():
+            pass
+        out[k].append(clock() - t0)
+    steps.reset()
+
+
+class Calls:
+    """Python function calls (``sys.setprofile``'s "call" events), counted while active: all of them,
+    or those of code whose file is under `only` (a folder such as ``rdmakit/doca/``)."""
+
+    def __init__(self, only: str | None = None) -> None:
+        self.n = 0
+        self.only = only
+
+    def __call__(self, frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and (self.only is None or self.only in frame.f_code.co_filename):
+            self.n += 1
+
+    def clock(self) -> int:
+        """The calls so far, as a "clock" for `_run` (its own call is not counted)."""
+        sys.setprofile(None)
+        n = self.n
+        sys.setprofile(self)
+        return n
+
+
+def measure(
+    steps: Steps, count: int, calls: int, warm: int = 300, only: str | None = None
+) -> tuple[list[float], list[float]]:
+    """Median µs of each stage over `count` round trips, and its median Python calls (`Calls`) over
+    `calls` more."""
+    times: list[list[int]] = [[] for _ in STAGES]
+    for _ in range(warm):
+        _run(steps, [[] for _ in STAGES], time.perf_counter_ns)
+    for _ in range(count):
+        _run(steps, times, time.perf_counter_ns)
+    counted: list[list[int]] = [[] for _ in STAGES]
+    counter = Calls(only)
+    for _ in range(calls):
+        sys.setprofile(counter)
+        try:
+            _run(steps, counted, counter.clock)
+        finally:
+            sys.setprofile(None)
+    us = [statistics.median(t) / 1e3 if t else 0.0 for t in times]
+    # A stage's count includes the stage's own callables and the counter's one call per clock.
+    return us, [float(statistics.median(c)) if c else 0.0 for c in counted]

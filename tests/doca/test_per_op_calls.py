@@ -1,0 +1,40 @@
+"""The DOCA layer's own Python calls per 8-byte WRITE round trip, counted (never timed).
+
+A DOCA job or task round trip is the engine's round trip plus what the DOCA
+layer does on the way: ``doca_workq_submit`` / ``doca_task_submit`` write the
+job's work-queue entry again (the plan kept on the job), ``doca_pe_progress`` /
+``doca_workq_progress_retrieve`` run the device's pump and then poll the
+context's queue pair straight into the job's event or the task's callback.
+Each of those steps is a bounded number of calls of ``rdmakit/doca`` code,
+whatever the engine below does; a per-operation lookup, closure, wrapper or
+re-planning shows up here as more calls. The far side is a plain soft device
+pumped by hand (``rdmakit.testing.doca_rtt``), so each stage runs once.
+"""
+
+from collections.abc import Callable
+
+import pytest
+
+from rdmakit.testing.doca_rtt import STAGES, Far, doca_side, measure
+
+DOCA = "/rdmakit/doca/"
+#: The DOCA layer's calls per stage, at most (submit, transmit, far side, complete, an idle turn).
+BOUNDS = {
+    # WorkQ.submit, Rdma._dispatch, Rdma._post, the backend's post_send and its QP state.
+    "job": (5, 5, 0, 10, 6),
+    # The same through Task.submit; completing also runs Task._deliver, defer and Task._finish.
+    "task": (5, 5, 0, 12, 5),
+}
+
+
+@pytest.mark.parametrize("api", ["job", "task"])
+def test_the_doca_layer_makes_few_calls_per_round_trip(api: str, new_ip: Callable[[], str]) -> None:
+    far = Far(new_ip())
+    try:
+        with doca_side(far, new_ip(), api) as steps:
+            _, calls = measure(steps, 0, 20, warm=20, only=DOCA)
+    finally:
+        far.close()
+    got = dict(zip(STAGES, calls, strict=True))
+    over = {s: (got[s], b) for s, b in zip(STAGES, BOUNDS[api], strict=True) if got[s] > b}
+    assert not over, f"DOCA calls per stage over the bound (got, bound): {over}"
