@@ -11,7 +11,8 @@ changes nothing, beside those of ``test_engine_small_native.py``:
   counters and state with and without it;
 - on a clean network it takes every WRITE packet it is offered;
 - crafted hostile message sequences with a valid ICRC (wrong PSN, opcode
-  sequence, lengths for the packet's place, DMA length, R_Key, range, access,
+  sequence, a MIDDLE where the LAST belongs and the other way, lengths for
+  the packet's place, DMA length, R_Key, range, access,
   a WRITE LAST with immediate, the region deregistered mid-message, header
   defects): fed to two identical QPs, one through the engine alone and one
   through the armed responder first, they leave the same memory, state,
@@ -78,12 +79,12 @@ def test_armed_responder_takes_every_write_packet_on_a_clean_network(monkeypatch
 
 #: The one thing ``craft`` gets wrong, if any.
 DEFECTS = (
-    "psn", "plen", "dma_len", "seq", "imm", "rkey", "region", "range", "dereg", "pkey", "qpn", "tver", "pad",
-    "trailing", "cut", "icrc",
+    "psn", "plen", "dma_len", "seq", "place", "imm", "rkey", "region", "range", "dereg", "pkey", "qpn",
+    "tver", "pad", "trailing", "cut", "icrc",
 )  # fmt: skip
 #: Defects of a message's first packet (its RETH), and of a later one.
 _STARTING = frozenset(("rkey", "region", "range", "dma_len"))
-_WITHIN = frozenset(("imm",))
+_WITHIN = frozenset(("imm", "place"))
 _MTU = 256
 
 
@@ -103,6 +104,11 @@ def craft(rng: random.Random, r: _Responder, defect: str | None) -> bytes:
         if defect == "plen":
             plen = rng.choice((0, 1, plen - 1, plen + 1, _MTU + 1)) if plen else 1
             plen = max(plen, 0)
+        if (
+            defect == "place"
+        ):  # a MIDDLE where the LAST belongs (of an MTU: no room after it), or the other way
+            op = Opcode.RDMA_WRITE_LAST if op is Opcode.RDMA_WRITE_MIDDLE else Opcode.RDMA_WRITE_MIDDLE
+            plen = _MTU
         imm = None
         if defect == "imm":
             op, imm = Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE, 7
@@ -165,6 +171,19 @@ def test_crafted_hostile_write_sequences_equal_the_engine(access: str, taken_bac
         assert executed[None] > 300, executed
     else:
         assert not executed, executed  # a QP without REMOTE_WRITE: nothing is executed
-    always = {"psn", "seq", "imm", "rkey", "region", "range", "pkey", "qpn", "tver", "trailing", "cut"}
+    always = {
+        "psn",
+        "seq",
+        "place",
+        "imm",
+        "rkey",
+        "region",
+        "range",
+        "pkey",
+        "qpn",
+        "tver",
+        "trailing",
+        "cut",
+    }
     always.add("icrc")
     assert not always & set(executed), executed
