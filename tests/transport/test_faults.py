@@ -13,13 +13,13 @@ import pytest
 
 from rdmakit.engine import SGE, Access, Completion, CompletionQueue, QpState, SendWR, WcStatus, WrOpcode
 from rdmakit.testing.engine import until_completions
+from rdmakit.testing.kernel_ids import KernelIds
 from rdmakit.transport import fastpath, roce_udp
 from rdmakit.transport.connect import connect_qp, local_endpoint
 from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 from rdmakit.transport.small_ops import take_small
 from rdmakit.transport.udp import UdpLink
-from rdmakit.wire import icrc_ipv4, pack_icrc
 from tests.transport.two_process import Requester
 
 needs_native = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
@@ -117,40 +117,6 @@ def test_garbage_datagrams_are_counted_and_dropped(pair: tuple[SoftDevice, SoftD
     assert c.malformed >= 3
 
 
-class KernelIds:
-    """Makes a device's datagrams look like kernel rxe's: the ICRC covers an IPv4 ID of its own.
-
-    Linux numbers the datagrams to one destination with a counter
-    (``ip_idents_reserve()``): +1 per packet, with a random jump after a quiet
-    spell. The device's socket still sends ID 0 (what a UDP socket cannot
-    change), so the receiver must work out the ID from the ICRC.
-    """
-
-    def __init__(self, dev: SoftDevice, first: int, jumps: dict[int, int]) -> None:
-        self.dev, self.ident, self.jumps = dev, first, jumps
-        self.sent: list[int] = []
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        link, real_send = self.dev.udp, UdpLink.send
-        port = self.dev.udp_port
-        assert port is not None
-        port._runs, port.codec = False, fastpath.PYTHON  # every packet through UdpLink.send
-        assert link is not None
-        assert not link.gso
-
-        def send(link_: UdpLink, parts: list[bytes], addr: tuple[str, int]) -> bool:
-            if link_ is not link:
-                return real_send(link_, parts, addr)
-            body = b"".join(parts)[:-4]
-            self.ident = (self.ident + 1 + self.jumps.get(len(self.sent), 0)) & 0xFFFF
-            src, dst = socket.inet_aton(link.ip), socket.inet_aton(addr[0])
-            self.sent.append(self.ident)
-            ic = icrc_ipv4(src, dst, link.port, addr[1], body, ident=self.ident)
-            return real_send(link_, [body, pack_icrc(ic)], addr)
-
-        monkeypatch.setattr(UdpLink, "send", send)
-
-
 def test_a_peer_with_its_own_ip_ids_is_verified_by_solving_for_the_id(
     pair: tuple[SoftDevice, SoftDevice, Driver], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,7 +124,7 @@ def test_a_peer_with_its_own_ip_ids_is_verified_by_solving_for_the_id(
     a, b, drv = pair
     rng = random.Random(7)
     kernel = KernelIds(a, 0xFFE0, {i: rng.randrange(1, 900) for i in range(5, 200, 9)})
-    kernel.install(monkeypatch)
+    kernel.install(monkeypatch.setattr)
     wc, src, dst = _write(a, b, drv, 300_000)
     assert wc.status is WcStatus.SUCCESS
     assert dst == src
@@ -200,7 +166,7 @@ def _kernel_writes(a: SoftDevice, b: SoftDevice, drv: Driver, monkeypatch: pytes
 
     monkeypatch.setattr(roce_udp, "take_small", counting)
     kernel = KernelIds(a, 0x1000, {40: 500})  # (IDs from 64 on: none of them one of ours)
-    kernel.install(monkeypatch)
+    kernel.install(monkeypatch.setattr)
     wc, src, dst = _write(a, b, drv, 300_000)
     assert wc.status is WcStatus.SUCCESS
     assert dst == src
