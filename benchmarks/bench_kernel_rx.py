@@ -33,7 +33,7 @@ def _run(ip_a: str, ip_b: str, size: int) -> tuple[float, int]:
         patched.append((obj, name, getattr(obj, name)))
         setattr(obj, name, value)
 
-    a, b = SoftDevice(ip_a, gso=False), SoftDevice(ip_b, gso=False)
+    a, b = SoftDevice(ip_a, port=0, gso=False), SoftDevice(ip_b, port=0, gso=False)
     drv = Driver()
     try:
         drv.add(a)
@@ -79,7 +79,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--mib", type=int, default=8, help="MiB per WRITE (8)")
-    ap.add_argument("--ip-a", default="127.0.0.2")
+    ap.add_argument("--ip-a", default="127.0.0.2")  # (ports of its own: any free one)
     ap.add_argument("--ip-b", default="127.0.0.3")
     args = ap.parse_args()
     if args.runs < 1 or not 0 < args.mib <= 256:
