@@ -32,17 +32,19 @@ from rdmakit.testing.faults import PROFILES
 from rdmakit.transport import fastpath, simnet
 from rdmakit.transport.small_ops import ARMED_OPS, take_small
 from rdmakit.wire import RETH, Kind, Opcode, Packet
-from tests.engine.test_engine_small_native import _IP_A, _IP_B, _compare, _datagram, _Responder, fingerprint
+from tests.engine.seeds import SeedSample
+from tests.engine.test_engine_small_native import (
+    _IP_A,
+    _IP_B,
+    _WRITES,
+    _compare,
+    _datagram,
+    _Responder,
+    fingerprint,
+)
 
 pytestmark = pytest.mark.skipif(fastpath.NATIVE is None, reason=f"native data plane: {fastpath.describe()}")
 
-_WRITES = (
-    WrOpcode.RDMA_WRITE,
-    WrOpcode.RDMA_WRITE,
-    WrOpcode.RDMA_WRITE,
-    WrOpcode.SEND,
-    WrOpcode.RDMA_WRITE_WITH_IMM,
-)
 #: Up to five packets at MTU 256 (FIRST, three MIDDLE, LAST).
 _MAX_LEN = 1200
 
@@ -51,6 +53,14 @@ _MAX_LEN = 1200
 def test_armed_multi_packet_writes_equal_the_engine(name: str) -> None:
     _, _, armed = _compare(list(range(10)), PROFILES[name], _WRITES, _MAX_LEN)
     assert armed > 10 * 20, armed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PROFILES)
+def test_armed_multi_packet_writes_equal_the_engine_many_seeds(name: str, seed_sample: SeedSample) -> None:
+    seeds = seed_sample.seeds(range(2000, 2200), cap=40)
+    assert _compare(seeds, PROFILES[name], _WRITES, _MAX_LEN)[2] > 0
+    seed_sample.passed(len(seeds))
 
 
 def test_armed_responder_takes_every_write_packet_on_a_clean_network(monkeypatch: pytest.MonkeyPatch) -> None:
