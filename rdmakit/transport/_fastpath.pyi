@@ -135,5 +135,7 @@ class Armed:
         flow: IcrcFlow,
         rxflow: object,
         qp: object,
+        ids: object = None,
+        counters: object = None,
         /,
     ) -> None: ...

@@ -33,6 +33,7 @@
  * everything. The QP's packets_in / packets_out counters are kept current (the stats object's attributes),
  * so nothing is stale while armed.
  */
+#include <time.h>
 
 typedef struct {
     PyObject_HEAD
@@ -53,12 +54,13 @@ typedef struct {
     unsigned long long executed;
     /* bind(): the source its requests come from, for poll_armed (NULL: not bound) */
     PyObject *states, *flow, *rxflow, *qp;
+    PyObject *ids, *counters; /* a kernel sender's IdentWindow and the port's counters (or NULL) */
     struct sockaddr_storage src;
     socklen_t src_len;
     unsigned long long mark; /* the poll_armed call that last woke its QP */
 } ArmedObject;
 
-static PyObject *s_packets_in, *s_packets_out, *s_generation, *one_obj;
+static PyObject *s_packets_in, *s_packets_out, *s_generation, *s_icrc_solved, *one_obj;
 static PyTypeObject ArmedType;
 #define ack_op resp_ops[0] /* ACKNOWLEDGE (init_small_response) */
 
@@ -166,6 +168,8 @@ static void armed_dealloc(ArmedObject *self) {
     Py_XDECREF(self->flow);
     Py_XDECREF(self->rxflow);
     Py_XDECREF(self->qp);
+    Py_XDECREF(self->ids);
+    Py_XDECREF(self->counters);
     Py_XDECREF(self->rtable);
     Py_XDECREF(self->pd);
     Py_XDECREF(self->stats);
@@ -174,19 +178,20 @@ static void armed_dealloc(ArmedObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* stats.<name> += 1; -1 with an exception set. */
-static int armed_count(ArmedObject *self, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(self->stats, name);
+/* obj.<name> += 1; -1 with an exception set. */
+static int armed_count_on(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
     if (v == NULL)
         return -1;
     PyObject *w = PyNumber_Add(v, one_obj);
     Py_DECREF(v);
     if (w == NULL)
         return -1;
-    int r = PyObject_SetAttr(self->stats, name, w);
+    int r = PyObject_SetAttr(obj, name, w);
     Py_DECREF(w);
     return r;
 }
+#define armed_count(self, name) armed_count_on((self)->stats, (name))
 
 /* Execute the n-byte segment p (index idx) if it is the in-order WRITE FIRST, MIDDLE, LAST
  * or ONLY this responder takes: 1 done, 0 declined (nothing changed), -1 with an exception set. */
@@ -315,9 +320,10 @@ static PyObject *armed_rx(ArmedObject *self, PyObject *args) {
 }
 
 static PyObject *armed_bind(ArmedObject *self, PyObject *args) {
-    PyObject *addr, *states, *flow, *rxflow, *qp;
+    PyObject *addr, *states, *flow, *rxflow, *qp, *ids = Py_None, *counters = Py_None;
     int v6;
-    if (!PyArg_ParseTuple(args, "OpO!OOO:bind", &addr, &v6, &PyDict_Type, &states, &flow, &rxflow, &qp))
+    if (!PyArg_ParseTuple(args, "OpO!OOO|OO:bind", &addr, &v6, &PyDict_Type, &states, &flow, &rxflow, &qp, &ids,
+                          &counters))
         return NULL;
     if (parse_addr(addr, v6, &self->src, &self->src_len) < 0)
         return NULL;
@@ -329,72 +335,38 @@ static PyObject *armed_bind(ArmedObject *self, PyObject *args) {
     Py_XSETREF(self->rxflow, rxflow);
     Py_INCREF(qp);
     Py_XSETREF(self->qp, qp);
+    Py_XSETREF(self->ids, ids == Py_None ? NULL : Py_NewRef(ids));
+    Py_XSETREF(self->counters, counters == Py_None ? NULL : Py_NewRef(counters));
     Py_RETURN_NONE;
 }
 
-/* The held ACK as a Packet (Responder._ack's fields); NULL with an exception set. */
-static PyObject *armed_ack_packet(ArmedObject *self) {
-    PyObject *aeth_args = Py_BuildValue("(kk)", (unsigned long)self->ack_syn, (unsigned long)self->ack_msn);
-    if (aeth_args == NULL)
-        return NULL;
-    PyObject *aeth = PyObject_Call(t_aeth, aeth_args, NULL);
-    Py_DECREF(aeth_args);
-    if (aeth == NULL)
-        return NULL;
-    PyObject *pkt = PyObject_CallFunction(t_packet, "OkkOOOiOOOOO", op_member[ack_op], (unsigned long)self->dqpn,
-                                          (unsigned long)self->ack_psn, Py_False, Py_False, Py_False, 0xFFFF, Py_False,
-                                          Py_False, Py_None, aeth, Py_None);
-    Py_DECREF(aeth);
-    return pkt;
-}
-
-static PyObject *armed_take_ack(ArmedObject *self, PyObject *Py_UNUSED(ignored)) {
-    if (!self->live || !self->ack || ack_op < 0)
-        Py_RETURN_NONE;
-    PyObject *pkt = armed_ack_packet(self);
-    if (pkt == NULL)
-        return NULL;
-    if (armed_count(self, s_packets_out) < 0) {
-        Py_DECREF(pkt);
-        return NULL;
+/* Armed.rx for the device poll: the ICRC with our IPv4 ID (0), or, bound to a kernel sender
+ * (rxe numbers its own), with the ID it most likely used next, taken as RxSources.other_ident
+ * takes it (IdentWindow.accept at CLOCK_MONOTONIC's now, time.monotonic's clock; counted
+ * icrc_solved). 1 done, 0 declined, -1 with an exception set. */
+static int armed_poll_rx(ArmedObject *a, const unsigned char *p, Py_ssize_t n) {
+    if (a->ids == NULL)
+        return armed_rx_core(a, p, n, 0, a->states, a->flow);
+    PyObject *nxt = PyObject_CallMethod(a->ids, "next", NULL);
+    if (nxt == NULL)
+        return -1;
+    Py_ssize_t ident = nxt == Py_None ? -1 : PyLong_AsSsize_t(nxt);
+    int done = PyErr_Occurred() ? -1 : 0;
+    if (!done && ident >= 0 && ident <= 0xFFFF)
+        done = armed_rx_core(a, p, n, ident, a->states, a->flow);
+    if (done > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        PyObject *r = PyObject_CallMethod(a->ids, "accept", "Od", nxt, (double)ts.tv_sec + ts.tv_nsec * 1e-9);
+        if (r == NULL || (a->counters != NULL && armed_count_on(a->counters, s_icrc_solved) < 0))
+            done = -1;
+        Py_XDECREF(r);
     }
-    self->ack = 0;
-    return pkt;
+    Py_DECREF(nxt);
+    return done;
 }
 
-static PyObject *armed_send_ack(ArmedObject *self, PyObject *args) {
-    int fd, v6;
-    PyObject *addr, *states, *flow;
-    if (!PyArg_ParseTuple(args, "iOpO!O:send_ack", &fd, &addr, &v6, &PyDict_Type, &states, &flow))
-        return NULL;
-    if (!self->live || !self->ack || ack_op < 0)
-        return PyLong_FromLong(-1);
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    if (parse_addr(addr, v6, &ss, &sl) < 0)
-        return NULL;
-    unsigned char h[BTH_LEN + 4 + ICRC_LEN];
-    put_bth(h, ack_op, self->dqpn, self->ack_psn, 0, 0);
-    put_be32(h + BTH_LEN, self->ack_syn << 24 | self->ack_msn);
-    int64_t st = icrc_state(states, flow, (Py_ssize_t)sizeof h, 0);
-    if (st < 0)
-        return NULL;
-    h[4] = 0xFF; /* FECN, BECN, resv6 count as ones (Annex A17.3.3) */
-    uint32_t c = crc32_update((uint32_t)st, h, BTH_LEN + 4);
-    h[4] = 0;
-    put_le32(h + BTH_LEN + 4, c);
-    ssize_t r;
-    do {
-        r = sendto(fd, h, sizeof h, 0, (struct sockaddr *)&ss, sl);
-    } while (r < 0 && errno == EINTR);
-    int err = r < 0 ? errno : 0;
-    if (err == EAGAIN || err == EWOULDBLOCK)
-        return PyLong_FromLong(err); /* a full socket: still held (the caller queues it its way) */
-    if (armed_count(self, s_packets_out) < 0)
-        return NULL;
-    self->ack = 0; /* sent, or lost to a send error as any datagram is */
-    return PyLong_FromLong(err);
-}
+#include "_nativeqp_ack.c"
 
 static PyObject *armed_disarm(ArmedObject *self, PyObject *Py_UNUSED(ignored)) {
     if (!self->live) {
@@ -503,7 +475,7 @@ static PyObject *fp_poll_armed(PyObject *Py_UNUSED(self), PyObject *args) {
         int done = 0;
         if (a != NULL && a->live && same_source(a, &from, from_len)) {
             Py_INCREF(a);
-            done = armed_rx_core(a, p, n, 0, a->states, a->flow);
+            done = armed_poll_rx(a, p, n);
             if (done > 0 && a->mark != mark) {
                 a->mark = mark;
                 PyObject *key = PyLong_FromUnsignedLong(a->qpn);
@@ -542,7 +514,8 @@ fail:
 
 static PyMethodDef armed_methods[] = {
     {"bind", (PyCFunction)armed_bind, METH_VARARGS,
-     "bind((ip, port), v6, states, flow, rxflow, qp): its requests' source, for poll_armed."},
+     "bind((ip, port), v6, states, flow, rxflow, qp[, ids, counters]): its requests' source, for poll_armed "
+     "(ids: a kernel sender's IdentWindow, counters: the port's, for its IDs)."},
     {"rx", (PyCFunction)armed_rx, METH_VARARGS,
      "rx(seg, idx, states, flow) -> bool: execute an in-order WRITE FIRST, MIDDLE, LAST or ONLY."},
     {"take_ack", (PyCFunction)armed_take_ack, METH_NOARGS, "The held ACK as a Packet (counted as sent), or None."},
@@ -577,11 +550,12 @@ static int armed_setup(PyObject *m) {
     s_packets_in = PyUnicode_InternFromString("packets_in");
     s_packets_out = PyUnicode_InternFromString("packets_out");
     s_generation = PyUnicode_InternFromString("generation");
+    s_icrc_solved = PyUnicode_InternFromString("icrc_solved");
     s_ours = PyUnicode_InternFromString("ours");
     s_kernel = PyUnicode_InternFromString("kernel");
     one_obj = PyLong_FromLong(1);
-    if (s_packets_in == NULL || s_packets_out == NULL || s_generation == NULL || s_ours == NULL || s_kernel == NULL ||
-        one_obj == NULL)
+    if (s_packets_in == NULL || s_packets_out == NULL || s_generation == NULL || s_icrc_solved == NULL ||
+        s_ours == NULL || s_kernel == NULL || one_obj == NULL)
         return -1;
     if (PyType_Ready(&ArmedType) < 0)
         return -1;

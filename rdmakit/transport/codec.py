@@ -115,6 +115,8 @@ class ArmedOwner(Protocol):
         flow: IcrcFlow,
         rxflow: object,
         qp: object,
+        ids: object = None,
+        counters: object = None,
         /,
     ) -> None: ...
 

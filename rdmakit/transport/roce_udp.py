@@ -166,7 +166,9 @@ class UdpPort(ArmedSends):
             else:
                 if self._armed and poll is not None:
                     # The device poll for armed responders: their WRITEs executed in C, the
-                    # first other read handed back as recv_raw's.
+                    # first other read handed back as recv_raw's (a kernel sender's counted
+                    # icrc_solved there).
+                    solved = self.counters.icrc_solved
                     taken, raw = poll(
                         self._fd, link.view, self._armed, self._active, OURS_STRIKES, MAX_RX_BATCHES - reads
                     )
@@ -174,7 +176,7 @@ class UdpPort(ArmedSends):
                         busy = True
                         reads += taken
                         self.counters.packets_in += taken
-                        self.counters.icrc_ok += taken
+                        self.counters.icrc_ok += taken - (self.counters.icrc_solved - solved)
                         link.counters.datagrams_in += taken
                 else:
                     # One native read: an empty socket says so without a readiness check first.
@@ -355,9 +357,9 @@ class UdpPort(ArmedSends):
                 # then the engine's checks).
                 if rx.kernel:
                     self.sources.kernel_ident_taken(src_ip, ident, now)
-                    continue  # (its armed responder is not bound: the device poll checks our IDs)
-                c.icrc_ok += 1
-                ours = True
+                else:
+                    c.icrc_ok += 1
+                    ours = True
                 if took == 3 and self._armed.get(qpn) is not qp.native:
                     self._bind(qp, rx, src_ip, sport)
                 continue

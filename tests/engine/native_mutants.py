@@ -144,13 +144,32 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         (_WRITES,),
     ),
     "c-armed-disarm-loses-the-view": (("self->in_msg && self->w_mem != NULL", "0"), (_WRITES,)),
+    # The device poll for a kernel sender's source (its own IPv4 IDs, followed).
+    "c-poll-kernel-id-not-followed": (
+        (
+            'PyObject *r = PyObject_CallMethod(a->ids, "accept", "Od", nxt,',
+            "PyObject *r = Py_NewRef(Py_None); (void)(nxt,",
+        ),
+        ("tests/transport/test_faults.py",),
+    ),
+    "c-poll-kernel-with-our-id": (
+        (
+            "done = armed_rx_core(a, p, n, ident, a->states, a->flow);",
+            "done = armed_rx_core(a, p, n, 0, a->states, a->flow);",
+        ),
+        ("tests/transport/test_faults.py",),
+    ),
     "c-poll-no-wake": (
         ("int bad = key == NULL || PyDict_SetItem(active, key, a->qp) < 0;", "int bad = key == NULL;"),
         ("tests/transport/test_armed.py",),
     ),
 }
 #: The C sources a mutant may edit (its text must occur exactly once in them all).
-C_SOURCES = ("rdmakit/transport/_fastpath.c", "rdmakit/transport/_nativeqp.c")
+C_SOURCES = (
+    "rdmakit/transport/_fastpath.c",
+    "rdmakit/transport/_nativeqp.c",
+    "rdmakit/transport/_nativeqp_ack.c",
+)
 
 
 def _edit(text: str, old: str, new: str, what: str) -> str:
