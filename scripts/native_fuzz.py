@@ -278,10 +278,29 @@ class _Pd:
     generation = 7
 
 
+_ARMED_OPS = (
+    Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_WRITE_LAST,
+    Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE,
+)  # fmt: skip
+
+
+def _msg(rng: random.Random, rkey: int, va: int, size: int, plen: int) -> Any:
+    """An armed responder's WRITE under way: None (between messages), one that fits, or a hostile one."""
+    if rng.random() < 0.4:
+        return None
+    length = rng.choice((size, 2 * plen, 3 * plen, 300, 1 << 31, rng.getrandbits(32)))
+    off = rng.choice((0, 8, plen, length // 2, length - plen, length - 2 * plen, length))
+    msg: list[Any] = [rkey, va & ((1 << 64) - 1), length, off, length - off, 7]
+    if rng.random() < 0.2:
+        msg[rng.randrange(6)] = rng.choice((_int(rng), -1, 1 << 64, None, "x"))
+    return tuple(msg) if rng.random() < 0.95 else msg
+
+
 def fuzz_armed(rng: random.Random, native: Any, count: int) -> None:
-    """Mutated WRITE ONLY requests to an armed responder (``Armed``) made from hostile tickets, its
-    ACK taken, sent to a closed descriptor and handed back in any order: what it executes,
-    decode takes alike, and its expected PSN moves by one."""
+    """Mutated WRITE FIRST, MIDDLE, LAST (with immediate too) and ONLY requests to an armed responder
+    (``Armed``) made from hostile tickets, between messages or within a WRITE, its ACK taken, sent
+    to a closed descriptor and handed back in any order: what it executes, decode takes alike, its
+    expected PSN moves by one and the WRITE under way stays whole (placed + to come = length)."""
     flow = IcrcFlow.ipv4(bytes((127, 0, 0, 9)), bytes((127, 0, 0, 8)), 4791, 4791)
     for _ in range(count):
         mem = bytearray(rng.choice((0, 8, 64, 4096)))
@@ -294,10 +313,15 @@ def fuzz_armed(rng: random.Random, native: Any, count: int) -> None:
         rkey = rng.getrandbits(32)
         va = base + rng.choice((0, 0, 8, len(mem) - 8, len(mem), rng.getrandbits(16)))
         payload = rng.randbytes(rng.choice((0, 8, 8, 64, 300)))
+        op = rng.choice(_ARMED_OPS)
         dma = len(payload) if rng.random() < 0.7 else rng.choice((0, 8, 1 << 31, rng.getrandbits(32)))
+        if op is Opcode.RDMA_WRITE_FIRST and rng.random() < 0.8:  # a message longer than its first packet
+            dma = rng.choice((2 * len(payload), len(mem), len(payload) + 1))
+        starts = op in (Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_FIRST)
+        reth = RETH(va & ((1 << 64) - 1), rkey, dma) if starts else None
         pkt = Packet(
-            Opcode.RDMA_WRITE_ONLY, 0x10, 100, ackreq=rng.random() < 0.7,
-            reth=RETH(va & ((1 << 64) - 1), rkey, dma), payload=payload,
+            op, 0x10, 100, ackreq=rng.random() < 0.7, reth=reth,
+            payload=payload, imm=5 if op is Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE else None,
         )  # fmt: skip
         body = encode(pkt)
         data = bytearray(body + pack_icrc(flow.icrc_seg(0, body)))
@@ -306,8 +330,11 @@ def fuzz_armed(rng: random.Random, native: Any, count: int) -> None:
         held: Any = None if rng.random() < 0.7 else rng.choice(((99, 0x1F, 5), (1 << 24, 0, 0), (1, 2), "x"))
         args: list[Any] = [
             0x10, 0x20, 100 if rng.random() < 0.9 else _int(rng), rng.getrandbits(24),
-            rng.choice((256, 1024, 4096, 4096, 0, -1)), rng.choice((2, 14, 14, 0, 4)), {rkey: entry}, 0x1F,
+            len(payload) or 1 if rng.random() < 0.5 else rng.choice((256, 1024, 4096, 0, -1)),
+            rng.choice((2, 14, 14, 0, 4)),
+            {rkey: entry}, 0x1F,
             _Pd(), _Stats(), held,
+            None if starts and rng.random() < 0.7 else _msg(rng, rkey, va, len(mem), len(payload)),
         ]  # fmt: skip
         if rng.random() < 0.1:
             args[rng.randrange(len(args))] = rng.choice((_int(rng), None, "x", {}))
@@ -323,7 +350,14 @@ def fuzz_armed(rng: random.Random, native: Any, count: int) -> None:
         if got:
             want = decode(bytes(data[:-4]))  # what it executed must be a packet decode takes
             st = armed.disarm()
-            if want.opcode is not Opcode.RDMA_WRITE_ONLY or want.psn != 100 or st[0] != 101 or st[6] != 1:
+            whole = st[6] + st[7] == st[5] and (st[9] is None or len(st[9]) == st[5])
+            if (
+                want.opcode not in _ARMED_OPS[:4]
+                or want.psn != 100
+                or st[0] != 101
+                or st[10] != 1
+                or not whole
+            ):
                 raise AssertionError(f"Armed.rx {bytes(data).hex()}: {st} for {want}")
             continue
         if rng.random() < 0.1:  # the device poll, on a closed descriptor, with a hostile table

@@ -1,24 +1,28 @@
 """The responder handed to a native owner while armed: ``QueuePair.arm_ticket``, ``arm``, ``disarm``.
 
 A transport with a native data plane (the UDP port's ``_fastpath.Armed``) may
-take over a responder's steady state between messages: the expected PSN and
-the MSN, with the ACK it owes. While armed, that state is the native
-object's alone; it executes in-order RDMA WRITE ONLY requests (IBTA Vol. 1
-§9.7.5) and holds their coalesced ACK, and the engine's copy is stale. Every
-entry point of ``QueuePair`` that reads or writes the responder calls
-``disarm`` first, which copies the state back exactly as
-``Responder.write_only_executed`` and ``queue_ack`` would have left it (the
-held ACK back in ``Responder.out``). See ``docs/architecture.md``, "Who owns a
+take over a responder's steady state, between messages or within an RDMA
+WRITE: the expected PSN and the MSN, the WRITE under way, with the ACK it
+owes. While armed, that state is the native object's alone; it executes
+in-order RDMA WRITE FIRST, MIDDLE, LAST and ONLY requests without immediate
+data (IBTA Vol. 1 §9.7.5) and holds their coalesced ACK, and the engine's
+copy is stale. Every entry point of ``QueuePair`` that reads or writes the
+responder calls ``disarm`` first, which copies the state back exactly as
+``Responder._send_write`` and ``queue_ack`` would have left it (the held ACK
+back in ``Responder.out``). See ``docs/architecture.md``, "Who owns a
 QP's state".
 """
 
 from typing import Protocol
 
-from rdmakit.wire import Packet
+from rdmakit.wire import Kind, Packet
 
 from .memory import ProtectionDomain
 from .responder import Responder
 from .stats import QpStats
+
+#: What ``NativeResponder.disarm`` hands back.
+Disarmed = tuple[int, int, bool, int, int, int, int, int, int | None, memoryview | None, int, Packet | None]
 
 
 class NativeResponder(Protocol):
@@ -29,18 +33,21 @@ class NativeResponder(Protocol):
         """An ACK is held (the transport sends it, or ``disarm`` hands it back)."""
         ...
 
-    def disarm(self) -> tuple[int, int, int, int, int, int | None, int, Packet | None]:
-        """The state, handed back once: (expected PSN, MSN, the last WRITE's R_Key, VA,
-        length and PD generation (None: none executed), WRITEs executed, the held ACK)."""
+    def disarm(self) -> Disarmed:
+        """The state, handed back once: (expected PSN, MSN, a WRITE is under way, the last
+        WRITE's R_Key, VA, length, bytes placed, bytes to come and PD generation (None: none
+        executed), the view of the WRITE under way (None between messages), packets
+        executed, the held ACK)."""
         ...
 
 
 #: What an armed responder starts from: (QPN, destination QPN, expected PSN, MSN, MTU,
 #: access bits, the PD's R_Key table, ACK syndrome, the PD, the QP's counters, the ACK
-#: queued and not yet sent as (PSN, syndrome, MSN), or None).
+#: queued and not yet sent as (PSN, syndrome, MSN), or None; the RDMA WRITE under way as
+#: (R_Key, VA, DMA length, bytes placed, bytes to come, PD generation), or None).
 ArmTicket = tuple[
     int, int, int, int, int, int, dict[int, tuple[int, int, int, memoryview]], int, ProtectionDomain, QpStats,
-    tuple[int, int, int] | None,
+    tuple[int, int, int] | None, tuple[int, int, int, int, int, int] | None,
 ]  # fmt: skip
 
 
@@ -60,17 +67,22 @@ class ArmedResponder:
 
     def arm_ticket(self) -> ArmTicket | None:
         """The responder's state for a native owner, when it may take over now: receiving,
-        fast paths on, between messages, nothing queued to send but an ACK that a later one
-        would replace (``held_ack``); None otherwise."""
+        fast paths on, between messages or within an RDMA WRITE, nothing queued to send but
+        an ACK that a later one would replace (``held_ack``); None otherwise."""
         if not self._fast or not self._rx or self.native is not None:
             return None
         resp = self.resp
         held = None
-        if resp.in_msg is not None or (resp.out and (held := resp.held_ack()) is None):
+        if resp.out and (held := resp.held_ack()) is None:
             return None
+        msg = None
+        if resp.in_msg is not None:
+            if resp.in_msg is not Kind.WRITE:
+                return None
+            msg = (resp.w_rkey, resp.w_va, resp.w_len, resp.w_off, resp.w_resid, resp.w_gen)
         return (
             self.qpn, self.dest_qpn, resp.psn, resp.msn, resp.mtu, self.access_bits,
-            self.pd.remote_table, resp.credit_syndrome(), self.pd, self.stats, held,
+            self.pd.remote_table, resp.credit_syndrome(), self.pd, self.stats, held, msg,
         )  # fmt: skip
 
     def arm(self, owner: NativeResponder) -> None:
@@ -85,16 +97,19 @@ class ArmedResponder:
         if owner is None:
             return
         self.native = None
-        psn, msn, rkey, va, length, gen, executed, ack = owner.disarm()
+        psn, msn, in_msg, rkey, va, length, off, resid, gen, view, executed, ack = owner.disarm()
         resp = self.resp
         if executed:
-            # Responder.write_only_executed's state after the last WRITE ONLY executed.
-            resp.w_view = None
-            resp.w_rkey, resp.w_va = rkey, va
+            # Responder._send_write's state after the last WRITE packet executed (within a
+            # message, the view of its range that the next packet writes to).
             assert gen is not None
+            resp.in_msg = Kind.WRITE if in_msg else None
+            resp.w_view = view
+            resp.w_rkey, resp.w_va = rkey, va
             resp.w_gen = gen
-            resp.w_off = resp.w_len = length
-            resp.w_resid = 0
+            resp.w_len = length
+            resp.w_off = off
+            resp.w_resid = resid
             resp.placed = None
             resp.msn = msn
             resp.psn = resp.ack_psn = psn

@@ -2,6 +2,7 @@ from typing import Any
 
 from typing_extensions import Buffer
 
+from rdmakit.engine.armed import Disarmed
 from rdmakit.wire.icrc import IcrcFlow
 from rdmakit.wire.packet import Packet
 
@@ -113,8 +114,11 @@ class Armed:
         pd: object,
         stats: object,
         held: tuple[int, int, int] | None,
+        msg: tuple[int, int, int, int, int, int] | None,
         /,
     ) -> None: ...
+    @staticmethod
+    def init(write_first: int, write_middle: int, write_last: int, /) -> None: ...
     @property
     def pending(self) -> bool: ...
     def rx(self, seg: Buffer, idx: int, states: dict[int, int], flow: IcrcFlow, /) -> bool: ...
@@ -122,7 +126,7 @@ class Armed:
     def send_ack(
         self, fd: int, addr: tuple[str, int], v6: bool, states: dict[int, int], flow: IcrcFlow, /
     ) -> int: ...
-    def disarm(self) -> tuple[int, int, int, int, int, int | None, int, Packet | None]: ...
+    def disarm(self) -> Disarmed: ...
     def bind(
         self,
         src: tuple[str, int],
@@ -131,5 +135,7 @@ class Armed:
         flow: IcrcFlow,
         rxflow: object,
         qp: object,
+        ids: object = None,
+        counters: object = None,
         /,
     ) -> None: ...

@@ -31,6 +31,7 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rdmakit.engine.armed import Disarmed
 from rdmakit.wire import IcrcFlow, Packet
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ class ArmedOwner(Protocol):
     def send_ack(
         self, fd: int, addr: tuple[str, int], v6: bool, states: dict[int, int], flow: IcrcFlow, /
     ) -> int: ...
-    def disarm(self) -> tuple[int, int, int, int, int, int | None, int, Packet | None]: ...
+    def disarm(self) -> Disarmed: ...
     def bind(
         self,
         src: tuple[str, int],
@@ -114,6 +115,8 @@ class ArmedOwner(Protocol):
         flow: IcrcFlow,
         rxflow: object,
         qp: object,
+        ids: object = None,
+        counters: object = None,
         /,
     ) -> None: ...
 
@@ -145,6 +148,7 @@ class Arm(Protocol):
         pd: object,
         stats: object,
         held: tuple[int, int, int] | None,
+        msg: tuple[int, int, int, int, int, int] | None,
         /,
     ) -> ArmedOwner: ...
 

@@ -62,6 +62,7 @@ def _load() -> ModuleType | None:
     _fastpath.init_small_response(
         Opcode.ACKNOWLEDGE, Opcode.RDMA_READ_RESPONSE_ONLY, Opcode.ATOMIC_ACKNOWLEDGE
     )
+    _fastpath.Armed.init(Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_WRITE_LAST)
     return _fastpath
 
 

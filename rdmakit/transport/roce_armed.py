@@ -16,7 +16,7 @@ from rdmakit.wire import IcrcFlow
 
 from .codec import ArmedOwner
 from .port import DeviceCounters, PeerAddress
-from .roce_sources import RxFlow
+from .roce_sources import RxFlow, RxSources
 from .udp import WOULD_BLOCK, UdpLink
 
 
@@ -32,12 +32,15 @@ class ArmedSends:
     _tx_flows: dict[tuple[str, int], IcrcFlow]
     #: The ICRC flow of sends to ``remote`` (``UdpPort._tx_flow``).
     _tx_flow: Callable[[PeerAddress], IcrcFlow]
+    sources: RxSources
 
     def _bind(self, qp: QueuePair, rx: RxFlow, src_ip: str, sport: int) -> None:
         """``qp``'s responder was just armed by a request from ``(src_ip, sport)``: the device
-        poll (``poll_armed``) takes that source's next ones."""
+        poll (``poll_armed``) takes that source's next ones (a kernel sender's checked with the
+        IPv4 ID it most likely used next, its ``IdentWindow`` followed, counted as solved)."""
         owner = cast(ArmedOwner, qp.native)
-        owner.bind((src_ip, sport), self._v6, rx.states, rx.icrc, rx, qp)
+        ids = self.sources.idents.get(src_ip) if rx.kernel else None
+        owner.bind((src_ip, sport), self._v6, rx.states, rx.icrc, rx, qp, ids, self.counters if ids else None)
         self._armed[qp.qpn] = owner
 
     def _send_ack(self, owner: ArmedOwner, qp: QueuePair) -> bool:

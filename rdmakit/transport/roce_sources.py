@@ -69,6 +69,17 @@ class RxSources:
         rx = flows[(src_ip, sport)] = RxFlow(icrc)
         return rx
 
+    def kernel_ident(self, rx: RxFlow, src_ip: str) -> int | None:
+        """The IPv4 ID a kernel sender's next packet most likely carries (``other_ident``'s first
+        guess), for a native path to check its ICRC with; None if ``rx`` is not a kernel's."""
+        ids = self.idents.get(src_ip) if rx.kernel else None
+        return None if ids is None else ids.next()
+
+    def kernel_ident_taken(self, src_ip: str, ident: int, now: float) -> None:
+        """A packet whose ICRC checked with ``kernel_ident``'s ID was taken (as ``other_ident`` counts it)."""
+        self.idents[src_ip].accept(ident, now)
+        self.counters.icrc_solved += 1
+
     def _checked_with(self, rx: RxFlow, seg: memoryview, ident: int) -> Packet | None:
         """The segment decoded if its ICRC checks with IPv4 ID ``ident`` (its header passed), else None."""
         got = self.codec.check_decode(seg, ident, rx.states, rx.icrc)

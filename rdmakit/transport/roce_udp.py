@@ -166,7 +166,9 @@ class UdpPort(ArmedSends):
             else:
                 if self._armed and poll is not None:
                     # The device poll for armed responders: their WRITEs executed in C, the
-                    # first other read handed back as recv_raw's.
+                    # first other read handed back as recv_raw's (a kernel sender's counted
+                    # icrc_solved there).
+                    solved = self.counters.icrc_solved
                     taken, raw = poll(
                         self._fd, link.view, self._armed, self._active, OURS_STRIKES, MAX_RX_BATCHES - reads
                     )
@@ -174,7 +176,7 @@ class UdpPort(ArmedSends):
                         busy = True
                         reads += taken
                         self.counters.packets_in += taken
-                        self.counters.icrc_ok += taken
+                        self.counters.icrc_ok += taken - (self.counters.icrc_solved - solved)
                         link.counters.datagrams_in += taken
                 else:
                     # One native read: an empty socket says so without a readiness check first.
@@ -324,9 +326,10 @@ class UdpPort(ArmedSends):
                 rx = self.sources.flows.get((src_ip, sport))
                 if rx is None:
                     rx = self.sources.flow(src_ip, sport)
-            if runs and op in MIDDLE_OPCODES:
-                # A run of in-order MIDDLE packets: checked (header, then ICRC)
-                # and placed in one call; the first that needs more stops it.
+            if runs and op in MIDDLE_OPCODES and not rx.kernel:
+                # A run of in-order MIDDLE packets: checked (header, then ICRC, with our
+                # IPv4 IDs: not a kernel's) and placed in one call; the first that needs
+                # more stops it.
                 run = qp.rx_run(op)
                 if run is not None and n == run[4] + BTH_LEN + ICRC_LEN:
                     got_n, last_ack = codec.place_run(
@@ -341,15 +344,22 @@ class UdpPort(ArmedSends):
                         if hot and k >= nsegs and got_n < run[3]:
                             self._hot = (qp, op, src_ip, sport, rx.icrc)
                         continue
+            # (A kernel sender's datagram: its ICRC checked with the IPv4 ID it most likely carries.)
+            ident = idx if not rx.kernel else self.sources.kernel_ident(rx, src_ip)
             if (
                 small
                 and op in OFFERED
-                and (took := take_small(codec, qp, op, seg, idx, rx.states, rx.icrc, now))
+                and ident is not None
+                and (took := take_small(codec, qp, op, seg, ident, rx.states, rx.icrc, now))
             ):
-                # A one-packet request executed, or the response that completes a send taken,
-                # in one call each (header, then ICRC, then the engine's checks).
-                c.icrc_ok += 1
-                ours = True
+                # A one-packet request executed, a WRITE packet by an armed responder, or the
+                # response that completes a send taken, in one call each (header, then ICRC,
+                # then the engine's checks).
+                if rx.kernel:
+                    self.sources.kernel_ident_taken(src_ip, ident, now)
+                else:
+                    c.icrc_ok += 1
+                    ours = True
                 if took == 3 and self._armed.get(qpn) is not qp.native:
                     self._bind(qp, rx, src_ip, sport)
                 continue

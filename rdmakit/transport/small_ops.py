@@ -44,9 +44,12 @@ class SmallTxQP(Protocol):
     def tx_small(self, now: float) -> Packet | None: ...
 
 
-_WRITE_ONLY = Opcode.RDMA_WRITE_ONLY
+#: The requests an armed responder executes (``_fastpath.Armed``): RDMA WRITE without immediate.
+ARMED_OPS = frozenset((
+    Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_WRITE_LAST, Opcode.RDMA_WRITE_ONLY,
+))  # fmt: skip
 #: The opcodes worth offering (a set test before any ticket is built).
-OFFERED = SMALL_REQUESTS | SMALL_RESPONSES
+OFFERED = SMALL_REQUESTS | SMALL_RESPONSES | ARMED_OPS
 
 
 def take_small(
@@ -61,11 +64,11 @@ def take_small(
 ) -> int:
     """Offer segment ``idx`` (opcode ``op``, already addressed to ``qp``) to the one-packet paths.
 
-    1: a request was executed; 2: a response completed a send; 3: an RDMA WRITE ONLY
-    was executed by the QP's armed responder (armed here if it may be, ``codec.arm``);
-    0: not taken (nothing done: the generic path takes the segment).
+    1: a request was executed; 2: a response completed a send; 3: an RDMA WRITE FIRST,
+    MIDDLE, LAST or ONLY was executed by the QP's armed responder (armed here if it may
+    be, ``codec.arm``); 0: not taken (nothing done: the generic path takes the segment).
     """
-    if op == _WRITE_ONLY and (arm := codec.arm) is not None:
+    if op in ARMED_OPS and (arm := codec.arm) is not None:
         owner = cast("ArmedOwner | None", qp.native)  # this transport's own, if any
         if owner is None and (armt := qp.arm_ticket()) is not None:
             owner = arm(*armt)

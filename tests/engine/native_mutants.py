@@ -55,6 +55,7 @@ PY_MUTANTS: dict[str, tuple[str, str]] = {
 }
 
 _SMALL = "tests/engine/test_engine_small_native.py"
+_WRITES = "tests/engine/test_engine_armed_writes.py"
 #: name -> ((old, new) in rdmakit/transport/_fastpath.c, the test files that must catch it)
 C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
     "c-request-any-psn": (
@@ -78,7 +79,7 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         (_SMALL,),
     ),
     "c-armed-no-access-check": (
-        ("if (!(self->access & small_access[0]) || (uint64_t)plen != len", "if ((uint64_t)plen != len"),
+        ("    if (!(self->access & small_access[0]))\n        return 0;\n", ""),
         (_SMALL,),
     ),
     "c-armed-region-any-access": (
@@ -88,7 +89,10 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         ),
         (_SMALL,),
     ),
-    "c-armed-msn-not-moved": (("    self->msn = (self->msn + 1) & PSN_MASK;\n", ""), (_SMALL,)),
+    "c-armed-msn-not-moved": (
+        ("        self->msn = (self->msn + 1) & PSN_MASK;\n", "        ;\n"),
+        (_SMALL,),
+    ),
     "c-armed-ack-ignores-ackreq": (
         ("    if (w2 >> 31) {\n        self->ack = 1;", "    if (1) {\n        self->ack = 1;"),
         (_SMALL,),
@@ -102,13 +106,70 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         ),
         ("tests/transport/test_armed.py",),
     ),
+    # Its WRITEs of many packets (FIRST, MIDDLE, LAST), each caught by the crafted sequences.
+    "c-armed-no-op-seq": (("    if (starts == self->in_msg)\n        return 0;\n", ""), (_WRITES,)),
+    "c-armed-first-any-length": (
+        ("fits = plen == self->mtu && len <= small_max_msg &&", "fits = len <= small_max_msg &&"),
+        (_WRITES,),
+    ),
+    "c-armed-middle-any-length": (
+        ("fits = plen == self->mtu && (uint64_t)plen < resid;", "fits = (uint64_t)plen < resid;"),
+        (_WRITES,),
+    ),
+    "c-armed-middle-fills-the-message": (
+        (
+            "fits = plen == self->mtu && (uint64_t)plen < resid;",
+            "fits = plen == self->mtu && (uint64_t)plen <= resid;",
+        ),
+        (_WRITES,),
+    ),
+    "c-armed-last-short": (
+        (
+            "fits = plen > 0 && plen <= self->mtu && (uint64_t)plen == resid;",
+            "fits = plen > 0 && plen <= self->mtu;",
+        ),
+        (_WRITES,),
+    ),
+    "c-armed-only-any-dma-length": (
+        ("fits = plen <= self->mtu && (uint64_t)plen == resid;", "fits = plen <= self->mtu;"),
+        (_WRITES,),
+    ),
+    "c-armed-places-at-the-start": (("t.buf + at + done, p + off", "t.buf + at, p + off"), (_WRITES,)),
+    "c-armed-msn-moved-mid-message": (
+        ("    if (!self->in_msg)\n        self->msn", "    self->msn"),
+        (_WRITES,),
+    ),
+    "c-armed-last-keeps-the-message": (
+        ("self->in_msg = pos == W_FIRST || pos == W_MIDDLE;", "self->in_msg = pos != W_ONLY;"),
+        (_WRITES,),
+    ),
+    "c-armed-disarm-loses-the-view": (("self->in_msg && self->w_mem != NULL", "0"), (_WRITES,)),
+    # The device poll for a kernel sender's source (its own IPv4 IDs, followed).
+    "c-poll-kernel-id-not-followed": (
+        (
+            'PyObject *r = PyObject_CallMethod(a->ids, "accept", "Od", nxt,',
+            "PyObject *r = Py_NewRef(Py_None); (void)(nxt,",
+        ),
+        ("tests/transport/test_faults.py",),
+    ),
+    "c-poll-kernel-with-our-id": (
+        (
+            "done = armed_rx_core(a, p, n, ident, a->states, a->flow);",
+            "done = armed_rx_core(a, p, n, 0, a->states, a->flow);",
+        ),
+        ("tests/transport/test_faults.py",),
+    ),
     "c-poll-no-wake": (
         ("int bad = key == NULL || PyDict_SetItem(active, key, a->qp) < 0;", "int bad = key == NULL;"),
         ("tests/transport/test_armed.py",),
     ),
 }
 #: The C sources a mutant may edit (its text must occur exactly once in them all).
-C_SOURCES = ("rdmakit/transport/_fastpath.c", "rdmakit/transport/_nativeqp.c")
+C_SOURCES = (
+    "rdmakit/transport/_fastpath.c",
+    "rdmakit/transport/_nativeqp.c",
+    "rdmakit/transport/_nativeqp_ack.c",
+)
 
 
 def _edit(text: str, old: str, new: str, what: str) -> str:

@@ -74,12 +74,12 @@ def fingerprint(
     small: SegmentCodec | None,
     n: int = 14,
     ops: tuple[WrOpcode, ...] = tuple(WrOpcode),
+    max_len: int = 300,
 ) -> tuple[Any, ...]:
-    """A bidirectional random workload of mostly one-packet operations (MTU 256, up to 300 bytes);
-    the last item counts what the native paths took: (requests, responses, requester's sends,
-    WRITE ONLY requests executed by an armed responder)."""
-    max_len = 300
-    half = 1 << 14
+    """A bidirectional random workload of mostly one-packet operations (MTU 256, up to ``max_len``
+    bytes); the last item counts what the native paths took: (requests, responses, requester's
+    sends, WRITE packets executed by an armed responder)."""
+    half = max(1 << 14, 2 * n * max_len)
     p = make_pair(seed, faults, mem_size=2 * half, mtu=256, small=small)
     w1, w2 = both_ways(p, random.Random(seed ^ 0x5A11), n, max_len, half, ops)
     assert p.net.run(until=lambda: finished(p, w1, w2), max_time=600.0), f"seed={seed}"
@@ -107,13 +107,13 @@ def fingerprint(
 
 
 def _compare(
-    seeds: list[int], faults: Faults, ops: tuple[WrOpcode, ...] = tuple(WrOpcode)
+    seeds: list[int], faults: Faults, ops: tuple[WrOpcode, ...] = tuple(WrOpcode), max_len: int = 300
 ) -> tuple[int, int, int]:
     """Assert the runs with and without the native paths equal; (requests, responses, armed)."""
     requests = responses = armed = 0
     for seed in seeds:
-        ref = fingerprint(seed, faults, None, ops=ops)
-        got = fingerprint(seed, faults, _codec(), ops=ops)
+        ref = fingerprint(seed, faults, None, ops=ops, max_len=max_len)
+        got = fingerprint(seed, faults, _codec(), ops=ops, max_len=max_len)
         assert ref[3] == (0, 0, 0, 0)
         assert got[:3] == ref[:3], f"seed={seed} faults={faults}"
         requests += got[3][0] + got[3][3]

@@ -32,7 +32,7 @@ native_only = pytest.mark.skipif(native is None, reason=f"native data plane: {fa
 
 def _armed(held: tuple[int, int, int] | None, stats: QpStats | None = None) -> Any:
     pd = ProtectionDomain(random.Random(1))
-    return native.Armed(0x11, 0x22, 5, 9, 1024, 0, pd.remote_table, 0x1F, pd, stats or QpStats(), held)
+    return native.Armed(0x11, 0x22, 5, 9, 1024, 0, pd.remote_table, 0x1F, pd, stats or QpStats(), held, None)
 
 
 @native_only
@@ -68,8 +68,8 @@ def test_the_sent_ack_is_the_engines_ack(new_ip: Callable[[], str], held: tuple[
 def test_a_disarmed_responder_refuses_everything() -> None:
     stats = QpStats()
     armed = _armed((3, 0, 4), stats)
-    psn, msn, _rkey, _va, _len, gen, executed, ack = armed.disarm()
-    assert (psn, msn, gen, executed) == (5, 9, None, 0)
+    psn, msn, in_msg, _rkey, _va, _len, _off, _resid, gen, view, executed, ack = armed.disarm()
+    assert (psn, msn, in_msg, gen, view, executed) == (5, 9, False, None, None, 0)
     assert ack == Packet(Opcode.ACKNOWLEDGE, 0x22, 3, aeth=AETH(0, 4))
     assert not armed.pending
     assert armed.take_ack() is None

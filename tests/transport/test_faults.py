@@ -13,12 +13,13 @@ import pytest
 
 from rdmakit.engine import SGE, Access, Completion, CompletionQueue, QpState, SendWR, WcStatus, WrOpcode
 from rdmakit.testing.engine import until_completions
-from rdmakit.transport import fastpath
+from rdmakit.testing.kernel_ids import KernelIds
+from rdmakit.transport import fastpath, roce_udp
 from rdmakit.transport.connect import connect_qp, local_endpoint
 from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
+from rdmakit.transport.small_ops import take_small
 from rdmakit.transport.udp import UdpLink
-from rdmakit.wire import icrc_ipv4, pack_icrc
 from tests.transport.two_process import Requester
 
 needs_native = pytest.mark.skipif(fastpath.native is None, reason=f"native data plane: {fastpath.describe()}")
@@ -116,40 +117,6 @@ def test_garbage_datagrams_are_counted_and_dropped(pair: tuple[SoftDevice, SoftD
     assert c.malformed >= 3
 
 
-class KernelIds:
-    """Makes a device's datagrams look like kernel rxe's: the ICRC covers an IPv4 ID of its own.
-
-    Linux numbers the datagrams to one destination with a counter
-    (``ip_idents_reserve()``): +1 per packet, with a random jump after a quiet
-    spell. The device's socket still sends ID 0 (what a UDP socket cannot
-    change), so the receiver must work out the ID from the ICRC.
-    """
-
-    def __init__(self, dev: SoftDevice, first: int, jumps: dict[int, int]) -> None:
-        self.dev, self.ident, self.jumps = dev, first, jumps
-        self.sent: list[int] = []
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        link, real_send = self.dev.udp, UdpLink.send
-        port = self.dev.udp_port
-        assert port is not None
-        port._runs, port.codec = False, fastpath.PYTHON  # every packet through UdpLink.send
-        assert link is not None
-        assert not link.gso
-
-        def send(link_: UdpLink, parts: list[bytes], addr: tuple[str, int]) -> bool:
-            if link_ is not link:
-                return real_send(link_, parts, addr)
-            body = b"".join(parts)[:-4]
-            self.ident = (self.ident + 1 + self.jumps.get(len(self.sent), 0)) & 0xFFFF
-            src, dst = socket.inet_aton(link.ip), socket.inet_aton(addr[0])
-            self.sent.append(self.ident)
-            ic = icrc_ipv4(src, dst, link.port, addr[1], body, ident=self.ident)
-            return real_send(link_, [body, pack_icrc(ic)], addr)
-
-        monkeypatch.setattr(UdpLink, "send", send)
-
-
 def test_a_peer_with_its_own_ip_ids_is_verified_by_solving_for_the_id(
     pair: tuple[SoftDevice, SoftDevice, Driver], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -157,7 +124,7 @@ def test_a_peer_with_its_own_ip_ids_is_verified_by_solving_for_the_id(
     a, b, drv = pair
     rng = random.Random(7)
     kernel = KernelIds(a, 0xFFE0, {i: rng.randrange(1, 900) for i in range(5, 200, 9)})
-    kernel.install(monkeypatch)
+    kernel.install(monkeypatch.setattr)
     wc, src, dst = _write(a, b, drv, 300_000)
     assert wc.status is WcStatus.SUCCESS
     assert dst == src
@@ -167,6 +134,63 @@ def test_a_peer_with_its_own_ip_ids_is_verified_by_solving_for_the_id(
     # Every packet verified with the sender's ID, solving only where it jumped.
     assert (c.icrc_solved, c.bad_icrc, c.solved_out_of_window) == (len(kernel.sent), 0, 0)
     assert 1 <= c.solver_runs <= 1 + len(kernel.jumps)
+
+
+@pytest.mark.skipif(fastpath.NATIVE is None, reason=f"native data plane: {fastpath.describe()}")
+def test_a_kernel_senders_write_packets_take_the_native_path_with_its_ip_ids(
+    new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel rxe peer's WRITE (FIRST, MIDDLEs, LAST, one datagram each) to a device with the
+    native data plane: once its IDs are followed, each packet is checked with the ID it most
+    likely carries and executed natively (the armed responder, mostly from the device poll),
+    counted as solved, as the generic path counts it; the same bytes land."""
+    a, b = SoftDevice(new_ip(), gso=False), SoftDevice(new_ip(), gso=False)
+    drv = Driver()
+    drv.add(a)
+    drv.add(b)
+    try:
+        _kernel_writes(a, b, drv, monkeypatch)
+    finally:
+        a.close()
+        b.close()
+        drv.close()
+
+
+def _kernel_writes(a: SoftDevice, b: SoftDevice, drv: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    taken: list[int] = []
+
+    def counting(*args: Any) -> int:
+        took = take_small(*args)
+        taken.append(took)
+        return took
+
+    port = b.udp_port
+    assert port is not None
+    poll = port.codec.poll_armed
+    assert poll is not None
+    polled = [0]
+
+    def counting_poll(*args: Any) -> Any:
+        got = poll(*args)
+        polled[0] += got[0]
+        return got
+
+    monkeypatch.setattr(roce_udp, "take_small", counting)
+    monkeypatch.setattr(port.codec, "poll_armed", counting_poll)
+    kernel = KernelIds(a, 0x1000, {40: 500})  # (IDs from 64 on: none of them one of ours)
+    kernel.install(monkeypatch.setattr)
+    wc, src, dst = _write(a, b, drv, 300_000)
+    assert wc.status is WcStatus.SUCCESS
+    assert dst == src
+    c = b.counters
+    assert (c.icrc_solved, c.icrc_ok, c.bad_icrc, c.solved_out_of_window) == (len(kernel.sent), 0, 0, 0), c
+    # All but the first packet and the one after the jump (solved for, the generic way): most
+    # read and executed by the device poll, the others by the armed responder per packet.
+    assert taken.count(3) + polled[0] >= len(kernel.sent) - 2, (taken, polled, len(kernel.sent))
+    assert polled[0] >= len(kernel.sent) - 8, (polled, taken, len(kernel.sent))
+    # The sender's IDs were followed to its last (a stale window holds while the ID is within
+    # SEGMENT_IDS of it, as ``IcrcFlow.id_shift`` finds it, but the window must not drift).
+    assert port.sources.idents[a.ip].next() == (kernel.sent[-1] + 1) & 0xFFFF
 
 
 class _SendFour:
