@@ -39,6 +39,9 @@ events, keep a QP alive where a TCP connection stays alive:
   AckReq), and a 64 KB queue overflows long before the window fills the
   path.
 
+- ``probe_timeout``: when the tail-loss probe (:mod:`.probe`, RFC 8985 §7) asks
+  again for what a silence may have lost, before the retransmit timer.
+
 - ``ResponsePacer``: the responder's side of a READ. Its responses are the data,
   and no ACK comes back for them; once the requester went back for lost ones (a
   duplicate READ request), they leave at twice the rate they have been leaving at.

@@ -26,7 +26,8 @@ Invariants:
 Retries follow rxe: ``retry_cnt`` counts timeouts, NAK-sequence errors and
 implied NAKs alike, 7 never runs out, and any good response restores the
 count. One difference: the retransmit timer is stopped while an RNR wait runs
-(rxe lets it fire, which can use up ``retry_cnt`` during a long RNR wait).
+(rxe lets it fire, which can use up ``retry_cnt`` during a long RNR wait). With
+congestion control, a tail-loss probe (:mod:`.probe`) goes before the timer.
 """
 
 from collections import deque
