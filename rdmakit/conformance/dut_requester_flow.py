@@ -11,9 +11,10 @@ _QUIET = 0.6
 
 
 def _only_resends(ctx: Ctx, psn: int, why: str) -> None:
-    """For ``_QUIET`` seconds the DUT sends nothing but copies of its request at ``psn``."""
+    """For ``_QUIET`` seconds the DUT sends nothing but copies of requests it sent, up to its
+    request at ``psn``: a retry (or a probe) may resend any unacknowledged request, never a new one."""
     while (rx := ctx.recv(_QUIET)) is not None:
-        check(rx.psn == psn, f"{rx.describe()} {why}")
+        check((psn - rx.psn) & F.PSN_MASK < 0x800000, f"{rx.describe()} {why}")
 
 
 # -- end-to-end credits (IBTA §9.7.7.2) --

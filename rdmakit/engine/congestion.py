@@ -39,6 +39,9 @@ events, keep a QP alive where a TCP connection stays alive:
   AckReq), and a 64 KB queue overflows long before the window fills the
   path.
 
+- ``probe_timeout``: when the tail-loss probe (:mod:`.probe`, RFC 8985 §7) asks
+  again for what a silence may have lost, before the retransmit timer.
+
 - ``ResponsePacer``: the responder's side of a READ. Its responses are the data,
   and no ACK comes back for them; once the requester went back for lost ones (a
   duplicate READ request), they leave at twice the rate they have been leaving at.
@@ -77,6 +80,14 @@ K_MAX_RTO = 60.0
 #: of a whole window can queue for milliseconds at a bottleneck (RFC 6298 §2.4 sets 1 s for
 #: TCP; Linux's TCP_RTO_MIN is 200 ms).
 K_MIN_RTO = 0.01
+
+# -- the tail-loss probe (RFC 8985 §7) --
+
+#: RFC 8985 §7.2: the probe timeout is two smoothed round trips of silence.
+K_PTO_RTTS = 2
+#: The least probe timeout, seconds (RFC 9002 kGranularity): a host's scheduling, not the
+#: path, decides silences shorter than this.
+K_MIN_PTO = K_GRANULARITY
 
 # -- DCQCN (Zhu et al. 2015, §3 and the parameters of §5) --
 
@@ -382,6 +393,16 @@ class RttEstimator:
         if s is None:
             return None
         return s + max(K_GRANULARITY, K_RTO_VARIANCE * self.variation)
+
+
+def probe_timeout(rtt: RttEstimator, timer: float) -> float | None:
+    """RFC 8985 §7.2's PTO: ``K_PTO_RTTS`` smoothed round trips, at least ``K_MIN_PTO``; None
+    before the first sample or where it would not come before the retransmit ``timer``."""
+    s = rtt.smoothed
+    if s is None:
+        return None
+    pto = max(K_PTO_RTTS * s, K_MIN_PTO)
+    return pto if pto < timer else None
 
 
 class Dcqcn:

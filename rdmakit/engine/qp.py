@@ -272,7 +272,8 @@ class QueuePair(BulkReceive, SmallTransmit, ArmedResponder):
         req.sq.clear()
         req.next_idx = req.req_off = req.rd_out = 0
         req.need_retry = False
-        req.rexmit_deadline = req.rnr_deadline = req.pace_deadline = None
+        req.rexmit_deadline = req.rnr_deadline = req.pace_deadline = req.probe_deadline = None
+        req.probe_due = False
         for w in wqes:
             self.push_send(
                 Completion(
@@ -541,8 +542,10 @@ class QueuePair(BulkReceive, SmallTransmit, ArmedResponder):
         return (
             self._tx
             and req.rnr_deadline is None
-            and req.pace_deadline is None
-            and (req.need_retry or req.next_idx < len(req.sq))
+            and (
+                req.probe_due
+                or (req.pace_deadline is None and (req.need_retry or req.next_idx < len(req.sq)))
+            )
         )
 
     def poll_transmit(self, now: float, max_packets: int | None = None) -> list[Packet]:

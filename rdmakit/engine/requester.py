@@ -26,7 +26,8 @@ Invariants:
 Retries follow rxe: ``retry_cnt`` counts timeouts, NAK-sequence errors and
 implied NAKs alike, 7 never runs out, and any good response restores the
 count. One difference: the retransmit timer is stopped while an RNR wait runs
-(rxe lets it fire, which can use up ``retry_cnt`` during a long RNR wait).
+(rxe lets it fire, which can use up ``retry_cnt`` during a long RNR wait). With
+congestion control, a tail-loss probe (:mod:`.probe`) goes before the timer.
 """
 
 from collections import deque
@@ -43,10 +44,12 @@ from .congestion import (
     RttEstimator,
     Window,
     paced,
+    probe_timeout,
 )
 from .context import QpContext
 from .credits import RequesterCredits
 from .memory import gather
+from .probe import tail_probe
 from .send_wqe import PENDING, POSTED, PROCESSING, READ, SEND_WRITE, SendWqe
 from .timers import INFINITE_RETRY, MAX_PKT_PER_ACK, rnr_delay, transport_timeout
 from .types import WcStatus, WrOpcode
@@ -63,10 +66,10 @@ class Requester:
 
     __slots__ = (
         "acked_mark", "cc", "cc_on", "comp_opcode", "comp_psn", "credits", "delivery", "draining", "fast",
-        "max_rd_atomic", "mtu", "need_retry", "next_idx", "noack", "pace_deadline", "pacer", "progress_at",
-        "qp", "rate", "rd_out", "req_off", "req_psn", "retry_cnt", "retry_left", "rexmit_deadline",
-        "rnr_deadline", "rnr_left", "rnr_retry", "rto_backoff", "rtt", "rtt_psn", "rtt_sent",
-        "sent_hwm", "sq", "started_retry", "timeout", "window",
+        "max_rd_atomic", "mtu", "need_retry", "next_idx", "noack", "pace_deadline", "pacer", "probe_deadline",
+        "probe_due", "probed", "progress_at", "qp", "rate", "rd_out", "req_off", "req_psn", "retry_cnt",
+        "retry_left", "rexmit_deadline", "rnr_deadline", "rnr_left", "rnr_retry", "rto_backoff", "rtt",
+        "rtt_psn", "rtt_sent", "sent_hwm", "sq", "started_retry", "timeout", "window",
     )  # fmt: skip
 
     def __init__(self, qp: QpContext, window: int, fast: bool = True, congestion: bool = True) -> None:
@@ -105,6 +108,10 @@ class Requester:
         self.rnr_deadline: float | None = None
         #: While the DCQCN rate holds the next packet back: when it may leave.
         self.pace_deadline: float | None = None
+        #: The tail-loss probe (:mod:`.probe`): when it is due, that it is, and that this episode
+        #: of progress has had its one.
+        self.probe_deadline: float | None = None
+        self.probe_due = self.probed = False
         self.cc = Window(self.window)
         self.rtt = RttEstimator()
         self.delivery = DeliveryRate()
@@ -143,6 +150,9 @@ class Requester:
             best = r if t is None or r < t else t
         p = self.pace_deadline
         if p is not None and (best is None or p < best):
+            best = p
+        p = self.probe_deadline
+        if p is not None and (best is None or p < best):
             return p
         return best
 
@@ -168,6 +178,7 @@ class Requester:
             self.acked_mark = comp
             self.rto_backoff = 0
             self.progress_at = now
+            self.probed = False
             if self.cc_on:
                 self.cc.on_ack(acked, now)
                 self.delivery.on_ack(acked, now, self.rtt.smoothed)
@@ -176,9 +187,18 @@ class Requester:
                 self.rtt.sample(now - self.rtt_sent)
                 self.rtt_psn = None
         if self.timeout is not None and self.req_psn != comp and self.rnr_deadline is None:
-            self.rexmit_deadline = now + (self.rexmit_timeout() or self.timeout)
+            self.arm_timer(now)
         else:
-            self.rexmit_deadline = None
+            self.rexmit_deadline = self.probe_deadline = None
+
+    def arm_timer(self, now: float) -> None:
+        """Start the retransmit timer and, with congestion control, the tail-loss probe's
+        (:mod:`.probe`; one per episode of progress)."""
+        timer = self.rexmit_timeout() or self.timeout
+        assert timer is not None
+        self.rexmit_deadline = now + timer
+        pto = probe_timeout(self.rtt, timer) if self.cc_on and not self.probed else None
+        self.probe_deadline = None if pto is None else now + pto
 
     # -- retries (rxe rxe_comp.c COMPST_ERROR_RETRY / COMPST_RNR_RETRY) --
 
@@ -222,7 +242,8 @@ class Requester:
             if self.rnr_left != INFINITE_RETRY:
                 self.rnr_left -= 1
             self.rnr_deadline = now + rnr_delay(code)
-            self.rexmit_deadline = None
+            self.rexmit_deadline = self.probe_deadline = None
+            self.probe_due = False
             self.rtt_psn = None
             self.need_retry = True
         else:
@@ -235,6 +256,10 @@ class Requester:
         r = self.rnr_deadline
         if r is not None and now >= r:
             self.rnr_deadline = None
+        q = self.probe_deadline
+        if q is not None and now >= q:
+            self.probe_deadline = None
+            self.probe_due = self.probed = True
         t = self.rexmit_deadline
         if t is not None and now >= t:
             self.rexmit_deadline = None
@@ -280,7 +305,16 @@ class Requester:
         as one :class:`~rdmakit.wire.Train` (the same packets, see
         ``Train.packets``); the count still counts packets.
         """
-        if self.rnr_deadline is not None or self.pace_deadline is not None:
+        if self.rnr_deadline is not None:
+            return 0
+        if self.probe_due and budget > 0:
+            self.probe_due = False
+            probes = tail_probe(self)[:budget]
+            if probes:
+                out += probes
+                self.qp.stats.probes += len(probes)
+                return len(probes)
+        if self.pace_deadline is not None:
             return 0
         idle = self.req_psn == self.comp_psn and not self.need_retry
         mtu = self.mtu
@@ -509,7 +543,7 @@ class Requester:
             if self.rexmit_deadline is None and self.timeout is not None:
                 if idle:
                     self.progress_at = now
-                self.rexmit_deadline = now + (self.rexmit_timeout() or self.timeout)
+                self.arm_timer(now)
             if self.cc_on:
                 rate.sent(n * (mtu + PACKET_OVERHEAD), now)
                 self.pacer.sent((n + drawn) * (mtu + PACKET_OVERHEAD))

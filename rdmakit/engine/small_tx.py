@@ -152,7 +152,7 @@ class SmallTransmit:
         if req.rexmit_deadline is None and req.timeout is not None:
             if idle:
                 req.progress_at = now
-            req.rexmit_deadline = now + (req.rexmit_timeout() or req.timeout)
+            req.arm_timer(now)
         if req.cc_on:
             req.rate.sent(mtu + PACKET_OVERHEAD, now)
         self.stats.packets_out += 1

@@ -17,6 +17,8 @@ class QpStats:
     #: Go-back-N sequences started (timeouts, NAK-sequence errors, implied NAKs).
     retries: int = 0
     timeouts: int = 0
+    #: Request packets sent again as tail-loss probes (``engine.probe``; not go-back-N, not retries).
+    probes: int = 0
     implied_naks: int = 0
     #: Duplicate requests received.
     duplicates: int = 0

@@ -44,7 +44,7 @@ class Stream:
     seconds: float
     count: int
     retries: int
-    retransmits: int
+    retransmits: int  # go-back-N's and the tail-loss probes'
     timeouts: int
     dropped: int  # packets the network lost or its queue dropped
     digest: str
@@ -98,7 +98,7 @@ def stream(
         p.net.now,
         count,
         st.retries,
-        st.retransmits,
+        st.retransmits + st.probes,
         st.timeouts,
         net["lost"] + net["queue_full"],
         p.net.trace_digest(),

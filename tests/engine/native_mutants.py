@@ -49,7 +49,7 @@ PY_MUTANTS: dict[str, tuple[str, str]] = {
     "tx-read-last-psn": ("wqe.last_psn = (psn + step - 1) & _MASK", "wqe.last_psn = psn"),
     "tx-no-ackreq": ("ops[3], dqpn, psn, True,", "ops[3], dqpn, psn, False,"),
     "tx-no-rtt-sample": ("req.rtt_psn, req.rtt_sent = psn, now", "pass"),
-    "tx-no-timer": ("req.rexmit_deadline = now + (req.rexmit_timeout() or req.timeout)", "pass"),
+    "tx-no-timer": ("req.arm_timer(now)", "pass"),
     "tx-no-rate-accounting": ("req.rate.sent(mtu + PACKET_OVERHEAD, now)", "pass"),
     "tx-hwm-not-moved": ("            req.sent_hwm = nxt\n", "            pass\n"),
 }

@@ -15,7 +15,7 @@ def requester_state(qp: QueuePair) -> tuple[Any, ...]:
     return (
         r.comp_psn, r.comp_opcode, r.req_psn, r.sent_hwm, r.next_idx, r.req_off, r.noack, r.rd_out,
         r.retry_left, r.rnr_left, r.need_retry, r.rexmit_deadline, r.rnr_deadline, r.pace_deadline,
-        wqes, cc, timing, qp.state,
+        r.probe_deadline, r.probe_due, r.probed, wqes, cc, timing, qp.state,
     )  # fmt: skip
 
 

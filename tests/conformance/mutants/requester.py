@@ -5,6 +5,7 @@ from typing import Any
 
 from rdmakit.engine import completer as completer_mod
 from rdmakit.engine import credits as credits_mod
+from rdmakit.engine import probe as probe_mod
 from rdmakit.engine import qp as qp_mod
 from rdmakit.engine import requester as req_mod
 from rdmakit.engine import send_wqe as wqe_mod
@@ -121,16 +122,25 @@ def _retry_whole_message() -> None:
 
 @mutant("read-retry-from-start", "requester", "req.resp.missing_last")
 def _read_retry_from_start() -> None:
-    """A READ retried after a lost response asks for all of it again, at the missing PSN."""
-    orig = Requester.rewind
+    """A READ retried after a lost response asks for all of it again, at the missing PSN (by
+    go-back-N and by the tail-loss probe alike)."""
+    orig, probe = Requester.rewind, probe_mod.tail_probe
 
-    def rewind(self: Any) -> None:
-        for wqe in self.sq:
+    def from_start(req: Any) -> None:
+        for wqe in req.sq:
             if wqe.kind == wqe_mod.READ:
                 wqe.read_done = 0
+
+    def rewind(self: Any) -> None:
+        from_start(self)
         orig(self)
 
+    def tail_probe(req: Any) -> list[Packet]:
+        from_start(req)
+        return probe(req)
+
     patch(Requester, "rewind", rewind)
+    patch(req_mod, "tail_probe", tail_probe)
 
 
 @mutant("max-rd-atomic-ignored", "requester", "req.rd_atomic.limit", "req.rd_atomic.atomic_limit")
