@@ -31,6 +31,7 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rdmakit.engine.armed_req import NativeRequester
 from rdmakit.wire import IcrcFlow, Packet
 
 if TYPE_CHECKING:
@@ -149,6 +150,12 @@ class Arm(Protocol):
     ) -> ArmedOwner: ...
 
 
+class ArmReq(Protocol):
+    def __call__(
+        self, qp: object, req: object, cq: object, completion: object, success: object, qpn: int, /
+    ) -> NativeRequester: ...
+
+
 class SegmentCodec(Protocol):
     """The codec operations of the RoCE-UDP port (module docstring)."""
 
@@ -175,6 +182,9 @@ class SegmentCodec(Protocol):
     #: socket, executes each datagram an armed responder bound to its source takes, and
     #: hands back the first other read as ``recv_raw`` would: ``(taken, raw)``.
     poll_armed: PollArmed | None
+    #: Makes a QP's native owner of its common ACKs from ``QueuePair.arm_req_ticket``
+    #: (native only; None: not offered): it retires in-order ACKs of SEND/WRITE WQEs.
+    arm_req: ArmReq | None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow
