@@ -38,6 +38,10 @@ typedef struct {
     uint32_t qpn;
     PyObject *log; /* list of (syndrome, msn, now, (comp_psn, ...)) since the last take() */
     uint32_t shadow; /* comp_psn as of the last logged ACK (valid while log is not empty) */
+    /* bind(): the source its ACKs come from, for poll_armed (states NULL: not bound) */
+    PyObject *states, *flow, *rxflow;
+    struct sockaddr_storage src;
+    socklen_t src_len;
 } ArmedReqObject;
 
 static PyObject *s_sq, *s_next_idx, *s_comp_psn, *s_comp_opcode, *s_sent_hwm, *s_entries, *s_depth, *s_rx_on,
@@ -84,6 +88,9 @@ static int armedreq_traverse(ArmedReqObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->completion);
     Py_VISIT(self->success);
     Py_VISIT(self->log);
+    Py_VISIT(self->states);
+    Py_VISIT(self->flow);
+    Py_VISIT(self->rxflow);
     return 0;
 }
 
@@ -94,6 +101,9 @@ static int armedreq_clear(ArmedReqObject *self) {
     Py_CLEAR(self->completion);
     Py_CLEAR(self->success);
     Py_CLEAR(self->log);
+    Py_CLEAR(self->states);
+    Py_CLEAR(self->flow);
+    Py_CLEAR(self->rxflow);
     return 0;
 }
 
@@ -343,7 +353,55 @@ static PyObject *armedreq_take(ArmedReqObject *self, PyObject *Py_UNUSED(ignored
     return log;
 }
 
+static PyObject *armedreq_bind(ArmedReqObject *self, PyObject *args) {
+    PyObject *addr, *states, *flow, *rxflow;
+    int v6;
+    if (!PyArg_ParseTuple(args, "OpO!OO:bind", &addr, &v6, &PyDict_Type, &states, &flow, &rxflow))
+        return NULL;
+    if (parse_addr(addr, v6, &self->src, &self->src_len) < 0)
+        return NULL;
+    Py_XSETREF(self->states, Py_NewRef(states));
+    Py_XSETREF(self->flow, Py_NewRef(flow));
+    Py_XSETREF(self->rxflow, Py_NewRef(rxflow));
+    Py_RETURN_NONE;
+}
+
+static int armedreq_poll_one(PyObject *reqs, const unsigned char *p, Py_ssize_t n,
+                             const struct sockaddr_storage *from, socklen_t from_len, double now, PyObject *active,
+                             PyObject *strikes, PyObject *touched) {
+    PyObject *key = PyLong_FromUnsignedLong(get_be32(p + 4) & PSN_MASK);
+    if (key == NULL)
+        return -1;
+    PyObject *v = PyDict_GetItemWithError(reqs, key); /* borrowed */
+    if (v == NULL || Py_TYPE(v) != &ArmedReqType) {
+        Py_DECREF(key);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    ArmedReqObject *r = (ArmedReqObject *)Py_NewRef(v);
+    int done = 0;
+    if (r->states != NULL && r->qp != NULL && addr_matches(&r->src, from, from_len)) {
+        done = armedreq_rx_core(r, p, n, 0, r->states, r->flow, now);
+        if (done > 0 && PyList_GET_SIZE(r->log) == 1) {
+            /* the first ACK it took in this poll: its QP wakes, its log is handed over */
+            int bad = PyDict_SetItem(active, key, r->qp) < 0 || PyList_Append(touched, r->qp) < 0;
+            if (!bad) {
+                PyObject *kernel = PyObject_GetAttr(r->rxflow, s_kernel);
+                int k = kernel == NULL ? -1 : PyObject_IsTrue(kernel);
+                Py_XDECREF(kernel);
+                bad = k < 0 || (!k && PyObject_SetAttr(r->rxflow, s_ours, strikes) < 0);
+            }
+            if (bad)
+                done = -1;
+        }
+    }
+    Py_DECREF(r);
+    Py_DECREF(key);
+    return done;
+}
+
 static PyMethodDef armedreq_methods[] = {
+    {"bind", (PyCFunction)armedreq_bind, METH_VARARGS,
+     "bind((ip, port), v6, states, flow, rxflow): its ACKs' source, for poll_armed."},
     {"rx", (PyCFunction)armedreq_rx, METH_VARARGS,
      "rx(seg, idx, states, flow, now) -> bool: retire the SEND/WRITE WQEs an in-order ACK covers."},
     {"take", (PyCFunction)armedreq_take, METH_NOARGS,

@@ -119,6 +119,14 @@ class ArmedOwner(Protocol):
     ) -> None: ...
 
 
+class ArmedReqOwner(NativeRequester, Protocol):
+    """A requester's native completer (``_fastpath.ArmedReq``; ``rdmakit.engine.armed_req``)."""
+
+    def bind(
+        self, src: tuple[str, int], v6: bool, states: dict[int, int], flow: IcrcFlow, rxflow: object, /
+    ) -> None: ...
+
+
 class PollArmed(Protocol):
     def __call__(
         self,
@@ -128,6 +136,9 @@ class PollArmed(Protocol):
         active: dict[int, Any],
         strikes: int,
         max_reads: int,
+        reqs: dict[int, ArmedReqOwner] = ...,
+        now: float = ...,
+        touched: list[Any] = ...,
         /,
     ) -> tuple[int, tuple[int, int, tuple[str, int], int, int] | None]: ...
 
@@ -153,7 +164,7 @@ class Arm(Protocol):
 class ArmReq(Protocol):
     def __call__(
         self, qp: object, req: object, cq: object, completion: object, success: object, qpn: int, /
-    ) -> NativeRequester: ...
+    ) -> ArmedReqOwner: ...
 
 
 class SegmentCodec(Protocol):

@@ -140,6 +140,13 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         ("        if (status) {\n            result = 0;", "        if (0) {\n            result = 0;"),
         (_REQ,),
     ),
+    "c-req-poll-no-handover": (
+        (
+            "PyDict_SetItem(active, key, r->qp) < 0 || PyList_Append(touched, r->qp) < 0;",
+            "PyDict_SetItem(active, key, r->qp) < 0;",
+        ),
+        ("tests/transport/test_armed.py",),
+    ),
 }
 #: The C sources a mutant may edit (its text must occur exactly once in them all).
 C_SOURCES = (
