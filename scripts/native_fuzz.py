@@ -369,6 +369,16 @@ def fuzz_armed_req(rng: random.Random, native: Any, count: int) -> None:
             owner = native.ArmedReq(*args)
         except REFUSALS:
             continue
+        if rng.random() < 0.2:  # the device poll, on a closed descriptor, with a hostile table
+            bad: Any = {qp.qpn: owner, 0x11: "x", "k": owner}
+            with contextlib.suppress(*REFUSALS, BufferError):
+                native.poll_armed(-1, bytearray(64), {}, {}, 2, rng.choice((0, 1, 5)), bad, 0.0, [])
+            with contextlib.suppress(*REFUSALS, BufferError):
+                native.poll_armed(-1, bytearray(64), {}, {}, 2, 1, bad)  # no now, no touched list
+            with contextlib.suppress(*REFUSALS, BufferError):
+                owner.bind(
+                    ("127.0.0.9", 4791), rng.random() < 0.2, flow.states, flow, rng.choice((None, "x"))
+                )
         for _ in range(rng.randrange(1, 8)):
             made += 1
             psn = (req.comp_psn + rng.choice((-1, 0, 0, 1, 1, 2, 3, 1 << 23))) & 0xFFFFFF
