@@ -84,6 +84,7 @@ def test_a_disarmed_responder_refuses_everything() -> None:
 def test_the_python_codec_never_arms() -> None:
     """``RDMAKIT_PURE_PYTHON=1``'s codec offers no ``arm``: a WRITE ONLY goes the generic way."""
     assert fastpath.PYTHON.arm is None
+    assert fastpath.PYTHON.arm_req is None  # nor a native completer for ACKs
 
     class _Qp:
         native = None
