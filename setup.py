@@ -33,7 +33,11 @@ setup(
         Extension(
             FASTPATH,
             sources=["rdmakit/transport/_fastpath.c"],
-            depends=["rdmakit/transport/_nativeqp.c", "rdmakit/transport/_nativeqp_ack.c"],
+            depends=[
+                "rdmakit/transport/_nativeqp.c",
+                "rdmakit/transport/_nativeqp_ack.c",
+                "rdmakit/transport/_nativereq.c",
+            ],
             extra_compile_args=["-O2", "-std=gnu11", "-fno-strict-aliasing", "-Wall", "-Wextra"],
             optional=True,
         )

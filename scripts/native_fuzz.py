@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from rdmakit.engine import Completion, QpCaps, SendWR, WcStatus, WrOpcode
+from rdmakit.testing.engine import connect, make_side
 from rdmakit.transport import fastpath
 from rdmakit.wire import (
     AETH,
@@ -376,6 +378,70 @@ def fuzz_armed(rng: random.Random, native: Any, count: int) -> None:
                     armed.rx(memoryview(data), 0, flow.states, flow)
 
 
+def fuzz_armed_req(rng: random.Random, native: Any, count: int) -> None:
+    """Mutated ACKs, at any PSN, to a requester's native completer (``ArmedReq``) over a live send
+    queue of WRITEs (some unsignaled, a full CQ now and then), and hostile owners: what it takes,
+    decode takes alike as an ACK, and it completes exactly the WQEs its log names."""
+    flow = IcrcFlow.ipv4(bytes((127, 0, 0, 9)), bytes((127, 0, 0, 8)), 4791, 4791)
+    side_rng = random.Random(rng.getrandbits(32))
+    made = 0
+    while made < count:
+        a = make_side("a", side_rng, 4096, QpCaps(), rng.choice((1, 2, 64)))
+        b = make_side("b", side_rng, 4096, QpCaps(), 64)
+        connect(a.qp, b.qp, side_rng, mtu=256)
+        qp, req = a.qp, a.qp.req
+        for i in range(rng.randrange(0, 6)):
+            sge = a.sge(0, rng.choice((0, 8, 256, 300)))
+            wr = SendWR(wr_id=i, opcode=WrOpcode.RDMA_WRITE, sg_list=(sge,), remote_addr=b.mr.addr,
+                        rkey=b.mr.rkey, signaled=rng.random() < 0.7)  # fmt: skip
+            qp.post_send(wr)
+        qp.poll_transmit(0.0, rng.randrange(0, 8))
+        args: list[Any] = [qp, req, qp.send_cq, Completion, WcStatus.SUCCESS, qp.qpn]
+        if rng.random() < 0.1:
+            args[rng.randrange(len(args))] = rng.choice((_int(rng), None, "x", {}, _Pd()))
+        try:
+            owner = native.ArmedReq(*args)
+        except REFUSALS:
+            continue
+        if rng.random() < 0.2:  # the device poll, on a closed descriptor, with a hostile table
+            bad: Any = {qp.qpn: owner, 0x11: "x", "k": owner}
+            with contextlib.suppress(*REFUSALS, BufferError):
+                native.poll_armed(-1, bytearray(64), {}, {}, 2, rng.choice((0, 1, 5)), bad, 0.0, [])
+            with contextlib.suppress(*REFUSALS, BufferError):
+                native.poll_armed(-1, bytearray(64), {}, {}, 2, 1, bad)  # no now, no touched list
+            with contextlib.suppress(*REFUSALS, BufferError):
+                owner.bind(
+                    ("127.0.0.9", 4791), rng.random() < 0.2, flow.states, flow, rng.choice((None, "x"))
+                )
+        for _ in range(rng.randrange(1, 8)):
+            made += 1
+            psn = (req.comp_psn + rng.choice((-1, 0, 0, 1, 1, 2, 3, 1 << 23))) & 0xFFFFFF
+            syn = rng.choice((0, 0, 0x1F, 0x21, 0x60, 0x63))
+            body = encode(Packet(Opcode.ACKNOWLEDGE, qp.qpn, psn, aeth=AETH(syn, rng.getrandbits(24))))
+            data = bytearray(body + pack_icrc(flow.icrc_seg(0, body)))
+            if rng.random() < 0.3:
+                data = _mutate(rng, data)
+            idx = 0 if rng.random() < 0.9 else rng.choice((1, -1, 1 << 16))
+            before = len(req.sq)
+            try:
+                got = owner.rx(memoryview(data), idx, flow.states, flow, rng.random())
+            except (*REFUSALS, AttributeError, BufferError, IndexError):
+                break
+            log = owner.take()
+            if got:
+                want = decode(bytes(data[:-4]))
+                done = sum(len(e[3]) for e in log)
+                if want.opcode is not Opcode.ACKNOWLEDGE or want.aeth is None or want.aeth.syndrome >> 5:
+                    raise AssertionError(f"ArmedReq.rx took {bytes(data).hex()}: {want}")
+                if len(log) != 1 or done < 1 or before - len(req.sq) != done:
+                    raise AssertionError(
+                        f"ArmedReq.rx {bytes(data).hex()}: log {log}, {before} -> {len(req.sq)}"
+                    )
+                qp.acks_taken(log)
+            elif log:
+                raise AssertionError(f"ArmedReq.rx declined {bytes(data).hex()} but logged {log}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=20240601)
@@ -392,9 +458,10 @@ def main(argv: list[str] | None = None) -> int:
     fuzz_small_request(rng, native, args.count // 2)
     fuzz_small_response(rng, native, args.count // 2)
     fuzz_armed(rng, native, args.count // 2)
+    fuzz_armed_req(rng, native, args.count // 4)
     n, h = args.count // 4, args.count // 2
     print(f"native_fuzz: {args.count} check_decode, {n} place_run, {n} x 3 send/recv, {h} small_request, "
-          f"{h} small_response, {h} armed responder inputs (seed {args.seed}): "
+          f"{h} small_response, {h} armed responder, {n} armed requester inputs (seed {args.seed}): "
           "all answered or refused")  # fmt: skip
     return 0
 

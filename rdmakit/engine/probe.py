@@ -30,20 +30,31 @@ A probe is a packet, not a retry: no window cut, no timer backoff, no
 as it always is.
 """
 
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import Protocol
 
 from rdmakit.wire import PSN_MASK, RETH, Opcode, Packet
 
 from .memory import gather
 from .send_wqe import READ, SEND_WRITE, SendWqe
 
-if TYPE_CHECKING:
-    from .requester import Requester
+
+class Outstanding(Protocol):
+    """What a probe reads of a requester (``Requester`` is one)."""
+
+    req_psn: int
+    comp_psn: int
+    sq: deque[SendWqe]
+    need_retry: bool
+    next_idx: int
+    req_off: int
+    mtu: int
+
 
 _MASK = PSN_MASK
 
 
-def tail_probe(req: "Requester") -> list[Packet]:
+def tail_probe(req: Outstanding, dqpn: int) -> list[Packet]:
     """The probes for ``req``'s outstanding PSNs (the module's rules); none if nothing is."""
     psn, comp = req.req_psn, req.comp_psn
     sq = req.sq
@@ -57,22 +68,21 @@ def tail_probe(req: "Requester") -> list[Packet]:
     else:
         return []
     out = []
-    first = _request(req, sq[0], comp)
+    first = _request(req, dqpn, sq[0], comp)
     if first is not None:
         out.append(first)
     last = (psn - 1) & _MASK
     if last != comp and tail.kind == SEND_WRITE:
-        probe = _request(req, tail, last)
+        probe = _request(req, dqpn, tail, last)
         assert probe is not None
         out.append(probe)
     return out
 
 
-def _request(req: "Requester", wqe: SendWqe, psn: int) -> Packet | None:
+def _request(req: Outstanding, dqpn: int, wqe: SendWqe, psn: int) -> Packet | None:
     """The request ``wqe`` sent for ``psn`` (a READ: from ``psn`` on), with AckReq; None for an atomic."""
     wr = wqe.wr
     mtu = req.mtu
-    dqpn = req.qp.dest_qpn
     if wqe.kind == SEND_WRITE:
         off = ((psn - wqe.first_psn) & _MASK) * mtu
         length = wqe.length

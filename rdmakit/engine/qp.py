@@ -37,6 +37,7 @@ from rdmakit.wire import (
 )
 
 from .armed import ArmedResponder, NativeResponder
+from .armed_req import ArmedRequester, NativeRequester
 from .attrs import ATTRS, ModifyAttrs, QpAttrs
 from .bulk import BulkReceive
 from .completer import fast_read_middle, on_response
@@ -88,7 +89,7 @@ _MIDDLE_OPS = MIDDLE_OPCODES
 _NO_EXT_HEADERS = (None,) * 6
 
 
-class QueuePair(BulkReceive, SmallTransmit, ArmedResponder):
+class QueuePair(BulkReceive, SmallTransmit, ArmedResponder, ArmedRequester):
     """One Reliable Connection queue pair (``ibv_qp`` of type RC)."""
 
     def __init__(
@@ -148,6 +149,8 @@ class QueuePair(BulkReceive, SmallTransmit, ArmedResponder):
         self.doorbell: Callable[[QueuePair], None] | None = None
         #: The native owner of the responder's steady state while armed (:mod:`.armed`).
         self.native: NativeResponder | None = None
+        #: The native owner of the requester's common ACKs, or None (:mod:`.armed_req`).
+        self.req_native: NativeRequester | None = None
 
     def __repr__(self) -> str:
         return f"<QueuePair qpn={self.qpn:#x} {self._state.name} dest_qpn={self.dest_qpn:#x}>"

@@ -309,7 +309,7 @@ class Requester:
             return 0
         if self.probe_due and budget > 0:
             self.probe_due = False
-            probes = tail_probe(self)[:budget]
+            probes = tail_probe(self, self.qp.dest_qpn)[:budget]
             if probes:
                 out += probes
                 self.qp.stats.probes += len(probes)

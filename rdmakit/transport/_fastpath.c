@@ -1547,6 +1547,10 @@ out:
 
 #include "_nativeqp.c"
 
+/* -- the armed requester's completer (in-order ACKs of SEND/WRITE WQEs, retired natively) -- */
+
+#include "_nativereq.c"
+
 /* -- module ----------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1597,7 +1601,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (armed_setup(m) < 0) {
+    if (armed_setup(m) < 0 || armedreq_setup(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -402,27 +402,38 @@ static PyObject *armed_pending(ArmedObject *self, void *Py_UNUSED(closure)) {
     return PyBool_FromLong(self->live && self->ack);
 }
 
-/* The source of a read is the one an armed responder was bound to (address and port). */
-static int same_source(const ArmedObject *a, const struct sockaddr_storage *from, socklen_t len) {
-    if (a->qp == NULL || from->ss_family != a->src.ss_family)
+/* The source of a read is src (address and port). */
+static int addr_matches(const struct sockaddr_storage *src, const struct sockaddr_storage *from, socklen_t len) {
+    if (from->ss_family != src->ss_family)
         return 0;
     if (from->ss_family == AF_INET) {
-        const struct sockaddr_in *x = (const struct sockaddr_in *)from, *y = (const struct sockaddr_in *)&a->src;
+        const struct sockaddr_in *x = (const struct sockaddr_in *)from, *y = (const struct sockaddr_in *)src;
         return len >= (socklen_t)sizeof *x && x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
     }
     if (from->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *x = (const struct sockaddr_in6 *)from, *y = (const struct sockaddr_in6 *)&a->src;
+        const struct sockaddr_in6 *x = (const struct sockaddr_in6 *)from, *y = (const struct sockaddr_in6 *)src;
         return len >= (socklen_t)sizeof *x && x->sin6_port == y->sin6_port &&
                !memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr);
     }
     return 0;
 }
 
+/* The source of a read is the one an armed responder was bound to. */
+static int same_source(const ArmedObject *a, const struct sockaddr_storage *from, socklen_t len) {
+    return a->qp != NULL && addr_matches(&a->src, from, len);
+}
+
+/* _nativereq.c: an ACK for a requester's native completer bound to its source (1 taken, 0 not,
+ * -1 with an exception set). */
+static int armedreq_poll_one(PyObject *reqs, const unsigned char *p, Py_ssize_t n,
+                             const struct sockaddr_storage *from, socklen_t from_len, double now, PyObject *active,
+                             PyObject *strikes, PyObject *touched);
+
 static unsigned long long poll_marks;
 static PyObject *s_ours, *s_kernel;
 
 /*
- * poll_armed(fd, buf, armed, active, strikes, max_reads) -> (taken, raw)
+ * poll_armed(fd, buf, armed, active, strikes, max_reads[, reqs, now, touched]) -> (taken, raw)
  *
  * The UDP port's device poll for armed responders: up to max_reads non-blocking reads
  * into buf; each datagram that is one segment, not CE-marked, from the source its QP's
@@ -431,16 +442,26 @@ static PyObject *s_ours, *s_kernel;
  * port's transmit then sends the held ACK) and its receive flow marked as ours (rxflow.ours
  * = strikes, unless a kernel sender's). The first datagram that is anything else stops the
  * poll and is handed back as recv_raw's answer, in buf, untouched (raw); None: the
- * socket is empty or max_reads were taken. taken: the datagrams executed.
+ * socket is empty or max_reads were taken. taken: the datagrams executed (or taken).
+ * With reqs ({qpn: ArmedReq}, _nativereq.c), an ACK from the source its QP's native
+ * completer was bound to, that it takes (ArmedReq.rx at `now`), is taken too; its QP
+ * goes in `active` and, once per poll, in the list `touched`, whose QPs' logs the caller
+ * hands to the engine (QueuePair.acks_taken) before anything else.
  */
 static PyObject *fp_poll_armed(PyObject *Py_UNUSED(self), PyObject *args) {
     int fd;
     Py_buffer b;
-    PyObject *armed, *active, *strikes;
+    PyObject *armed, *active, *strikes, *reqs = NULL, *touched = NULL;
     Py_ssize_t max_reads;
-    if (!PyArg_ParseTuple(args, "iw*O!O!On:poll_armed", &fd, &b, &PyDict_Type, &armed, &PyDict_Type, &active,
-                          &strikes, &max_reads))
+    double now = 0.0;
+    if (!PyArg_ParseTuple(args, "iw*O!O!On|O!dO!:poll_armed", &fd, &b, &PyDict_Type, &armed, &PyDict_Type, &active,
+                          &strikes, &max_reads, &PyDict_Type, &reqs, &now, &PyList_Type, &touched))
         return NULL;
+    if (reqs != NULL && touched == NULL) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_TypeError, "poll_armed: reqs needs now and touched");
+        return NULL;
+    }
     unsigned long long mark = ++poll_marks;
     Py_ssize_t taken = 0;
     PyObject *raw = NULL;
@@ -491,6 +512,8 @@ static PyObject *fp_poll_armed(PyObject *Py_UNUSED(self), PyObject *args) {
                     done = -1;
             }
             Py_DECREF(a);
+        } else if (reqs != NULL && !seg && ecn != 3 && n >= BTH_LEN + ICRC_LEN && p[0] == ack_op) {
+            done = armedreq_poll_one(reqs, p, n, &from, from_len, now, active, strikes, touched);
         }
         if (done < 0)
             goto fail;

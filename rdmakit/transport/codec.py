@@ -32,6 +32,7 @@ import socket
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rdmakit.engine.armed import Disarmed
+from rdmakit.engine.armed_req import NativeRequester
 from rdmakit.wire import IcrcFlow, Packet
 
 if TYPE_CHECKING:
@@ -121,6 +122,14 @@ class ArmedOwner(Protocol):
     ) -> None: ...
 
 
+class ArmedReqOwner(NativeRequester, Protocol):
+    """A requester's native completer (``_fastpath.ArmedReq``; ``rdmakit.engine.armed_req``)."""
+
+    def bind(
+        self, src: tuple[str, int], v6: bool, states: dict[int, int], flow: IcrcFlow, rxflow: object, /
+    ) -> None: ...
+
+
 class PollArmed(Protocol):
     def __call__(
         self,
@@ -130,6 +139,9 @@ class PollArmed(Protocol):
         active: dict[int, Any],
         strikes: int,
         max_reads: int,
+        reqs: dict[int, ArmedReqOwner] = ...,
+        now: float = ...,
+        touched: list[Any] = ...,
         /,
     ) -> tuple[int, tuple[int, int, tuple[str, int], int, int] | None]: ...
 
@@ -151,6 +163,12 @@ class Arm(Protocol):
         msg: tuple[int, int, int, int, int, int] | None,
         /,
     ) -> ArmedOwner: ...
+
+
+class ArmReq(Protocol):
+    def __call__(
+        self, qp: object, req: object, cq: object, completion: object, success: object, qpn: int, /
+    ) -> ArmedReqOwner: ...
 
 
 class SegmentCodec(Protocol):
@@ -179,6 +197,9 @@ class SegmentCodec(Protocol):
     #: socket, executes each datagram an armed responder bound to its source takes, and
     #: hands back the first other read as ``recv_raw`` would: ``(taken, raw)``.
     poll_armed: PollArmed | None
+    #: Makes a QP's native owner of its common ACKs from ``QueuePair.arm_req_ticket``
+    #: (native only; None: not offered): it retires in-order ACKs of SEND/WRITE WQEs.
+    arm_req: ArmReq | None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

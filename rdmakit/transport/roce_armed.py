@@ -1,4 +1,5 @@
-"""The UDP port's part in armed responders (``docs/architecture.md``, "Who owns a QP's state").
+"""The UDP port's part in armed responders and requesters' native completers (``docs/architecture.md``,
+"Who owns a QP's state").
 
 ``UdpPort`` binds a responder that ``take_small`` just armed to the source of
 the request that armed it (``_bind``), so that its device poll
@@ -14,9 +15,9 @@ from typing import cast
 from rdmakit.engine.qp import QueuePair
 from rdmakit.wire import IcrcFlow
 
-from .codec import ArmedOwner
+from .codec import ArmedOwner, ArmedReqOwner, PollArmed
 from .port import DeviceCounters, PeerAddress
-from .roce_sources import RxFlow, RxSources
+from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .udp import WOULD_BLOCK, UdpLink
 
 
@@ -28,6 +29,8 @@ class ArmedSends:
     _fd: int
     _v6: bool
     _armed: dict[int, ArmedOwner]
+    _armed_req: dict[int, ArmedReqOwner]
+    _active: dict[int, QueuePair]
     _backlog: Sequence[object]
     _tx_flows: dict[tuple[str, int], IcrcFlow]
     #: The ICRC flow of sends to ``remote`` (``UdpPort._tx_flow``).
@@ -42,6 +45,30 @@ class ArmedSends:
         ids = self.sources.idents.get(src_ip) if rx.kernel else None
         owner.bind((src_ip, sport), self._v6, rx.states, rx.icrc, rx, qp, ids, self.counters if ids else None)
         self._armed[qp.qpn] = owner
+
+    def _bind_req(self, qp: QueuePair, rx: RxFlow, src_ip: str, sport: int) -> None:
+        """``qp``'s native completer just took an ACK from ``(src_ip, sport)``: the device poll
+        takes that source's next ones."""
+        owner = cast(ArmedReqOwner, qp.req_native)
+        owner.bind((src_ip, sport), self._v6, rx.states, rx.icrc, rx)
+        self._armed_req[qp.qpn] = owner
+
+    def _poll_armed(
+        self, poll: PollArmed, now: float, max_reads: int
+    ) -> tuple[int, tuple[int, int, tuple[str, int], int, int] | None]:
+        """The device poll (``poll_armed``): armed responders' WRITEs and completers' ACKs taken
+        in C; then, before anything else reaches them, each QP whose completer took ACKs gets its
+        log (``QueuePair.acks_taken``)."""
+        touched: list[QueuePair] = []
+        got = poll(
+            self._fd, self.link.view, self._armed, self._active, OURS_STRIKES, max_reads,
+            self._armed_req, now, touched,
+        )  # fmt: skip
+        for qp in touched:
+            owner = qp.req_native
+            assert owner is not None
+            qp.acks_taken(owner.take())
+        return got
 
     def _send_ack(self, owner: ArmedOwner, qp: QueuePair) -> bool:
         """Send the ACK ``qp``'s armed responder holds, in one native call (headers, ICRC,

@@ -34,7 +34,7 @@ from rdmakit.wire.ud import GSI_QPN
 
 from . import fastpath
 from .cnp import check_cnp, cnp_datagram
-from .codec import ArmedOwner, SegmentCodec
+from .codec import ArmedOwner, ArmedReqOwner, SegmentCodec
 from .codec_py import headers
 from .fastpath import PYTHON
 from .gsi import Gsi
@@ -96,6 +96,8 @@ class UdpPort(ArmedSends):
         self._active: dict[int, QueuePair] = {}
         #: Armed responders by QPN, bound to the source their requests come from (``_bind``).
         self._armed: dict[int, ArmedOwner] = {}
+        #: Requesters' native completers by QPN, bound to the source of their ACKs (``_bind_req``).
+        self._armed_req: dict[int, ArmedReqOwner] = {}
 
     @property
     def codec(self) -> SegmentCodec:
@@ -108,6 +110,7 @@ class UdpPort(ArmedSends):
     def forget(self, qp: QueuePair) -> None:
         qp.disarm()
         self._armed.pop(qp.qpn, None)
+        self._armed_req.pop(qp.qpn, None)
         self._faults.pop(qp.qpn, None)  # the receive state is per source, not per QP
         if self._active.get(qp.qpn) is qp:
             del self._active[qp.qpn]
@@ -164,14 +167,12 @@ class UdpPort(ArmedSends):
                 nbytes, segsize, (src_ip, sport) = got
                 ecn = link.last_ecn
             else:
-                if self._armed and poll is not None:
-                    # The device poll for armed responders: their WRITEs executed in C, the
-                    # first other read handed back as recv_raw's (a kernel sender's counted
-                    # icrc_solved there).
+                if (self._armed or self._armed_req) and poll is not None:
+                    # The device poll for armed responders and requesters' completers: their
+                    # WRITEs and ACKs taken in C, the first other read handed back as recv_raw's
+                    # (a kernel sender's counted icrc_solved there).
                     solved = self.counters.icrc_solved
-                    taken, raw = poll(
-                        self._fd, link.view, self._armed, self._active, OURS_STRIKES, MAX_RX_BATCHES - reads
-                    )
+                    taken, raw = self._poll_armed(poll, now, MAX_RX_BATCHES - reads)
                     if taken:
                         busy = True
                         reads += taken
@@ -362,6 +363,8 @@ class UdpPort(ArmedSends):
                     ours = True
                 if took == 3 and self._armed.get(qpn) is not qp.native:
                     self._bind(qp, rx, src_ip, sport)
+                elif took == 4 and self._armed_req.get(qpn) is not qp.req_native:
+                    self._bind_req(qp, rx, src_ip, sport)
                 continue
             # The header checks, then the ICRC (GSO segment idx: IPv4 ID idx, or another
             # below SEGMENT_IDS where the network split or merged batches), then decode.

@@ -64,7 +64,7 @@ _SPORT = 0xC000
 #: Steps at one instant of virtual time after which ``run`` declares a livelock.
 _MAX_STALL = 1_000_000
 #: ``take_small``'s answers, as ``stats`` counts them.
-_TAKEN = {1: "small", 2: "small_resp", 3: "armed"}
+_TAKEN = {1: "small", 2: "small_resp", 3: "armed", 4: "armed_req"}
 
 
 class SimQP(Protocol):
@@ -159,8 +159,9 @@ class SimNet:
         one request sends it through ``tx_small``, as the UDP port does; and a codec
         that arms responders (``arm``) owns a QP's responder between messages, executes
         its in-order WRITE ONLY requests and holds their ACK, which leaves first when
-        the QP is pumped; ``stats["small"]``, ``stats["small_resp"]``, ``stats["armed"]``
-        and ``stats["small_tx"]`` count them."""
+        the QP is pumped; and a codec with a native completer (``arm_req``) retires
+        in-order ACKs of SEND/WRITE WQEs; ``stats["small"]``, ``stats["small_resp"]``,
+        ``stats["armed"]``, ``stats["armed_req"]`` and ``stats["small_tx"]`` count them."""
         self.seed = seed
         self.bulk = bulk
         self.small = small

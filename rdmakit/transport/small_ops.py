@@ -15,6 +15,7 @@ codec took it, the engine takes the effect (``rx_small_done``,
 from typing import Protocol, cast
 
 from rdmakit.engine.armed import ArmTicket, NativeResponder
+from rdmakit.engine.armed_req import AckLog, NativeRequester, ReqTicket
 from rdmakit.engine.bulk import SMALL_REQUESTS, SMALL_RESPONSES
 from rdmakit.wire import IcrcFlow, Opcode, Packet, Payload
 
@@ -37,6 +38,11 @@ class SmallQP(Protocol):
     def arm_ticket(self) -> ArmTicket | None: ...
     def arm(self, owner: NativeResponder) -> None: ...
 
+    req_native: NativeRequester | None
+
+    def arm_req_ticket(self) -> ReqTicket | None: ...
+    def acks_taken(self, log: AckLog) -> None: ...
+
 
 class SmallTxQP(Protocol):
     """What the one-packet send path needs of an engine QP (``rdmakit.engine.QueuePair`` fits)."""
@@ -48,6 +54,7 @@ class SmallTxQP(Protocol):
 ARMED_OPS = frozenset((
     Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_WRITE_LAST, Opcode.RDMA_WRITE_ONLY,
 ))  # fmt: skip
+_ACK = Opcode.ACKNOWLEDGE
 #: The opcodes worth offering (a set test before any ticket is built).
 OFFERED = SMALL_REQUESTS | SMALL_RESPONSES | ARMED_OPS
 
@@ -66,8 +73,17 @@ def take_small(
 
     1: a request was executed; 2: a response completed a send; 3: an RDMA WRITE FIRST,
     MIDDLE, LAST or ONLY was executed by the QP's armed responder (armed here if it may
-    be, ``codec.arm``); 0: not taken (nothing done: the generic path takes the segment).
+    be, ``codec.arm``); 4: an ACK retired SEND/WRITE WQEs natively (``codec.arm_req``; the
+    engine then takes its log, ``acks_taken``); 0: not taken (nothing done: the generic
+    path takes the segment).
     """
+    if op == _ACK and (arm_req := codec.arm_req) is not None:
+        rowner = qp.req_native
+        if rowner is None and (rqt := qp.arm_req_ticket()) is not None:
+            rowner = qp.req_native = arm_req(*rqt)
+        if rowner is not None and rowner.rx(seg, idx, states, flow, now):
+            qp.acks_taken(rowner.take())
+            return 4
     if op in ARMED_OPS and (arm := codec.arm) is not None:
         owner = cast("ArmedOwner | None", qp.native)  # this transport's own, if any
         if owner is None and (armt := qp.arm_ticket()) is not None:

@@ -6,7 +6,7 @@ Two kinds, each a source edit ``(old, new)`` that must apply exactly once:
   ``planted_py(name)`` compiles the edited module and puts its ``tx_small`` on
   ``QueuePair`` for the block's duration (this process only).
 - ``C_MUTANTS``: the native data plane, ``rdmakit/transport/_fastpath.c`` and the
-  armed responder it includes, ``_nativeqp.c``;
+  armed responder and requester it includes, ``_nativeqp.c`` and ``_nativereq.c``;
   ``build_c(name, dest)`` copies the package and its tests into ``dest``,
   builds the edited module there and returns the directory to put first on
   ``PYTHONPATH``; the tests named beside the mutant must then fail in a
@@ -56,6 +56,7 @@ PY_MUTANTS: dict[str, tuple[str, str]] = {
 
 _SMALL = "tests/engine/test_engine_small_native.py"
 _WRITES = "tests/engine/test_engine_armed_writes.py"
+_REQ = "tests/engine/test_engine_armed_req.py"
 #: name -> ((old, new) in rdmakit/transport/_fastpath.c, the test files that must catch it)
 C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
     "c-request-any-psn": (
@@ -163,12 +164,53 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         ("int bad = key == NULL || PyDict_SetItem(active, key, a->qp) < 0;", "int bad = key == NULL;"),
         ("tests/transport/test_armed.py",),
     ),
+    # The armed requester's completer (_nativereq.c, part of the same module).
+    "c-req-nak-as-ack": (
+        ("(w1 & PSN_MASK) != self->qpn || p[BTH_LEN] >> 5 != 0)", "(w1 & PSN_MASK) != self->qpn)"),
+        (_REQ,),
+    ),
+    "c-req-any-qpn": (("(w1 & PSN_MASK) != self->qpn || p[BTH_LEN]", "p[BTH_LEN]"), (_REQ,)),
+    "c-req-inside-a-wqe": (("        if (last == psn)\n            break;", "        break;"), (_REQ,)),
+    "c-req-no-icrc": (
+        (
+            "    int icrc = icrc_matches(p, n, idx, states, flow);\n    if (icrc <= 0) {\n"
+            "        Py_DECREF(entries);",
+            "    int icrc = 1;\n    if (icrc <= 0) {\n        Py_DECREF(entries);",
+        ),
+        (_REQ,),
+    ),
+    "c-req-cq-overrun": (("    if (held + signaled > depth) {", "    if (0) {"), (_REQ,)),
+    "c-req-next-idx-kept": (("PyLong_FromLong(next_idx - (long)k)", "PyLong_FromLong(next_idx)"), (_REQ,)),
+    "c-req-comp-off-by-one": (
+        ("PyLong_FromUnsignedLong((lasts[i] + 1) & PSN_MASK)", "PyLong_FromUnsignedLong(lasts[i])"),
+        (_REQ,),
+    ),
+    "c-req-unsignaled-completes": (("        if (sig[i]) {", "        if (1) {"), (_REQ,)),
+    "c-req-wrong-byte-len": (
+        (
+            "PyObject *argv[5] = {wr_id, self->success, wc_op, length, qpn};",
+            "PyObject *argv[5] = {wr_id, self->success, wc_op, qpn, qpn};",
+        ),
+        (_REQ,),
+    ),
+    "c-req-local-error-behind": (
+        ("        if (status) {\n            result = 0;", "        if (0) {\n            result = 0;"),
+        (_REQ,),
+    ),
+    "c-req-poll-no-handover": (
+        (
+            "PyDict_SetItem(active, key, r->qp) < 0 || PyList_Append(touched, r->qp) < 0;",
+            "PyDict_SetItem(active, key, r->qp) < 0;",
+        ),
+        ("tests/transport/test_armed.py",),
+    ),
 }
 #: The C sources a mutant may edit (its text must occur exactly once in them all).
 C_SOURCES = (
     "rdmakit/transport/_fastpath.c",
     "rdmakit/transport/_nativeqp.c",
     "rdmakit/transport/_nativeqp_ack.c",
+    "rdmakit/transport/_nativereq.c",
 )
 
 

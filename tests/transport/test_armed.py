@@ -84,6 +84,7 @@ def test_a_disarmed_responder_refuses_everything() -> None:
 def test_the_python_codec_never_arms() -> None:
     """``RDMAKIT_PURE_PYTHON=1``'s codec offers no ``arm``: a WRITE ONLY goes the generic way."""
     assert fastpath.PYTHON.arm is None
+    assert fastpath.PYTHON.arm_req is None  # nor a native completer for ACKs
 
     class _Qp:
         native = None
@@ -98,10 +99,12 @@ def test_the_python_codec_never_arms() -> None:
 class _Codec:
     """The native codec with its device poll counted (``taken``), or taken away (``poll=False``)."""
 
-    def __init__(self, poll: bool) -> None:
+    def __init__(self, poll: bool, arm_req: bool = True) -> None:
         self.native = fastpath.NATIVE
         self.taken = 0
         self.poll_armed = self._poll if poll else None
+        assert self.native is not None
+        self.arm_req = self.native.arm_req if arm_req else None
 
     def _poll(self, *a: Any) -> Any:
         assert self.native is not None
@@ -114,10 +117,13 @@ class _Codec:
         return getattr(self.native, name)
 
 
-def _ping(new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch, poll: bool) -> tuple[Any, ...]:
+def _ping(
+    new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch, poll: bool, arm_req: bool = True
+) -> tuple[Any, ...]:
     """150 WRITEs of 8 bytes from a at b, one at a time, a READ and a SEND now and then (they
-    disarm b's responder); what both memories, the completions and b's responder say after."""
-    codec = _Codec(poll)
+    disarm b's responder); what both memories, the completions, b's responder and a's requester
+    say after."""
+    codec = _Codec(poll, arm_req)
     monkeypatch.setattr(fastpath, "CODEC", codec)
     # No safety net: the poll itself must wake the QP whose ACK it holds (``UdpPort.sweep``).
     monkeypatch.setattr(UdpPort, "sweep", lambda self: None)
@@ -154,7 +160,16 @@ def _ping(new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch, poll: bool
             done += [(wc.wr_id, wc.status, wc.opcode) for wc in cqb.poll()]
         qb.disarm()
         resp = qb.resp
-        return bytes(ma), bytes(mb), done, resp.psn, resp.msn, qa.req.req_psn, codec.taken
+        req = qa.req
+        ra = (
+            req.comp_psn,
+            req.sent_hwm,
+            req.next_idx,
+            len(req.sq),
+            req.retry_left,
+            req.rexmit_deadline is None,
+        )
+        return bytes(ma), bytes(mb), done, resp.psn, resp.msn, req.req_psn, ra, codec.taken
 
 
 @native_only
@@ -169,3 +184,17 @@ def test_the_device_poll_equals_the_per_packet_path(
     assert without[-1] == 0
     assert with_poll[-1] > 100  # most WRITEs were taken by it
     assert with_poll[3] == with_poll[5]  # b expects what a sends next
+
+
+@native_only
+def test_the_device_poll_takes_the_requesters_acks(
+    new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the requester's native completer (``ArmedReq``) in the device poll and without it: the
+    same memory, completions (in order), responder and requester state; and the poll took the
+    ACKs of a's SENDs and WRITEs besides b's WRITEs."""
+    on = _ping(new_ip, monkeypatch, True)
+    off = _ping(new_ip, monkeypatch, True, arm_req=False)
+    assert on[:-1] == off[:-1]
+    assert on[6][3] == 0  # every WQE completed
+    assert on[-1] > off[-1] + 100, (on[-1], off[-1])  # most of a's 135 SEND/WRITE ACKs too

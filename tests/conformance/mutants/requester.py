@@ -135,9 +135,9 @@ def _read_retry_from_start() -> None:
         from_start(self)
         orig(self)
 
-    def tail_probe(req: Any) -> list[Packet]:
+    def tail_probe(req: Any, dqpn: int) -> list[Packet]:
         from_start(req)
-        return probe(req)
+        return probe(req, dqpn)
 
     patch(Requester, "rewind", rewind)
     patch(req_mod, "tail_probe", tail_probe)
