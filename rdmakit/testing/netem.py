@@ -10,7 +10,8 @@ paths (:mod:`rdmakit.testing.netembed`, MTU 1500) carries on every path of
 ``PATHS`` the same qdiscs at both ends of each link (netem, and for the ECN paths
 a tbf bottleneck whose queue is RED), then, in the same run (``RUNS``):
 
-- ``iperf3``: one TCP stream for ``--seconds`` (its receiver's figure);
+- ``iperf3``: one TCP stream for ``--seconds``, ``IPERF3_RUNS`` times; the median of
+  its receiver's figures (all of them are kept in ``Row.samples``);
 - ``rk-rk``: ``rdmakit perftest ib_write_bw -D S`` between two namespaces;
 - ``rk>rxe`` / ``rxe>rk``: rdmakit's client against perftest's server on kernel
   rxe, and perftest's client on rxe against rdmakit's server;
@@ -38,6 +39,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -102,6 +104,9 @@ RUNS = (
 #: Runs that are rdmakit's: one of them failing fails the matrix (rxe ↔ rxe is the baseline).
 OURS = tuple(r for r in RUNS if "rk" in r.replace("rxe", ""))
 CHECKS = ("rk-rk", "rk-rxe")
+#: iperf3 runs per path: TCP's figure on a lossy emulated path moves from one run to the next,
+#: so the ratios divide by the median of a few short runs rather than by one.
+IPERF3_RUNS = 3
 #: Message sizes of the byte-checked exchange (rcpeer): one packet, several, and 256 KiB,
 #: so that a lossy path under TCG still ends in minutes.
 CHECK_SIZES = (0, 1, 1025, 65537, 1 << 18)
@@ -147,7 +152,19 @@ class Matrix:
         left, right = self.bed.links[link].left, self.bed.links[link].right
         return (left[0], left[2]), (right[0], right[2])
 
-    def iperf3(self) -> tuple[float | None, str]:
+    def iperf3(self) -> tuple[list[float], str]:
+        """``IPERF3_RUNS`` runs' MB/s; the runs that failed say why."""
+        got: list[float] = []
+        why: list[str] = []
+        for _ in range(IPERF3_RUNS):
+            mbs, note = self._iperf3()
+            if mbs is None:
+                why.append(note)
+            else:
+                got.append(mbs)
+        return got, "; ".join(why)
+
+    def _iperf3(self) -> tuple[float | None, str]:
         (a_ns, _a), (b_ns, b) = self._ends("soft")
         port = self.port()
         srv = (b_ns, ["iperf3", "-s", "-1", "-B", b, "-p", str(port)])
@@ -299,10 +316,12 @@ class Matrix:
         mbs: dict[str, float | None] = {}
         notes: dict[str, str] = {}
         counters: dict[str, dict[str, int]] = {}
+        samples: dict[str, list[float]] = {}
         for run in runs:
             t0 = time.monotonic()
             if run == "iperf3":
-                mbs[run], notes[run] = self.iperf3()
+                samples[run], notes[run] = self.iperf3()
+                mbs[run] = statistics.median(samples[run]) if samples[run] else None
             else:
                 mbs[run], notes[run], counters[run] = self.perftest(run)
             took = time.monotonic() - t0
@@ -315,7 +334,7 @@ class Matrix:
         hung = [k for k, v in {**notes, **failures}.items() if v.startswith("HUNG") or ": HUNG" in v]
         return Row(
             name, path.what, describe(path), mbs, notes, failures, secs, os.getloadavg()[0], hung,
-            {k: v for k, v in counters.items() if v},
+            {k: v for k, v in counters.items() if v}, samples,
         )  # fmt: skip
 
 
