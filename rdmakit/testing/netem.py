@@ -138,8 +138,10 @@ def _delta(after: dict[str, int], before: dict[str, int], prefix: str = "") -> d
 
 
 class Matrix:
-    def __init__(self, bed: NetemBed, seconds: int, capture: Path | None = None) -> None:
-        self.bed, self.seconds, self.capture = bed, seconds, capture
+    def __init__(
+        self, bed: NetemBed, seconds: int, capture: Path | None = None, slack: int = SLACK_S
+    ) -> None:
+        self.bed, self.seconds, self.capture, self.slack = bed, seconds, capture, slack
         self._port = 18600
         self.path = ""
         self.rk = [sys.executable, "-m", "rdmakit", "perftest"]
@@ -169,7 +171,7 @@ class Matrix:
         port = self.port()
         srv = (b_ns, ["iperf3", "-s", "-1", "-B", b, "-p", str(port)])
         cli = (a_ns, ["iperf3", "-J", "-t", str(self.seconds), "-c", b, "-p", str(port)])
-        _s, c = self.bed.pair(srv, cli, port=port, timeout=self.seconds + SLACK_S)
+        _s, c = self.bed.pair(srv, cli, port=port, timeout=self.seconds + self.slack)
         if c.rc != 0:
             return None, _why(c)
         report = json.loads(c.out)
@@ -217,7 +219,7 @@ class Matrix:
         devices = {"kern": ("rxk0",), "rxe": ("rxj0", "rxj1")}.get(link, ())
         before = {d: self.bed.rxe_counters(d) for d in devices}
         watch = self._watch(link, run)
-        server, client = self.bed.pair(srv, cli, port=port, timeout=self.seconds + SLACK_S)
+        server, client = self.bed.pair(srv, cli, port=port, timeout=self.seconds + self.slack)
         counters = self._unwatch(watch)
         for d in devices:
             counters |= _delta(self.bed.rxe_counters(d), before[d], f"{d}.")
@@ -392,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         "--checks", default=",".join(CHECKS), help="the byte-checked exchanges (rk-rk,rk-rxe; none: '')"
     )
     p.add_argument("--seconds", type=int, default=5, help="iperf3 -t and perftest -D (5)")
+    p.add_argument(
+        "--slack", type=int, default=SLACK_S, help=f"seconds a run may take beyond --seconds ({SLACK_S})"
+    )
     p.add_argument("--json-out", help="write the rows as JSON to this file")
     p.add_argument(
         "--capture", metavar="DIR", help="write each perftest run's RoCEv2 packets (tcpdump) to DIR"
@@ -419,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         checks = _split(a.checks, CHECKS, "check")
     except ValueError as e:
         p.error(str(e))
-    if not names or not 1 <= a.seconds <= 120 or a.update:
-        p.error("give a path; --seconds is 1..120; --update goes with --markdown")
+    if not names or not 1 <= a.seconds <= 120 or not 30 <= a.slack <= 3600 or a.update:
+        p.error("give a path; --seconds is 1..120, --slack 30..3600; --update goes with --markdown")
     missing = [t for t in ("iperf3", "ib_write_bw", "tc", "rdma", "tcpdump") if shutil.which(t) is None]
     why = f"{', '.join(missing)} not installed" if missing else unavailable()
     if why is not None:
@@ -432,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     if capture is not None:
         capture.mkdir(parents=True, exist_ok=True)
     with NetemBed() as bed, tempfile.TemporaryDirectory(prefix="rdmakit-netem-") as work:
-        matrix = Matrix(bed, a.seconds, capture)
+        matrix = Matrix(bed, a.seconds, capture, a.slack)
         for name in names:
             rows.append(matrix.row(name, Path(work), runs, checks))
             print(line(rows[-1]), flush=True)
