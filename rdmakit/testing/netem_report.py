@@ -77,7 +77,7 @@ def _fig(r: Row, run: str, *, md: bool) -> str:
 
 def _cell(runs: list[Row], run: str) -> str:
     """One run's figure over a path's runs: the median MB/s and the median ratio, with the
-    ratios' range when there are several, and the failures with the first one's reason."""
+    ratios' range when there are several, and how many runs failed and why."""
     if len(runs) == 1:
         return _fig(runs[0], run, md=True)
     ran = [r for r in runs if run in r.mbs]
@@ -93,7 +93,8 @@ def _cell(runs: list[Row], run: str) -> str:
             text += f" ({statistics.median(ratios):.2f}×"
             text += f"; {min(ratios):.2f}–{max(ratios):.2f}×)" if len(ratios) > 1 else ")"
     if bad:
-        text += f"{'; ' if text else ''}failed in {len(bad)} of {len(ran)}: {bad[0].notes[run][:60]}"
+        why = " / ".join(dict.fromkeys(r.notes[run][:60] for r in bad))
+        text += f"{'; ' if text else ''}failed in {len(bad)} of {len(ran)}: {why}"
     return text
 
 

@@ -142,6 +142,9 @@ def test_runs_of_one_path_make_one_row_with_medians_and_the_range_of_ratios() ->
         _row(mbs={"iperf3": 8.0, "rk-rk": 6.0}, samples={"iperf3": [8.0, 7.0, 8.5]}),
         _row(mbs={"iperf3": 6.0, "rk-rk": None}, notes={"rk-rk": "RETRY_EXC_ERR"}),
     ]
+    assert "failed in 2 of 2: HUNG / RETRY_EXC_ERR |" in markdown(
+        [_row(mbs={"iperf3": 1.0, "rk-rk": None}, notes={"rk-rk": n}) for n in ("HUNG", "RETRY_EXC_ERR")]
+    )
     table = markdown(runs)
     (loss1,) = [t for t in table.splitlines() if t.startswith("| loss1 |")][:1]
     cells = [c.strip() for c in loss1.strip("|").split("|")]
