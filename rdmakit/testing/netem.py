@@ -10,7 +10,8 @@ paths (:mod:`rdmakit.testing.netembed`, MTU 1500) carries on every path of
 ``PATHS`` the same qdiscs at both ends of each link (netem, and for the ECN paths
 a tbf bottleneck whose queue is RED), then, in the same run (``RUNS``):
 
-- ``iperf3``: one TCP stream for ``--seconds`` (its receiver's figure);
+- ``iperf3``: one TCP stream for ``--seconds``, ``IPERF3_RUNS`` times; the median of
+  its receiver's figures (all of them are kept in ``Row.samples``);
 - ``rk-rk``: ``rdmakit perftest ib_write_bw -D S`` between two namespaces;
 - ``rk>rxe`` / ``rxe>rk``: rdmakit's client against perftest's server on kernel
   rxe, and perftest's client on rxe against rdmakit's server;
@@ -38,6 +39,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -102,6 +104,9 @@ RUNS = (
 #: Runs that are rdmakit's: one of them failing fails the matrix (rxe ↔ rxe is the baseline).
 OURS = tuple(r for r in RUNS if "rk" in r.replace("rxe", ""))
 CHECKS = ("rk-rk", "rk-rxe")
+#: iperf3 runs per path: TCP's figure on a lossy emulated path moves from one run to the next,
+#: so the ratios divide by the median of a few short runs rather than by one.
+IPERF3_RUNS = 3
 #: Message sizes of the byte-checked exchange (rcpeer): one packet, several, and 256 KiB,
 #: so that a lossy path under TCG still ends in minutes.
 CHECK_SIZES = (0, 1, 1025, 65537, 1 << 18)
@@ -133,8 +138,10 @@ def _delta(after: dict[str, int], before: dict[str, int], prefix: str = "") -> d
 
 
 class Matrix:
-    def __init__(self, bed: NetemBed, seconds: int, capture: Path | None = None) -> None:
-        self.bed, self.seconds, self.capture = bed, seconds, capture
+    def __init__(
+        self, bed: NetemBed, seconds: int, capture: Path | None = None, slack: int = SLACK_S
+    ) -> None:
+        self.bed, self.seconds, self.capture, self.slack = bed, seconds, capture, slack
         self._port = 18600
         self.path = ""
         self.rk = [sys.executable, "-m", "rdmakit", "perftest"]
@@ -147,12 +154,24 @@ class Matrix:
         left, right = self.bed.links[link].left, self.bed.links[link].right
         return (left[0], left[2]), (right[0], right[2])
 
-    def iperf3(self) -> tuple[float | None, str]:
+    def iperf3(self) -> tuple[list[float], str]:
+        """``IPERF3_RUNS`` runs' MB/s; the runs that failed say why."""
+        got: list[float] = []
+        why: list[str] = []
+        for _ in range(IPERF3_RUNS):
+            mbs, note = self._iperf3()
+            if mbs is None:
+                why.append(note)
+            else:
+                got.append(mbs)
+        return got, "; ".join(why)
+
+    def _iperf3(self) -> tuple[float | None, str]:
         (a_ns, _a), (b_ns, b) = self._ends("soft")
         port = self.port()
         srv = (b_ns, ["iperf3", "-s", "-1", "-B", b, "-p", str(port)])
         cli = (a_ns, ["iperf3", "-J", "-t", str(self.seconds), "-c", b, "-p", str(port)])
-        _s, c = self.bed.pair(srv, cli, port=port, timeout=self.seconds + SLACK_S)
+        _s, c = self.bed.pair(srv, cli, port=port, timeout=self.seconds + self.slack)
         if c.rc != 0:
             return None, _why(c)
         report = json.loads(c.out)
@@ -200,7 +219,7 @@ class Matrix:
         devices = {"kern": ("rxk0",), "rxe": ("rxj0", "rxj1")}.get(link, ())
         before = {d: self.bed.rxe_counters(d) for d in devices}
         watch = self._watch(link, run)
-        server, client = self.bed.pair(srv, cli, port=port, timeout=self.seconds + SLACK_S)
+        server, client = self.bed.pair(srv, cli, port=port, timeout=self.seconds + self.slack)
         counters = self._unwatch(watch)
         for d in devices:
             counters |= _delta(self.bed.rxe_counters(d), before[d], f"{d}.")
@@ -299,10 +318,12 @@ class Matrix:
         mbs: dict[str, float | None] = {}
         notes: dict[str, str] = {}
         counters: dict[str, dict[str, int]] = {}
+        samples: dict[str, list[float]] = {}
         for run in runs:
             t0 = time.monotonic()
             if run == "iperf3":
-                mbs[run], notes[run] = self.iperf3()
+                samples[run], notes[run] = self.iperf3()
+                mbs[run] = statistics.median(samples[run]) if samples[run] else None
             else:
                 mbs[run], notes[run], counters[run] = self.perftest(run)
             took = time.monotonic() - t0
@@ -315,7 +336,7 @@ class Matrix:
         hung = [k for k, v in {**notes, **failures}.items() if v.startswith("HUNG") or ": HUNG" in v]
         return Row(
             name, path.what, describe(path), mbs, notes, failures, secs, os.getloadavg()[0], hung,
-            {k: v for k, v in counters.items() if v},
+            {k: v for k, v in counters.items() if v}, samples,
         )  # fmt: skip
 
 
@@ -373,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         "--checks", default=",".join(CHECKS), help="the byte-checked exchanges (rk-rk,rk-rxe; none: '')"
     )
     p.add_argument("--seconds", type=int, default=5, help="iperf3 -t and perftest -D (5)")
+    p.add_argument(
+        "--slack", type=int, default=SLACK_S, help=f"seconds a run may take beyond --seconds ({SLACK_S})"
+    )
     p.add_argument("--json-out", help="write the rows as JSON to this file")
     p.add_argument(
         "--capture", metavar="DIR", help="write each perftest run's RoCEv2 packets (tcpdump) to DIR"
@@ -400,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         checks = _split(a.checks, CHECKS, "check")
     except ValueError as e:
         p.error(str(e))
-    if not names or not 1 <= a.seconds <= 120 or a.update:
-        p.error("give a path; --seconds is 1..120; --update goes with --markdown")
+    if not names or not 1 <= a.seconds <= 120 or not 30 <= a.slack <= 3600 or a.update:
+        p.error("give a path; --seconds is 1..120, --slack 30..3600; --update goes with --markdown")
     missing = [t for t in ("iperf3", "ib_write_bw", "tc", "rdma", "tcpdump") if shutil.which(t) is None]
     why = f"{', '.join(missing)} not installed" if missing else unavailable()
     if why is not None:
@@ -413,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     if capture is not None:
         capture.mkdir(parents=True, exist_ok=True)
     with NetemBed() as bed, tempfile.TemporaryDirectory(prefix="rdmakit-netem-") as work:
-        matrix = Matrix(bed, a.seconds, capture)
+        matrix = Matrix(bed, a.seconds, capture, a.slack)
         for name in names:
             rows.append(matrix.row(name, Path(work), runs, checks))
             print(line(rows[-1]), flush=True)

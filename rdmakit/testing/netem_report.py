@@ -5,10 +5,14 @@
 markers ``<!-- netem-matrix -->`` and ``<!-- /netem-matrix -->`` (every path,
 WRITE and READ, and the ECN counters) and between ``<!-- netem-summary -->``
 and ``<!-- /netem-summary -->`` (WRITE on the paths of ``SUMMARY``), so the
-figures in the docs come from one run's JSON and nowhere else.
+figures in the docs come from the runs' JSON and nowhere else. Rows of the same
+path from several runs (several files) make one row of the tables: each figure is
+the median of the runs', each ratio the median of the runs' ratios (each taken
+in its own run), and the range of those ratios follows it.
 """
 
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +36,8 @@ class Row:
     #: By run: how rxe's counters moved (``rxk0.sent_pkts`` ...) and, on paths that mark
     #: ECN, the CNPs on the wire and what the qdiscs of rdmakit's link did (``marked`` ...).
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: By run: every figure a run of several gave (iperf3's ``IPERF3_RUNS``), MB/s.
+    samples: dict[str, list[float]] = field(default_factory=dict)
 
     def ratio(self, run: str) -> float | None:
         got, tcp = self.mbs.get(run), self.mbs.get("iperf3")
@@ -69,6 +75,60 @@ def _fig(r: Row, run: str, *, md: bool) -> str:
     return f"{got:6.2f} ({ratio:4.2f}x)" if ratio is not None else f"{got:6.2f}       "
 
 
+def _cell(runs: list[Row], run: str) -> str:
+    """One run's figure over a path's runs: the median MB/s and the median ratio, with the
+    ratios' range when there are several, and how many runs failed and why."""
+    if len(runs) == 1:
+        return _fig(runs[0], run, md=True)
+    ran = [r for r in runs if run in r.mbs]
+    if not ran:
+        return "–"
+    ok = [r for r in ran if r.mbs[run] is not None]
+    bad = [r for r in ran if r.mbs[run] is None]
+    text = ""
+    if ok:
+        text = f"{statistics.median(r.mbs[run] or 0.0 for r in ok):.2f}"
+        ratios = [x for x in (r.ratio(run) for r in ok) if x is not None]
+        if ratios:
+            text += f" ({statistics.median(ratios):.2f}×"
+            text += f"; {min(ratios):.2f}–{max(ratios):.2f}×)" if len(ratios) > 1 else ")"
+    if bad:
+        why = " / ".join(dict.fromkeys(r.notes[run][:60] for r in bad))
+        text += f"{'; ' if text else ''}failed in {len(bad)} of {len(ran)}: {why}"
+    return text
+
+
+def _tcp(runs: list[Row]) -> str:
+    """iperf3 over a path's runs: the median of the runs' medians, and the range of every run."""
+    got = [x for x in (r.mbs.get("iperf3") for r in runs) if x is not None]
+    if not got:
+        return f"failed: {runs[0].notes.get('iperf3', '')[:60]}"
+    each = [x for r in runs for x in r.samples.get("iperf3", [])] or got
+    text = f"{statistics.median(got):.2f}"
+    return text + (f" ({min(each):.2f}–{max(each):.2f})" if len(each) > 1 else "")
+
+
+def _checked(runs: list[Row]) -> str:
+    """The byte-checked exchanges over a path's runs: "all" with their seconds, or what failed."""
+    done = []
+    for c in dict.fromkeys(c for r in runs for c in r.checks):
+        ran = [r for r in runs if c in r.checks]
+        bad = [r.checks[c] for r in ran if r.checks[c]]
+        if bad:
+            done.append(f"FAILED in {len(bad)} of {len(ran)}: {bad[0][:80]}")
+        else:
+            done.append("all (" + ", ".join(f"{r.check_seconds[c]:.0f}" for r in ran) + " s)")
+    return ", ".join(done) or "–"
+
+
+def grouped(rows: list[Row]) -> list[list[Row]]:
+    """``rows`` by path, in the order each path first appears."""
+    by_path: dict[str, list[Row]] = {}
+    for r in rows:
+        by_path.setdefault(r.path, []).append(r)
+    return list(by_path.values())
+
+
 HEADER = f"{'path':<10} {'op':<5} {'iperf3':>7} " + " ".join(f"{p:>13}" for p, _ in PAIRS) + "  bytes checked"
 
 
@@ -94,39 +154,39 @@ def line(r: Row) -> str:
     return "\n".join(out)
 
 
-def _table(rows: list[Row], op: str, *, checks: bool) -> str:
-    head = "| path | qdiscs, each way | iperf3 TCP | " + " | ".join(h for _, h in PAIRS) + " |"
-    rule = "| --- | --- | ---: | " + " | ".join("---:" for _ in PAIRS) + " |"
+def _table(groups: list[list[Row]], op: str, *, checks: bool) -> str:
+    head = "| path | qdiscs, each way | runs | iperf3 TCP | " + " | ".join(h for _, h in PAIRS) + " |"
+    rule = "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in PAIRS) + " |"
     if checks:
         head += " every RC operation, bytes checked: rdmakit ↔ rdmakit, rdmakit ↔ rxe |"
         rule += " --- |"
     out = [head, rule]
-    for r in rows:
-        tcp = r.mbs.get("iperf3")
-        tcp_text = f"{tcp:.2f}" if tcp is not None else f"failed: {r.notes.get('iperf3', '')[:60]}"
-        line = f"| {r.path} | `{r.netem}` | {tcp_text} | " + " | ".join(
-            _fig(r, _run(p, op), md=True) for p, _ in PAIRS
-        )
-        line += " |"
+    for runs in groups:
+        r = runs[0]
+        cells = [
+            r.path,
+            f"`{r.netem}`",
+            str(len(runs)),
+            _tcp(runs),
+            *(_cell(runs, _run(p, op)) for p, _ in PAIRS),
+        ]
         if checks:
-            done = [
-                f"all ({r.check_seconds[c]:.0f} s)" if not v else f"FAILED: {v[:80]}"
-                for c, v in r.checks.items()
-            ]
-            line += f" {', '.join(done) or '–'} |"
-        out.append(line)
+            cells.append(_checked(runs))
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
 def markdown(rows: list[Row]) -> str:
     """Every row: the WRITE table (with the byte checks), the READ table and the ECN counters."""
     out = [
-        "`ib_write_bw` (MB/s; ratio to iperf3 TCP on the same path in the same run):",
+        "`ib_write_bw` (MB/s, the median of the runs; in brackets the median of each run's ratio to",
+        "iperf3 TCP on the same path in the same run, and their range; iperf3's figure is the median,",
+        "in brackets the range of its runs):",
         "",
-        _table(rows, "write", checks=True),
+        _table(grouped(rows), "write", checks=True),
     ]
     if any(_run(p, "read") in r.mbs for r in rows for p, _ in PAIRS):
-        out += ["", "`ib_read_bw`:", "", _table(rows, "read", checks=False)]
+        out += ["", "`ib_read_bw`:", "", _table(grouped(rows), "read", checks=False)]
     ecn = [(r, run, c) for r in rows for run, c in r.counters.items() if "cnps" in c]
     if ecn:
         out += ["", "On the paths that mark CE, rdmakit ↔ rdmakit's link during each run:", ""]
@@ -141,7 +201,7 @@ def markdown(rows: list[Row]) -> str:
 
 def summary(rows: list[Row]) -> str:
     """WRITE on the README's paths (``SUMMARY``), in that order."""
-    by_name = {r.path: r for r in rows}
+    by_name = {runs[0].path: runs for runs in grouped(rows)}
     return _table([by_name[n] for n in SUMMARY if n in by_name], "write", checks=False)
 
 

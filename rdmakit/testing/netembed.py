@@ -12,7 +12,18 @@ sends to the other out of its own veth rather than through ``lo`` (the local
 table is looked up for arrivals on j0/j1 only, a table per destination sends
 out of the other end), and ``accept_local`` lets each end take packets from an
 address of its own host. Each link has the MTU 1500 and, at both ends, the same
-netem qdisc (``set_netem``): every impairment applies in each direction.
+qdiscs (``set_netem``): every impairment applies in each direction.
+
+A path acts on packets, as a wire does, not on socket buffers. netem takes a
+TSO or GSO buffer as one packet (``netem_enqueue`` drops, delays and reorders
+whole skbs; only ``corrupt`` segments first), so on a plain netem qdisc one
+"1 % loss" takes 1 % of TCP's TSO buffers and of rdmakit's GSO batches, whose
+size depends on how fast the emulated guest runs: iperf3's figure then swung
+tenfold from run to run. Each end's root qdisc is therefore ``SEGMENTER``, a
+tbf that segments every buffer larger than one packet (``tbf_segment``) at a
+rate no path here reaches, with netem under it. The receiving ends of the
+rdmakit ↔ rdmakit link (where iperf3 runs too) have GRO on (``veth`` then
+receives through NAPI), so TCP and rdmakit both get back batches as from a NIC.
 Namespaces carry the process id, so two beds never meet; ``close`` removes all.
 """
 
@@ -50,6 +61,10 @@ class RedPath:
 
 #: rxe device names on the kern and rxe paths, by netdev.
 RXE = {"k0": "rxk0", "j0": "rxj0", "j1": "rxj1"}
+#: The root qdisc of every end: tbf at 10 Gbit/s with a burst of one packet (the MTU plus the
+#: Ethernet header fits), which splits larger buffers into packets before netem and never
+#: queues at the guest's rates (``tbf_enqueue``: a GSO skb above ``max_size`` is segmented).
+SEGMENTER = ("tbf", "rate", "10gbit", "burst", "1600", "limit", "100000")
 #: Routing tables of the rxe path (one per destination).
 _TABLES = {"10.29.3.2": ("j0", "10.29.3.1", "2902"), "10.29.3.1": ("j1", "10.29.3.2", "2901")}
 _SYSFS_IB = Path("/sys/class/infiniband")
@@ -113,6 +128,8 @@ class NetemBed:
                     self.sh(["ip", "link", "set", "dev", dev, "netns", ns])
                 self.sh(["ip", "addr", "add", f"{addr}/{plen}", "dev", dev], ns)
                 self.sh(["ip", "link", "set", "dev", dev, "mtu", str(mtu), "up"], ns)
+        for ns, dev, _addr in (self.links["soft"].left, self.links["soft"].right):
+            self.sh(["ethtool", "-K", dev, "gro", "on"], ns)
         self._route_rxe_path()
         for dev, name in RXE.items():
             self.sh(["rdma", "link", "add", name, "type", "rxe", "netdev", dev])
@@ -173,17 +190,18 @@ class NetemBed:
         return None
 
     def set_netem(self, params: Sequence[str], limit: int = 10000, red: "RedPath | None" = None) -> None:
-        """The same ``netem`` qdisc (``limit`` packets) at both ends of every path; with ``red``,
-        a tbf rate limit after it whose queue is RED (marking CE, or dropping without ECN), as a
-        router's egress to a slower link holds its queue."""
+        """The same ``netem`` qdisc (``limit`` packets) at both ends of every path, under the
+        ``SEGMENTER``; with ``red``, a tbf rate limit after it whose queue is RED (marking CE, or
+        dropping without ECN), as a router's egress to a slower link holds its queue."""
         for link in self.links.values():
             for ns, dev, _addr in (link.left, link.right):
                 self.sh(["tc", "qdisc", "del", "dev", dev, "root"], ns, check=False)
                 tc = ["tc", "qdisc", "add", "dev", dev]
-                self.sh([*tc, "root", "handle", "1:", "netem", "limit", str(limit), *params], ns)
+                self.sh([*tc, "root", "handle", "1:", *SEGMENTER], ns)
+                self.sh([*tc, "parent", "1:1", "handle", "10:", "netem", "limit", str(limit), *params], ns)
                 if red is not None:
                     tbf = ["tbf", "rate", red.rate, "burst", red.burst, "limit", str(red.red.limit)]
-                    self.sh([*tc, "parent", "1:1", "handle", "2:", *tbf], ns)
+                    self.sh([*tc, "parent", "10:1", "handle", "2:", *tbf], ns)
                     self.sh(
                         [*tc, "parent", "2:1", "handle", "3:", *red_args(red.red, red.rate, ecn=red.ecn)], ns
                     )

@@ -28,7 +28,7 @@ name="netem-$$.json"
 status=0
 # shellcheck disable=SC2016  # expanded in the guest
 "$HERE/../lab-run.sh" --timeout "${RDMAKIT_LAB_TIMEOUT:-7200}" -- bash -c \
-    'exec env -u PYTHONPYCACHEPREFIX python3 -m rdmakit.testing.netem --json-out "$RDMAKIT_LAB_OUT/$0" "$@"' \
+    'exec bash scripts/lab/guest-python -m rdmakit.testing.netem --json-out "$RDMAKIT_LAB_OUT/$0" "$@"' \
     "$name" "${args[@]}" || status=$?
 out="${RDMAKIT_LAB_DIR:-$HERE/../../build/lab}/run/${RDMAKIT_LAB_INSTANCE:-default}/share/out/$name"
 if [[ -n "$json" && -f "$out" ]]; then

@@ -24,7 +24,9 @@ from rdmakit.testing.rcpeer import verify
 from tests.lab.labvm import GUEST_SHARE, LabGuest, booted, lab_marks
 
 INSTANCE = "netem-" + os.environ.get("PYTEST_XDIST_WORKER", "main")
-GUEST_PYTHON = ("env", "-u", "PYTHONPYCACHEPREFIX", "python3")
+#: rdmakit compiled once per boot (scripts/lab/guest-python): the matrix starts two processes
+#: per run, and each would otherwise compile the package from the read-only checkout again.
+GUEST_PYTHON = ("bash", "scripts/lab/guest-python")
 
 pytestmark = [*lab_marks(1500), pytest.mark.slow]
 

@@ -134,3 +134,22 @@ def test_the_docs_blocks_are_rewritten_from_the_json_and_nothing_else(tmp_path: 
     assert done.returncode == 1
     assert "no <!-- netem-matrix -->" in done.stderr.splitlines()[-1]
     assert bare.read_text() == "no blocks here\n"
+
+
+def test_runs_of_one_path_make_one_row_with_medians_and_the_range_of_ratios() -> None:
+    runs = [
+        _row(mbs={"iperf3": 4.0, "rk-rk": 1.0}, samples={"iperf3": [3.0, 4.0, 9.0]}),
+        _row(mbs={"iperf3": 8.0, "rk-rk": 6.0}, samples={"iperf3": [8.0, 7.0, 8.5]}),
+        _row(mbs={"iperf3": 6.0, "rk-rk": None}, notes={"rk-rk": "RETRY_EXC_ERR"}),
+    ]
+    assert "failed in 2 of 2: HUNG / RETRY_EXC_ERR |" in markdown(
+        [_row(mbs={"iperf3": 1.0, "rk-rk": None}, notes={"rk-rk": n}) for n in ("HUNG", "RETRY_EXC_ERR")]
+    )
+    table = markdown(runs)
+    (loss1,) = [t for t in table.splitlines() if t.startswith("| loss1 |")][:1]
+    cells = [c.strip() for c in loss1.strip("|").split("|")]
+    assert cells[2] == "3"  # three runs, one row
+    assert cells[3] == "6.00 (3.00–9.00)"  # iperf3: the median of the runs' medians, every sample's range
+    # rdmakit: the median of what moved (1.0, 6.0) and of each run's own ratio (0.25, 0.75), and the failure.
+    assert cells[4] == "3.50 (0.50×; 0.25–0.75×); failed in 1 of 3: RETRY_EXC_ERR"
+    assert cells[5] == "–"
