@@ -96,6 +96,8 @@ class UdpPort(ArmedSends):
         self._active: dict[int, QueuePair] = {}
         #: Armed responders by QPN, bound to the source their requests come from (``_bind``).
         self._armed: dict[int, ArmedOwner] = {}
+        #: The QPs transmit looked at since ``visited`` was last called.
+        self._visited: list[QueuePair] = []
 
     @property
     def codec(self) -> SegmentCodec:
@@ -117,6 +119,15 @@ class UdpPort(ArmedSends):
 
     def sweep(self) -> None:
         self._active.update(self._qps)
+
+    def visited(self) -> list[QueuePair]:
+        # Every QP a segment reached, a doorbell or timer woke is in the active set until
+        # transmit looks at it; one still there (a backlog held transmit back) counts too.
+        out = self._visited
+        if self._active:
+            out.extend(self._active.values())
+        self._visited = []
+        return out
 
     def fault(self, qpn: int) -> str | None:
         return self._faults.get(qpn)
@@ -390,6 +401,7 @@ class UdpPort(ArmedSends):
             return False
         qps = self._qps
         trains = self._runs
+        visited = self._visited
         for qpn, qp in list(active.items()):
             if qps.get(qpn) is not qp:
                 del active[qpn]
@@ -405,6 +417,7 @@ class UdpPort(ArmedSends):
                 busy = True
             if not qp.may_transmit():
                 del active[qpn]  # until its doorbell rings, a segment reaches it or its timer fires
+                visited.append(qp)
                 continue
             before = qp.stats.packets_out
             one = qp.tx_small(now) if trains else None  # the requester's common case (small_ops)
