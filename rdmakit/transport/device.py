@@ -25,6 +25,7 @@ from rdmakit.engine import (
 from rdmakit.engine.cm import CmEndpoint
 from rdmakit.wire import ROCE_UDP_PORT, Payload
 
+from .deadlines import DeadlineHeap
 from .gsi import Gsi
 from .netmtu import port_mtu
 from .port import DeviceCounters, Port, TransportName
@@ -34,8 +35,9 @@ from .tcp_limits import Route
 from .tcp_port import TCP_MTU, TcpPort
 from .udp import UdpLink
 
-#: Idle ``progress`` calls between full scans of the QPs' deadlines (the
-#: cached earliest deadline is refreshed after every busy call anyway).
+#: Idle ``progress`` calls between full scans of the QPs' deadlines and sweeps of the
+#: port's active set: the safety net for QPs driven directly by their owner (a QP the
+#: device touches has its deadline noted anyway, see ``deadlines``).
 _DEADLINE_RESCAN = 64
 
 
@@ -103,7 +105,9 @@ class SoftDevice:
         self.active_mtu = TCP_MTU if transport == "tcp" else port_mtu(self.ip)
         self.name = f"soft-{'udp' if transport == 'roce-udp' else 'tcp'}:{self.ip}"
         self.pd = ProtectionDomain(self.rng)
-        #: Earliest QP deadline as of the last busy ``progress`` (see ``_DEADLINE_RESCAN``).
+        #: The QPs' deadlines (``deadlines``): a poll looks only at the QPs whose timer is due.
+        self._timers = DeadlineHeap()
+        #: Earliest deadline (QPs, port, CM) as of the last busy ``progress``.
         self._deadline: float | None = None
         self._idle = 0
         self.closed = False
@@ -145,12 +149,14 @@ class SoftDevice:
         if self._qps.get(qp.qpn) is qp:
             del self._qps[qp.qpn]
             self._port.forget(qp)
+            self._timers.forget(qp)
 
     def reset_qp(self, qp: QueuePair) -> None:
         """Back to RESET (IBTA §10.3.1); on TCP the QP's secret is void, as is its descriptor."""
         qp.modify(QpState.RESET)
         if self._qps.get(qp.qpn) is qp:
             self._port.forget(qp)
+            self._timers.forget(qp)
 
     # -- TCP: who may reach a QP, and where its packets go (rdmakit.transport.tcp) ----
     def tcp_secret(self, qp: QueuePair, mtu: int) -> bytes:
@@ -221,49 +227,64 @@ class SoftDevice:
         """
         if self.closed:
             return False
-        busy = self._port.receive(now, readable)
+        port = self._port
+        busy = port.receive(now, readable)
         d = self._deadline
-        if d is not None and d <= now:
+        due = d is not None and d <= now
+        if due:
             busy = True
-            port = self._port
-            for qp in self._qps.values():
+            for qp in self._timers.due(now):
                 t = qp.get_timer()
                 if t is not None and t <= now:
                     qp.handle_timer(now)
                     port.wake(qp)
+                else:
+                    self._timers.note(qp)  # its deadline moved later since it was noted
         gsi = self.gsi
         if gsi is not None:
-            if d is not None and d <= now:  # the CM's deadlines are in the cached earliest one too
+            if due:  # the CM's deadlines are in the cached earliest one too
                 gsi.handle_timer(now)
             if gsi.transmit(now):
                 busy = True
-        if self._port.transmit(now):
+        if port.transmit(now):
             busy = True
+        if self._note_visited() or busy:
+            self._deadline = self._earliest()
         if busy:
             self._idle = 0
-            self._deadline = self._scan_deadline()
         else:
             self._idle += 1
             if self._idle >= _DEADLINE_RESCAN:
                 # Deadlines only move inside progress(), but a QP driven
                 # directly by its owner must not be missed for long.
                 self._idle = 0
-                self._deadline = self._scan_deadline()
-                self._port.sweep()
+                self._timers.rebuild(self._qps.values())
+                self._deadline = self._earliest()
+                port.sweep()
         return busy
 
-    def _scan_deadline(self) -> float | None:
+    def _note_visited(self) -> bool:
+        """Note the deadlines of the QPs the port visited (theirs may have moved); True if any."""
+        visited = self._port.visited()
+        note = self._timers.note
+        for qp in visited:
+            note(qp)
+        return bool(visited)
+
+    def _earliest(self) -> float | None:
+        """The earliest deadline of the QPs (as noted), the port and the CM."""
+        timers = self._timers
         best = self._port.deadline()
         if self.gsi is not None and (t := self.gsi.deadline()) is not None and (best is None or t < best):
             best = t
-        for qp in self._qps.values():
-            t = qp.get_timer()
-            if t is not None and (best is None or t < best):
-                best = t
+        t = timers.earliest()
+        if t is not None and (best is None or t < best):
+            best = t
         return best
 
     def next_deadline(self) -> float | None:
-        self._deadline = best = self._scan_deadline()
+        self._note_visited()
+        self._deadline = best = self._earliest()
         return best
 
     def deadline_hint(self) -> float | None:

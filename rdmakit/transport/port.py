@@ -82,6 +82,11 @@ class Port(Protocol):
         """Look at every QP at the next transmit (the safety net of an active set)."""
         ...
 
+    def visited(self) -> list[QueuePair]:
+        """The QPs received for, woken or transmitted for since the last call: those whose
+        deadline may have moved (``deadlines``). Each call hands them out once."""
+        ...
+
     def deadline(self) -> float | None:
         """The port's own earliest deadline (None: none)."""
         ...

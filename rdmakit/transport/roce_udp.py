@@ -90,14 +90,15 @@ class UdpPort(ArmedSends):
         self.gsi: Gsi | None = None
         #: Why a QP was failed here: its datagrams did not fit the path (EMSGSIZE).
         self._faults: dict[int, str] = {}
-        #: The QPs transmit visits: those that may have something to send (a user call rang
-        #: their doorbell, a segment reached them, a timer of theirs fired), by QPN. A QP
-        #: leaves once ``may_transmit`` says it has nothing; ``sweep`` puts every QP back.
+        #: The QPs transmit visits, by QPN: a doorbell, a segment or a timer of theirs put them
+        #: here; ``may_transmit`` saying nothing takes them out; ``sweep`` puts all back.
         self._active: dict[int, QueuePair] = {}
-        #: Armed responders by QPN, bound to the source their requests come from (``_bind``).
+        #: Armed responders and requesters' native completers by QPN, each bound to the source
+        #: of its requests or ACKs (``_bind``, ``_bind_req``).
         self._armed: dict[int, ArmedOwner] = {}
-        #: Requesters' native completers by QPN, bound to the source of their ACKs (``_bind_req``).
         self._armed_req: dict[int, ArmedReqOwner] = {}
+        #: The QPs transmit looked at since ``visited`` was last called.
+        self._visited: list[QueuePair] = []
 
     @property
     def codec(self) -> SegmentCodec:
@@ -120,6 +121,15 @@ class UdpPort(ArmedSends):
 
     def sweep(self) -> None:
         self._active.update(self._qps)
+
+    def visited(self) -> list[QueuePair]:
+        # Every QP a segment reached, a doorbell or timer woke is in the active set until
+        # transmit looks at it; one still there (a backlog held transmit back) counts too.
+        out = self._visited
+        if self._active:
+            out.extend(self._active.values())
+        self._visited = []
+        return out
 
     def fault(self, qpn: int) -> str | None:
         return self._faults.get(qpn)
@@ -403,6 +413,7 @@ class UdpPort(ArmedSends):
             return False
         qps = self._qps
         trains = self._runs
+        visited = self._visited
         for qpn, qp in list(active.items()):
             if qps.get(qpn) is not qp:
                 del active[qpn]
@@ -418,6 +429,7 @@ class UdpPort(ArmedSends):
                 busy = True
             if not qp.may_transmit():
                 del active[qpn]  # until its doorbell rings, a segment reaches it or its timer fires
+                visited.append(qp)
                 continue
             before = qp.stats.packets_out
             one = qp.tx_small(now) if trains else None  # the requester's common case (small_ops)

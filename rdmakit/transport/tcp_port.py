@@ -64,6 +64,10 @@ class TcpPort:
     def sweep(self) -> None:
         """Nothing to do: this port's transmit looks at every QP."""
 
+    def visited(self) -> list[QueuePair]:
+        """Every QP: this port's transmit looks at all of them."""
+        return list(self._qps.values())
+
     def forget(self, qp: QueuePair) -> None:
         self.link.revoke(qp.qpn)
         self._faults.pop(qp.qpn, None)
