@@ -5,9 +5,8 @@ checks first, the ICRC only for what passes them, and the IPv4 IDs of other
 senders (:mod:`rdmakit.transport.roce_sources`) only for a connected peer.
 Sending batches datagrams for GSO, each segment with the ICRC of the IPv4 ID
 the kernel gives it; what the socket does not take waits in a backlog, in
-order. With the native data plane (``fastpath``), runs of MIDDLE packets are
-sent and placed in bulk, and the single packets of small operations are
-encoded and checked in one call each.
+order. With the native data plane (``fastpath``), MIDDLE runs are sent and
+placed in bulk, and small operations' packets take one call each.
 """
 
 import errno
