@@ -173,10 +173,13 @@ def test_udp_receive_fast_paths_end_like_the_generic_path(
     ref = got if mode == "generic" else _transfer(new_ip(), new_ip(), op, size, native=False, fast=False)
     assert got[0] == got[1]
     assert got[:2] == ref[:2]
+    # A loaded host may stall a side past a timeout or the tail-loss probe's 2 SRTT: the resends
+    # (and the duplicates they draw at the far end) are then not the fast path's doing.
+    stalled = any(q.timeouts or q.probes for q in (*got[2:], *ref[2:]))
     for f, s in zip(got[2:], ref[2:], strict=True):
         assert not f.dropped
         assert not s.dropped
-        if not f.timeouts and not s.timeouts:  # a loaded host may time out once: that is not the fast path
+        if not stalled:
             assert f == s
 
 
