@@ -221,7 +221,9 @@ class ComchEndpoint:
             return
         try:
             if ctx.state is not CtxState.IDLE and ctx.stop() is DocaErrorCode.IN_PROGRESS:
-                self._until(lambda: ctx.state is CtxState.IDLE, _STOP_GRACE, "comch context stopping")
+                # Progress can finish what is in flight, not free a task its holder still has (a
+                # frame of an interrupted traceback): once only such tasks are left, close halts it.
+                self._until(self._stopped, _STOP_GRACE, "comch context stopping")
         except DocaError as exc:
             log.debug("comm channel %r: %s", self.service, exc)
         finally:
@@ -230,6 +232,10 @@ class ComchEndpoint:
                     os.close(fd)
             self._inbox.clear()
             ctx.close()
+
+    def _stopped(self) -> bool:
+        """IDLE, or nothing in flight: only tasks their holder still has (close halts those)."""
+        return self._ctx.state is CtxState.IDLE or not self._ctx.num_inflight
 
     def __enter__(self) -> Self:
         return self
