@@ -123,6 +123,7 @@ class Side:
             "packets_out": s.packets_out,
             "rnr_naks_sent": s.rnr_naks_sent,
             "retransmits": s.retransmits,
+            "probes": s.probes,
             "retries": s.retries,
             "timeouts": s.timeouts,
             "duplicates": s.duplicates,
