@@ -21,48 +21,24 @@ registration; they become the DOCA objects a peer's ``doca_rdma_export`` and
 `MmapDescriptor`), whose fields are exactly those.
 """
 
-import contextlib
 import statistics
 import time
-from collections.abc import Callable
-from ipaddress import IPv6Address, ip_address
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from ipaddress import IPv6Address
 
 from rdmakit.cli.bench_measure import WARM_PINGS
 from rdmakit.cli.bench_peer import Child
 from rdmakit.cli.errors import CliError
-from rdmakit.doca import (
-    PE,
-    AccessFlag,
-    BufInventory,
-    ConnectionDescriptor,
-    CtxState,
-    Dev,
-    DocaError,
-    Event,
-    Mmap,
-    MmapDescriptor,
-    Rdma,
-    RdmaTaskWrite,
-    RdmaWriteJob,
-    WorkQ,
-)
+from rdmakit.doca import PE, AccessFlag, Event, MmapDescriptor, RdmaTaskWrite, RdmaWriteJob, WorkQ
+from rdmakit.doca.rtt import Api, peer_descriptor, write_loop
 from rdmakit.transport.driver import wait_readable
 
-Api = Literal["job", "task"]
 #: Seconds without a completion before the run fails, as the engine's row.
 TIMEOUT = 10.0
 #: What the far side's registration grants (`rdmakit.cli.bench_peer.EVERY`), as an mmap would.
 FAR_ACCESS = (
     AccessFlag.LOCAL_READ_WRITE | AccessFlag.RDMA_READ | AccessFlag.RDMA_WRITE | AccessFlag.RDMA_ATOMIC
 )
-
-
-def _far_connection(ep: dict[str, Any]) -> ConnectionDescriptor:
-    return ConnectionDescriptor(
-        transport="roce-udp", gid=IPv6Address(ep["gid"]), ip=ip_address(ep["ip"]), port=ep["port"],
-        qpn=ep["qpn"], psn=ep["psn"], mtu=ep["mtu"],
-    )  # fmt: skip
 
 
 def _wait(pe: PE, step: Callable[[], tuple[bool, bool]], spin: float, what: str) -> None:
@@ -100,60 +76,27 @@ def write_round_trip(api: Api, child: Child, ip_a: str, ip_b: str, count: int, s
     child.send(op="rdma", transport="roce-udp", ip=ip_b, size=8, spin=spin, n=1)
     far = child.recv()
     peer = far["endpoints"][0]
-    pe = PE()
-    dev = Dev.open(ip_a, pe=pe)
-    rdma = Rdma()
-    wq: WorkQ | None = None
-    done: list[RdmaTaskWrite] = []
-    inv = BufInventory(2)
-    inv.start()
-    mmaps: list[Mmap] = []
+    far_mem = MmapDescriptor(
+        addr=far["addr"], length=8, rkey=far["rkey"], access=FAR_ACCESS, device=f"udp:{ip_b}",
+        gid=IPv6Address(peer["gid"]), mtu=peer["mtu"],
+    )  # fmt: skip
     serving = False
-    try:
-        rdma.add_dev(dev)
-        rdma.set_permissions(AccessFlag.LOCAL_READ_WRITE)
-        if api == "job":
-            wq = WorkQ(4, pe=pe)
-            rdma.workq_add(wq)
-        else:
-            pe.connect_ctx(rdma)
-            rdma.task_write_set_conf(lambda t, u, c: done.append(t), lambda t, u, c: done.append(t), 1)
-        rdma.start()
-        child.send(endpoints=[ConnectionDescriptor.from_bytes(rdma.export()).to_backend()])
+
+    def exchange(mine: Mapping[str, object]) -> None:
+        nonlocal serving
+        child.send(endpoints=[mine])
         serving = True
-        rdma.connect(_far_connection(peer))
         child.recv()  # the far side connected its queue pair
-        while rdma.state is CtxState.STARTING:  # doca_rdma_connect: RUNNING after the next progress
-            pe.progress()
-        local = Mmap()
-        local.set_permissions(AccessFlag.LOCAL_READ_WRITE)
-        local.set_memrange(bytearray(b"8 bytes!"))
-        local.add_dev(dev)
-        local.start()
-        mmaps.append(local)
-        far_mem = MmapDescriptor(
-            addr=far["addr"], length=8, rkey=far["rkey"], access=FAR_ACCESS, device=f"udp:{ip_b}",
-            gid=IPv6Address(peer["gid"]), mtu=peer["mtu"],
-        )  # fmt: skip
-        mmaps.append(Mmap.create_from_export(far_mem.to_bytes(), dev))
-        src = inv.get_by_data(local, local.addr, 8)
-        dst = inv.get_by_addr(mmaps[1], mmaps[1].addr, 8)
-        if wq is not None:
-            samples = _job_round_trips(pe, wq, RdmaWriteJob(ctx=rdma, src_buf=src, dst_buf=dst), count, spin)
-        else:
-            task = rdma.task_write_allocate_init(src, dst)
-            samples = _task_round_trips(pe, task, done, count, spin)
-            task.free()
+
+    try:
+        with write_loop(api, ip_a, peer_descriptor(peer), far_mem, exchange) as loop:
+            if loop.wq is not None and loop.job is not None:
+                samples = _job_round_trips(loop.pe, loop.wq, loop.job, count, spin)
+            else:
+                assert loop.task is not None
+                samples = _task_round_trips(loop.pe, loop.task, loop.done, count, spin)
         return float(statistics.median(samples[WARM_PINGS:]))
     finally:
-        rdma.close()
-        if wq is not None:
-            wq.close()
-        for m in reversed(mmaps):
-            with contextlib.suppress(DocaError):  # best effort: buffers may still hold it
-                m.destroy()
-        dev.close_all()  # teardown: what the buffers still hold goes too
-        pe.close_all()
         if serving:
             child.send(op="stop")
             child.recv()  # the far side's counters: it stopped serving

@@ -3,7 +3,8 @@
 The far side is a plain soft device in the caller's thread, pumped by hand
 (`Far`), so nothing is left to a scheduler: each side (`engine_side`,
 `doca_side`) yields one callable per stage of `STAGES`, and `_run` calls each
-until it returns True. `measure` gives the median time and the median count of
+until it returns True; the DOCA side is `rdmakit.doca.rtt.write_loop`, as in
+``rdmakit bench``. `measure` gives the median time and the median count of
 Python calls of each stage (`Calls`, through ``sys.setprofile``); ``only``
 counts the calls of one package's code, e.g. the DOCA layer's own.
 ``benchmarks/bench_doca_stages.py`` prints them; tests hold the DOCA layer's
@@ -18,28 +19,16 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from ipaddress import IPv6Address, ip_address
+from dataclasses import asdict, dataclass
+from ipaddress import IPv6Address
 from types import FrameType
 
-from rdmakit.doca import (
-    PE,
-    AccessFlag,
-    BufInventory,
-    ConnectionDescriptor,
-    CtxState,
-    Dev,
-    Mmap,
-    MmapDescriptor,
-    Rdma,
-    RdmaTaskWrite,
-    RdmaWriteJob,
-    WorkQ,
-)
+from rdmakit.doca import AccessFlag, MmapDescriptor
+from rdmakit.doca.rtt import Api, peer_descriptor, write_loop
 from rdmakit.engine import SGE, Access, CompletionQueue, SendWR, WcStatus, WrOpcode
-from rdmakit.transport.connect import connect_qp, local_endpoint
+from rdmakit.transport.connect import Endpoint, connect_qp, local_endpoint
 from rdmakit.transport.device import SoftDevice
 from rdmakit.transport.driver import Driver
 
@@ -115,54 +104,21 @@ def engine_side(far: Far, ip: str) -> Iterator[Steps]:
 
 @contextmanager
 def doca_side(far: Far, ip: str, api: str) -> Iterator[Steps]:
-    pe = PE()
-    dev = Dev.open(ip, pe=pe)
-    rdma = Rdma()
-    inv = BufInventory(2)
-    inv.start()
-    done: list[RdmaTaskWrite] = []
-    wq: WorkQ | None = None
-    mmaps: list[Mmap] = []
-    try:
-        rdma.add_dev(dev)
-        rdma.set_permissions(AccessFlag.LOCAL_READ_WRITE)
-        if api == "job":
-            wq = WorkQ(4, pe=pe)
-            rdma.workq_add(wq)
-        else:
-            pe.connect_ctx(rdma)
-            rdma.task_write_set_conf(lambda t, u, c: done.append(t), lambda t, u, c: done.append(t), 1)
-        rdma.start()
-        mine = ConnectionDescriptor.from_bytes(rdma.export()).to_backend()
-        ep = far.ep
-        rdma.connect(
-            ConnectionDescriptor(
-                transport="roce-udp", gid=IPv6Address(ep.gid), ip=ip_address(ep.ip), port=ep.port, qpn=ep.qpn,
-                psn=ep.psn, mtu=ep.mtu,
-            )
-        )  # fmt: skip
-        connect_qp(far.dev, far.qp, far.psn, type(far.ep)(**mine))  # type: ignore[arg-type]
-        while rdma.state is not CtxState.RUNNING:
-            pe.progress()
-        local = Mmap()
-        local.set_permissions(AccessFlag.LOCAL_READ_WRITE)
-        local.set_memrange(bytearray(b"8 bytes!"))
-        local.add_dev(dev)
-        local.start()
-        mmaps.append(local)
-        desc = MmapDescriptor(
-            addr=far.mr.addr, length=8, rkey=far.mr.rkey, access=AccessFlag.RDMA_WRITE,
-            device=f"udp:{far.ep.ip}", gid=IPv6Address(far.ep.gid), mtu=far.ep.mtu,
-        )  # fmt: skip
-        mmaps.append(Mmap.create_from_export(desc.to_bytes(), dev))
-        src = inv.get_by_data(local, local.addr, 8)
-        dst = inv.get_by_addr(mmaps[1], mmaps[1].addr, 8)
+    """The DOCA side through the job API (`api` "job") or the task API (any other)."""
+    ep = far.ep
+    mem = MmapDescriptor(
+        addr=far.mr.addr, length=8, rkey=far.mr.rkey, access=AccessFlag.RDMA_WRITE, device=f"udp:{ep.ip}",
+        gid=IPv6Address(ep.gid), mtu=ep.mtu,
+    )  # fmt: skip
 
-        def reset() -> None:
-            dst.set_data(dst.addr, 0)  # the WRITE appends at the data's end: the same 8 bytes each time
+    def exchange(mine: Mapping[str, object]) -> None:
+        connect_qp(far.dev, far.qp, far.psn, Endpoint(**mine))  # type: ignore[arg-type]
 
-        if wq is not None:
-            job, queue = RdmaWriteJob(ctx=rdma, src_buf=src, dst_buf=dst), wq
+    which: Api = "job" if api == "job" else "task"
+    with write_loop(which, ip, peer_descriptor(asdict(ep)), mem, exchange) as loop:
+        pe, done = loop.pe, loop.done
+        if loop.wq is not None and loop.job is not None:
+            queue, job = loop.wq, loop.job
 
             def submit() -> bool:
                 queue.submit(job)
@@ -177,10 +133,12 @@ def doca_side(far: Far, ip: str, api: str) -> Iterator[Steps]:
                 return True
 
             yield Steps(
-                (submit, pe.progress, far.step, complete, lambda: queue.progress_retrieve() is None), reset
+                (submit, pe.progress, far.step, complete, lambda: queue.progress_retrieve() is None),
+                loop.reset,
             )
         else:
-            task = rdma.task_write_allocate_init(src, dst)
+            task = loop.task
+            assert task is not None
 
             def submit() -> bool:
                 task.submit()
@@ -195,14 +153,7 @@ def doca_side(far: Far, ip: str, api: str) -> Iterator[Steps]:
                     raise SystemExit(f"the DOCA WRITE task failed: {task.error}")
                 return True
 
-            yield Steps((submit, pe.progress, far.step, complete, lambda: not pe.progress()), reset)
-            task.free()
-    finally:
-        rdma.close()
-        if wq is not None:
-            wq.close()
-        dev.close_all()
-        pe.close_all()
+            yield Steps((submit, pe.progress, far.step, complete, lambda: not pe.progress()), loop.reset)
 
 
 def _run(steps: Steps, out: list[list[int]], clock: Callable[[], int]) -> None:

@@ -6,7 +6,7 @@ import pkgutil
 import rdmakit.doca
 
 #: Modules used as a namespace (``from rdmakit.doca import aio``), not flattened into the façade.
-NAMESPACES = ["aio", "verbs_glue"]
+NAMESPACES = ["aio", "rtt", "verbs_glue"]
 MODULES = sorted(
     name
     for info in pkgutil.iter_modules(rdmakit.doca.__path__)
