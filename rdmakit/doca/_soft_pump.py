@@ -97,9 +97,13 @@ class SoftPump:
         if quiet and not self._ready.poll.poll(0):  # the descriptor, polled here: no call of ours
             self._skipped += 1
             return False
-        with bell.lock:
+        lock = bell.lock  # ``with`` written out: it would make its exit method at every run
+        lock.acquire()
+        try:
             self._seen = bell.rung
             busy = self.driver.progress()
+        finally:
+            lock.release()
         self._quiet = not busy
         self._skipped = 0
         return busy

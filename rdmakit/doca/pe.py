@@ -235,8 +235,10 @@ class ProgressEngine:
             deferred = self._deferred
             if deferred:
                 # The callbacks queued so far; those they cause wait for the next call.
-                for _ in range(len(deferred)):
+                n = len(deferred)
+                while n:  # no range object: an operation's callback allocates nothing here
                     deferred.popleft()()
+                    n -= 1
                 busy = True
             return busy
         finally:

@@ -85,7 +85,6 @@ from rdmakit.doca.ctx import CtxState, Event, Job, _Sink
 from rdmakit.doca.descriptor import ConnectionDescriptor
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
-from rdmakit.doca.mmap import AccessFlag
 from rdmakit.doca.rdma_conns import RdmaConnection
 from rdmakit.doca.rdma_jobs import (
     JOBS,
@@ -108,7 +107,7 @@ from rdmakit.doca.rdma_jobs import (
 )
 from rdmakit.doca.rdma_props import RDMA_PERMISSIONS, RdmaPropsApi, RdmaTransportType
 from rdmakit.engine.states import QpState
-from rdmakit.engine.types import Access, Completion, QpCaps, RecvWR, WcOpcode, WcStatus
+from rdmakit.engine.types import Completion, QpCaps, RecvWR, SendWR, WcOpcode, WcStatus
 
 __all__ = [
     "RDMA_PERMISSIONS",
@@ -190,50 +189,13 @@ class Rdma(RdmaPropsApi):
     def qpn(self) -> int | None:
         return None if self._qp is None else self._qp.qpn
 
-    def _qp_access(self) -> Access:
-        access = Access.NONE
-        if AccessFlag.RDMA_READ in self._permissions:
-            access |= Access.REMOTE_READ
-        if AccessFlag.RDMA_WRITE in self._permissions:
-            access |= Access.REMOTE_WRITE
-        if AccessFlag.RDMA_ATOMIC in self._permissions:
-            access |= Access.REMOTE_ATOMIC
-        return access
-
     def _start(self) -> bool:
         dev = self.dev
         if dev is None:
             raise DocaError(DocaErrorCode.INVALID_VALUE, "no device: add_dev before start")
         backend = dev.backend
         caps = backend.caps
-        for name, size in (("send", self._send_queue_size), ("receive", self._recv_queue_size)):
-            if size > caps.max_qp_wr:
-                raise DocaError(
-                    DocaErrorCode.NOT_SUPPORTED,
-                    f"{name} queue size {size} exceeds {dev.name}'s {caps.max_qp_wr}",
-                    Fault.CALLER,
-                )
-        send_sge = caps.max_sge if self._max_send_buf_list_len is None else self._max_send_buf_list_len
-        if send_sge > caps.max_sge:
-            raise DocaError(
-                DocaErrorCode.NOT_SUPPORTED,
-                f"max_send_buf_list_len {send_sge} exceeds {dev.name}'s {caps.max_sge}",
-                Fault.CALLER,
-            )
-        if self._recv_buf_chain_len > caps.max_sge:
-            raise DocaError(
-                DocaErrorCode.NOT_SUPPORTED,
-                f"recv_buf_chain_len {self._recv_buf_chain_len} exceeds {dev.name}'s {caps.max_sge}",
-                Fault.CALLER,
-            )
-        gid_index = backend.gid_index if self._gid_index is None else self._gid_index
-        self._check_gid(dev, gid_index)
-        qp_caps = QpCaps(
-            max_send_wr=self._send_queue_size,
-            max_recv_wr=self._recv_queue_size,
-            max_send_sge=send_sge,
-            max_recv_sge=self._recv_buf_chain_len,
-        )
+        qp_caps, gid_index = self._qp_caps(dev)
         key = (qp_caps, gid_index, self._cm_max > 1)
         if self._qp is not None and self._qp_key != key:
             self._qp.close()
@@ -426,17 +388,32 @@ class Rdma(RdmaPropsApi):
             and tuple(map(plan_state, posted.bufs)) == posted.state
         ):
             # The steady state of a job submitted again (`Posted.fits`): the same plan on the start
-            # queue pair, checked and posted here with no further call (DOCA's WQE written again).
+            # queue pair, checked and posted here (`_post` inline; DOCA's WQE written again). The
+            # pending entry is the plan's own while the sink is the same: nothing is made.
             key = id(job)
-            if key in self._pending:
+            pending = self._pending
+            if key in pending:
                 raise DocaError(DocaErrorCode.IN_USE, "this job object is already in flight")
-            self._pending[key] = (job, sink)
+            entry = posted.entry
+            if entry is None or entry[1] is not sink:
+                entry = posted.entry = (job, sink)
+            pending[key] = entry
             posted.conn = None
+            wr = posted.wr
+            assert wr is not None
+            self._posted[wr.wr_id] = posted
             try:
-                self._post(posted, qp, None)
+                if type(wr) is SendWR:
+                    qp.post_send(wr)
+                else:
+                    qp.post_recv(wr)  # type: ignore[arg-type]
             except BaseException:
-                self._pending.pop(key, None)
+                del self._posted[wr.wr_id]
+                pending.pop(key, None)
                 raise
+            st = qp.state
+            if st is QpState.ERR or st is QpState.SQE:
+                self._reap()  # flushed at once: deliver now, before the caller arms its WorkQ
             return
         if self._state is CtxState.STARTING and isinstance(job, RdmaRecvJob):
             # Guide §5 (receive): posted before the peer's send; the QP in INIT takes it.
@@ -517,6 +494,20 @@ class Rdma(RdmaPropsApi):
         """Collect this connection's completions (the device's pump did the I/O)."""
         if self._closed:
             return False
+        qp = self._qp
+        if self._cm_hub is None and not self._cm_conns and not self._cm_retired:
+            # By descriptor (the common case): the start queue pair is the only lane; `_reap`
+            # inline, one poll when it is idle.
+            if qp is None:
+                return False
+            wcs = qp.poll(_POLL)
+            if not wcs:
+                return False
+            for wc in wcs:
+                self._on_completion(wc, qp)
+            if len(wcs) == _POLL:
+                self._reap()  # more may wait
+            return True
         # Connection events (by address only): their callbacks run here, in progress.
         busy = self._cm_hub is not None and self._cm_progress()
         return self._reap() or busy
@@ -543,10 +534,14 @@ class Rdma(RdmaPropsApi):
 
     def _on_completion(self, wc: Completion, lane: BackendQP) -> None:
         posted = self._posted.pop(wc.wr_id, None)
-        entry = None if posted is None else self._pending.get(id(posted.job))
-        if posted is None or entry is None or entry[0] is not posted.job:
+        if posted is None:
+            return
+        job = posted.job
+        key = id(job)
+        entry = self._pending.get(key)
+        if entry is None or entry[0] is not job:
             return  # a job flushed by stop or WorkQ close: forgotten (`Ctx._in_flight`, inline)
-        job, qp, conn = posted.job, posted.lane, posted.conn
+        qp, conn = posted.lane, posted.conn
         if qp is None:  # a receive of the SRQ: it belongs to the connection it came on
             qp, conn = lane, self._cm_conn_of(lane)
         if wc.status != WcStatus.SUCCESS:
@@ -583,7 +578,11 @@ class Rdma(RdmaPropsApi):
         ok = posted.ok
         if ok is None or not isinstance(ok.result, RdmaResult) or ok.result.connection is not conn:
             ok = posted.ok = Event(job=job, result=RdmaResult(length=posted.length, connection=conn))
-        self._complete(job, event=ok)
+        # `Ctx._complete(job, event=ok)` inline: `entry` is the job's, fetched above.
+        del self._pending[key]
+        entry[1]._deliver(ok)
+        if self._state is CtxState.STOPPING:
+            self._check_drained()
 
     def __repr__(self) -> str:
         qpn = "" if self._qp is None else f" qpn={self._qp.qpn:#x}"

@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 
 from rdmakit.doca.backend import BackendQP, JobType
 from rdmakit.doca.buf import Buf, plan_state
-from rdmakit.doca.ctx import Event, Job
+from rdmakit.doca.ctx import Event, Job, _Sink
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode, error_from_wc_status
 from rdmakit.doca.mmap import AccessFlag, MmapDescriptor
@@ -243,6 +243,7 @@ class Posted:
     conn: RdmaConnection | None = None  # the connection of that queue pair, if by address
     wr: "SendWR | RecvWR | None" = None  # what is posted; its wr_id is the plan's
     ok: Event | None = None  # its success event, made at the first success on `conn`
+    entry: "tuple[Job, _Sink] | None" = None  # its context's pending entry (job, sink), reused
     # What it was planned against: the context's start, every buffer of the job's lists (a job is
     # frozen, so these are its buffers for good) and what each one was then (`plan_state`).
     epoch: int = -1

@@ -36,6 +36,7 @@ from rdmakit.doca.errors import DocaError, DocaErrorCode, Fault
 from rdmakit.doca.mmap import AccessFlag
 from rdmakit.doca.rdma_cm import RdmaCmApi
 from rdmakit.doca.rdma_jobs import U32, check_uint
+from rdmakit.engine.types import Access, QpCaps
 
 __all__ = ["MTU_SIZES"]  # RdmaPropsApi: a base of Rdma; RDMA_PERMISSIONS, RdmaTransportType: via rdma
 
@@ -261,6 +262,51 @@ class RdmaPropsApi(RdmaCmApi):
         if dev is not None:
             self._check_gid(dev, gid_index)
         self._gid_index = gid_index
+
+    def _qp_caps(self, dev: Dev) -> tuple[QpCaps, int]:
+        """The start queue pair's capabilities and GID index, checked against `dev` (at start)."""
+        backend = dev.backend
+        caps = backend.caps
+        for name, size in (("send", self._send_queue_size), ("receive", self._recv_queue_size)):
+            if size > caps.max_qp_wr:
+                raise DocaError(
+                    DocaErrorCode.NOT_SUPPORTED,
+                    f"{name} queue size {size} exceeds {dev.name}'s {caps.max_qp_wr}",
+                    Fault.CALLER,
+                )
+        send_sge = caps.max_sge if self._max_send_buf_list_len is None else self._max_send_buf_list_len
+        if send_sge > caps.max_sge:
+            raise DocaError(
+                DocaErrorCode.NOT_SUPPORTED,
+                f"max_send_buf_list_len {send_sge} exceeds {dev.name}'s {caps.max_sge}",
+                Fault.CALLER,
+            )
+        if self._recv_buf_chain_len > caps.max_sge:
+            raise DocaError(
+                DocaErrorCode.NOT_SUPPORTED,
+                f"recv_buf_chain_len {self._recv_buf_chain_len} exceeds {dev.name}'s {caps.max_sge}",
+                Fault.CALLER,
+            )
+        gid_index = backend.gid_index if self._gid_index is None else self._gid_index
+        self._check_gid(dev, gid_index)
+        qp_caps = QpCaps(
+            max_send_wr=self._send_queue_size,
+            max_recv_wr=self._recv_queue_size,
+            max_send_sge=send_sge,
+            max_recv_sge=self._recv_buf_chain_len,
+        )
+        return qp_caps, gid_index
+
+    def _qp_access(self) -> Access:
+        """The queue pair's access flags: the context's permissions (IBTA §10.6.3.1)."""
+        access = Access.NONE
+        if AccessFlag.RDMA_READ in self._permissions:
+            access |= Access.REMOTE_READ
+        if AccessFlag.RDMA_WRITE in self._permissions:
+            access |= Access.REMOTE_WRITE
+        if AccessFlag.RDMA_ATOMIC in self._permissions:
+            access |= Access.REMOTE_ATOMIC
+        return access
 
     @staticmethod
     def _check_gid(dev: Dev, gid_index: int) -> None:

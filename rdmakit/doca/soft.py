@@ -150,6 +150,7 @@ class SoftBackendQP:
         self._lock = bell_of(owner.soft)  # what may give the engine work rings the pump's bell
         depth = caps.max_send_wr + (caps.max_recv_wr if srq is None else srq.max_wr)
         self._cq = CompletionQueue(depth)
+        self._ring = self._cq.entries  # tested for emptiness by `poll` without a call
         self._qp: QueuePair = self._dev.create_qp(
             send_cq=self._cq, recv_cq=self._cq, caps=caps, srq=None if srq is None else srq.engine_srq
         )
@@ -253,11 +254,17 @@ class SoftBackendQP:
             bell.lock.release()
 
     def poll(self, max_entries: int) -> Sequence[Completion]:
-        cq = self._cq
-        if not len(cq):  # the common idle poll takes no lock: a completion pushed meanwhile waits
-            return []  # for the next poll, as one pushed just after the lock was let go would
-        with self._lock.lock:
-            return cq.poll(max_entries)
+        ring = self._ring
+        if not ring:  # the common idle poll takes no lock and makes nothing: a completion pushed
+            return ()  # meanwhile waits for the next poll, as one pushed just after the lock was let go
+        lock = self._lock.lock  # ``with`` written out: it would make its exit method each time
+        lock.acquire()
+        try:
+            if len(ring) == 1 and max_entries:  # one operation in flight: its completion alone
+                return (ring.popleft(),)
+            return self._cq.poll(max_entries)
+        finally:
+            lock.release()
 
     def progress(self) -> bool:
         """Run the device's pump (for callers without a progress engine)."""

@@ -334,7 +334,9 @@ class Task:
         self._ctx._held += 1
         pe = self._pe
         assert pe is not None
-        pe.defer(self._finish_cb)
+        pe._deferred.append(self._finish_cb)  # `ProgressEngine.defer`, inline
+        if pe._armed:
+            pe.notify()
 
     def _finish(self) -> None:
         self._state = TaskState.ALLOCATED

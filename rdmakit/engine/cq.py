@@ -45,3 +45,10 @@ class CompletionQueue:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def entries(self) -> "deque[Completion]":
+        """The FIFO itself, as a driver sees its CQE ring in memory: its consumer may test it for
+        emptiness without a call, and take the oldest entry (``popleft``) as `poll` would, under
+        the same lock as its other polls."""
+        return self._entries

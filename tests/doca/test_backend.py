@@ -106,7 +106,7 @@ def test_init_reset_and_to_error_move_the_qp_with_visible_effects(
     qp.init(Access.REMOTE_READ)  # a no-op outside RESET: the access of the first init stays
     assert _state(qp) is QpState.INIT
     assert qp.engine_qp.attrs.access == Access.REMOTE_WRITE | Access.LOCAL_WRITE
-    assert qp.poll(8) == []
+    assert list(qp.poll(8)) == []
 
     qp.to_error()  # ERR: what was posted completes flushed, and so does what is posted later
     assert _state(qp) is QpState.ERR
@@ -125,7 +125,7 @@ def test_init_reset_and_to_error_move_the_qp_with_visible_effects(
     for _ in range(100):
         for dev in soft_pair:
             dev.pump.progress()
-    assert qp.poll(8) == []
+    assert list(qp.poll(8)) == []
     _refused(lambda: qp.post_recv(recv), DocaErrorCode.BAD_STATE)
     for _ in range(2):
         psns.add(qp.export()["psn"])

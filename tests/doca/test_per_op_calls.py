@@ -20,10 +20,14 @@ from rdmakit.testing.doca_rtt import STAGES, Far, doca_side, measure
 DOCA = "/rdmakit/doca/"
 #: The DOCA layer's calls per stage, at most (submit, transmit, far side, complete, an idle turn).
 BOUNDS = {
-    # WorkQ.submit, Rdma._dispatch, Rdma._post, the backend's post_send and its QP state.
-    "job": (5, 5, 0, 10, 6),
-    # The same through Task.submit; completing also runs Task._deliver, defer and Task._finish.
-    "task": (5, 5, 0, 12, 5),
+    # Submit: WorkQ.submit, Rdma._dispatch (it posts), the backend's post_send and its QP state.
+    # A turn: PE.progress, SoftPump.progress, Rdma._progress, the backend's poll. Completing also
+    # runs Rdma._on_completion, Buf.commit_append (the WRITE's destination grows) and
+    # progress_retrieve; an idle turn is progress_retrieve and the turn.
+    "job": (4, 4, 0, 8, 5),
+    # The same through Task.submit; completing runs Task._deliver, Task._finish and the task's
+    # callback (`rdmakit.doca.rtt`'s, the application's), then reads Task.error.
+    "task": (4, 4, 0, 10, 4),
 }
 
 
