@@ -145,13 +145,13 @@ def _job_round_trips(pe: PE, wq: WorkQ, job: RdmaWriteJob, count: int, spin: flo
 
 
 def _task_round_trips(
-    pe: PE, task: RdmaTaskWrite, done: list[RdmaTaskWrite], count: int, spin: float
+    pe: PE, task: RdmaTaskWrite, done: list[RdmaTaskWrite | None], count: int, spin: float
 ) -> list[float]:
     dst = task.get_dst_buf()
 
     def step() -> tuple[bool, bool]:
         busy = pe.progress()  # doca_pe_progress: the task's callback runs in here
-        return bool(done), busy
+        return done[0] is not None, busy
 
     out: list[float] = []
     for _ in range(WARM_PINGS + count):
@@ -160,7 +160,7 @@ def _task_round_trips(
         task.submit()
         _wait(pe, step, spin, "DOCA task API WRITE")
         out.append(time.perf_counter() - t0)
-        done.clear()
+        done[0] = None
         if task.error is not None:
             raise CliError(f"the DOCA WRITE task failed: {task.error}")
     return out

@@ -225,13 +225,21 @@ class ProgressEngine:
             raise DocaError(DocaErrorCode.BAD_STATE, "progress was called from inside a progress callback")
         self._in_progress = True
         try:
-            busy = False
-            for pump in self._run_pumps:
-                if pump.progress():
+            pumps, ctxs = self._run_pumps, self._run_ctxs
+            if len(pumps) == 1 and len(ctxs) == 1:
+                # One device and one context, the common case, without a loop: its iterator would
+                # be the one object a turn makes.
+                busy = pumps[0].progress()
+                if ctxs[0]._progress():
                     busy = True
-            for ctx in self._run_ctxs:
-                if ctx._progress():
-                    busy = True
+            else:
+                busy = False
+                for pump in pumps:
+                    if pump.progress():
+                        busy = True
+                for ctx in ctxs:
+                    if ctx._progress():
+                        busy = True
             deferred = self._deferred
             if deferred:
                 # The callbacks queued so far; those they cause wait for the next call.

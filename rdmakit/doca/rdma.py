@@ -390,7 +390,7 @@ class Rdma(RdmaPropsApi):
             # The steady state of a job submitted again (`Posted.fits`): the same plan on the start
             # queue pair, checked and posted here (`_post` inline; DOCA's WQE written again). The
             # pending entry is the plan's own while the sink is the same: nothing is made.
-            key = id(job)
+            key = posted.key
             pending = self._pending
             if key in pending:
                 raise DocaError(DocaErrorCode.IN_USE, "this job object is already in flight")
@@ -460,6 +460,7 @@ class Rdma(RdmaPropsApi):
             posted, planned = spec.plan(job, next(self._wr_ids), planning)
             posted.wr = planned
             posted.plan_for(self._epoch, spec.bufs(job))
+            posted.key = id(job)
             object.__setattr__(job, "_plan", posted)  # the job's private cache, not a field
         if srq is not None:
             posted.lane = posted.conn = None  # its connection is the one whose queue pair completes it
@@ -537,7 +538,7 @@ class Rdma(RdmaPropsApi):
         if posted is None:
             return
         job = posted.job
-        key = id(job)
+        key = posted.key
         entry = self._pending.get(key)
         if entry is None or entry[0] is not job:
             return  # a job flushed by stop or WorkQ close: forgotten (`Ctx._in_flight`, inline)
@@ -571,8 +572,9 @@ class Rdma(RdmaPropsApi):
             result = RdmaResult(opcode=opcode, length=wc.byte_len, immediate=wc.imm_data, connection=conn)
             self._complete(job, result=result)
             return
-        for buf, n in posted.parts:
-            buf.commit_append(n)
+        if posted.parts:  # (no iterator made for a job without local appends)
+            for buf, n in posted.parts:
+                buf.commit_append(n)
         if posted.remote_append is not None:
             posted.remote_append.commit_append(posted.length)
         ok = posted.ok

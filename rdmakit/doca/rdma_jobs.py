@@ -244,6 +244,7 @@ class Posted:
     wr: "SendWR | RecvWR | None" = None  # what is posted; its wr_id is the plan's
     ok: Event | None = None  # its success event, made at the first success on `conn`
     entry: "tuple[Job, _Sink] | None" = None  # its context's pending entry (job, sink), reused
+    key: int = 0  # its context's pending key, ``id(job)``, computed once (an address is a new int)
     # What it was planned against: the context's start, every buffer of the job's lists (a job is
     # frozen, so these are its buffers for good) and what each one was then (`plan_state`).
     epoch: int = -1

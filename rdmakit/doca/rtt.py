@@ -41,7 +41,7 @@ Api = Literal["job", "task"]
 @dataclass
 class WriteLoop:
     """What a loop of 8-byte WRITEs uses: for the job API `wq` and `job`, for the task API `task`,
-    whose callbacks (success and error) append it to `done`."""
+    whose callbacks (success and error) put it in ``done[0]`` (the loop empties it again)."""
 
     pe: ProgressEngine
     rdma: Rdma
@@ -50,7 +50,7 @@ class WriteLoop:
     wq: WorkQ | None = None
     job: RdmaWriteJob | None = None
     task: RdmaTaskWrite | None = None
-    done: list[RdmaTaskWrite] = field(default_factory=list)
+    done: list[RdmaTaskWrite | None] = field(default_factory=lambda: [None])
 
     def reset(self) -> None:
         """Empty `dst`'s data: the next WRITE lands on the same 8 bytes."""
@@ -88,7 +88,11 @@ def write_loop(
     out: WriteLoop | None = None
     wq: WorkQ | None = None
     mmaps: list[Mmap] = []
-    done: list[RdmaTaskWrite] = []
+    done: list[RdmaTaskWrite | None] = [None]
+
+    def finished(task: RdmaTaskWrite, user_data: object, ctx_data: object) -> None:
+        done[0] = task  # the application's record of the callback: a slot, nothing made
+
     try:
         rdma.add_dev(dev)
         rdma.set_permissions(AccessFlag.LOCAL_READ_WRITE)
@@ -97,7 +101,7 @@ def write_loop(
             rdma.workq_add(wq)
         else:
             pe.connect_ctx(rdma)
-            rdma.task_write_set_conf(lambda t, u, c: done.append(t), lambda t, u, c: done.append(t), 1)
+            rdma.task_write_set_conf(finished, finished, 1)
         rdma.start()
         exchange(ConnectionDescriptor.from_bytes(rdma.export()).to_backend())
         rdma.connect(peer)
