@@ -5,7 +5,8 @@ per operation: the job's plan (its work request), the pending entry, the
 success event and its result are kept and reused; the task is the same
 object, its callback a bound method made once. What the engine below
 allocates per operation (its work queue entry, the completion, packets) is
-the engine's and is not counted here. Counted: the memory blocks allocated
+the engine's and is not counted here. `test_per_op_objects` counts the
+DOCA objects made; this counts memory. Counted: the memory blocks allocated
 while code of ``rdmakit/doca`` runs (`Allocations`), and the blocks the
 DOCA layer holds after many operations against after few (``tracemalloc``).
 """
