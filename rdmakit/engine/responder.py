@@ -414,10 +414,7 @@ class Responder(ResponseOutput):
         """The in-order READ request at ``psn`` passed every check: a responder resource
         for its duplicates, and its response queued (``view``: the bytes; None if empty)."""
         npkts = max(length - 1, 0) // self.mtu + 1
-        res = self.res.new(_READ, psn, (psn + npkts - 1) & _MASK)
-        res.va = va
-        res.length = length
-        res.rkey = rkey
+        self.res.new_read(psn, (psn + npkts - 1) & _MASK, rkey, va, length)
         # IBTA C9-148: a READ counts as a message when it executes.
         self.msn = (self.msn + 1) & _MASK
         self.psn = (psn + npkts) & _MASK
