@@ -58,11 +58,11 @@ static PyObject *armed_allow_reads(ArmedObject *self, PyObject *new_read) {
 static int armed_read_rx(ArmedObject *self, const unsigned char *p, Py_ssize_t n, Py_ssize_t idx, PyObject *states,
                          PyObject *flow) {
     Py_ssize_t off, end;
-    if (self->rd_res == NULL || self->rd_live || p[0] != rd_ops[0])
+    if (self->rd_res == NULL || p[0] != rd_ops[0])
         return 0;
-    uint32_t w1 = get_be32(p + 4), w2 = get_be32(p + 8);
+    uint32_t dqp = get_be32(p + 4) & PSN_MASK, psn = get_be32(p + 8) & PSN_MASK;
     if (header_layout(p, n - ICRC_LEN, &off, &end) < 0 || end != off || (get_be16(p + 2) & 0x7FFF) != 0x7FFF ||
-        (w1 & PSN_MASK) != self->qpn || (w2 & PSN_MASK) != self->psn)
+        dqp != self->qpn || psn != self->psn)
         return 0;
     int icrc = icrc_matches(p, n, idx, states, flow);
     if (icrc <= 0)
@@ -96,7 +96,7 @@ static int armed_read_rx(ArmedObject *self, const unsigned char *p, Py_ssize_t n
             return 0;
         }
     }
-    uint32_t psn = self->psn, last = (uint32_t)(psn + npkts - 1) & PSN_MASK;
+    uint32_t last = (uint32_t)(psn + npkts - 1) & PSN_MASK;
     /* Responder.read_executed: the resource first (RdAtomicResources.new_read) */
     PyObject *r = PyObject_CallFunction(self->rd_res, "kkkKK", (unsigned long)psn, (unsigned long)last,
                                         (unsigned long)rkey, (unsigned long long)va, (unsigned long long)len);
@@ -210,7 +210,7 @@ static PyObject *armed_send_reply(ArmedObject *self, PyObject *args) {
     socklen_t sl;
     if (parse_addr(addr, v6, &ss, &sl) < 0)
         return NULL;
-    int sent = 0, err = 0;
+    int sent = 0, err = 0, ack_err = 0;
     if (self->live && self->ack) { /* the ACK queued before the READ leaves first */
         PyObject *e = armed_send_ack(self, args);
         if (e == NULL)
@@ -219,6 +219,7 @@ static PyObject *armed_send_reply(ArmedObject *self, PyObject *args) {
         Py_DECREF(e);
         if (a == EAGAIN || a == EWOULDBLOCK)
             return Py_BuildValue("ii", (int)a, 0);
+        ack_err = (int)a; /* lost to a send error as any datagram is */
         sent++;
     }
     Py_buffer t = {0};
@@ -277,7 +278,7 @@ static PyObject *armed_send_reply(ArmedObject *self, PyObject *args) {
     }
     if (have)
         PyBuffer_Release(&t);
-    return Py_BuildValue("ii", err, sent);
+    return Py_BuildValue("ii", err ? err : ack_err, sent);
 }
 
 static PyObject *armed_replying(ArmedObject *self, void *Py_UNUSED(closure)) { return PyBool_FromLong(self->rd_live); }
