@@ -443,7 +443,7 @@ def fuzz_armed_req(rng: random.Random, native: Any, count: int) -> None:
 
 
 def fuzz_armed_read(rng: random.Random, native: Any, count: int) -> None:
-    """Mutated READ requests (zero to more than eight responses, any range) to an armed responder
+    """Mutated READ (zero to more than eight responses, any range) and atomic requests to an armed responder
     allowed READs (hostile recorders too), between messages or within a WRITE, with an ACK held or
     not; its responses taken, sent to a closed descriptor or handed back in any order: what it
     executes, decode takes alike, its expected PSN moves past the responses, and the responses it
@@ -462,6 +462,10 @@ def fuzz_armed_read(rng: random.Random, native: Any, count: int) -> None:
         length = rng.choice((0, 1, 8, 63, 64, 256, 300, len(mem), 4096, 1 << 31, rng.getrandbits(32)))
         pkt = Packet(Opcode.RDMA_READ_REQUEST, 0x10, 100, ackreq=rng.random() < 0.5,
                      reth=RETH(va & ((1 << 64) - 1), rkey, length))  # fmt: skip
+        if rng.random() < 0.3:  # an atomic (aligned or not)
+            op = rng.choice((Opcode.COMPARE_SWAP, Opcode.FETCH_ADD))
+            aeth = AtomicETH(va & ((1 << 64) - 1), rkey, rng.getrandbits(64), rng.getrandbits(64))
+            pkt = Packet(op, 0x10, 100, atomic_eth=aeth)
         body = encode(pkt)
         data = bytearray(body + pack_icrc(flow.icrc_seg(0, body)))
         if rng.random() < 0.3:
@@ -486,11 +490,20 @@ def fuzz_armed_read(rng: random.Random, native: Any, count: int) -> None:
         if rng.random() < 0.1:
             recorder = rng.choice((None, "x", lambda *a: 1 // 0))
         try:
-            armed.allow_reads(recorder)
+            armed.allow_reads(recorder, recorder if rng.random() < 0.9 else "x")
             got = armed.rx(memoryview(data), 0, flow.states, flow)
         except (*REFUSALS, ZeroDivisionError):
             continue
-        if got:
+        if got and decode(bytes(data[:-4])).opcode is not Opcode.RDMA_READ_REQUEST:
+            want = decode(bytes(data[:-4]))
+            ae = want.atomic_eth
+            if ae is None or ae.va & 7 or want.psn != 100 or recorded[-1][0] != 100 or not armed.replying:
+                raise AssertionError(f"Armed.rx atomic {bytes(data).hex()}: {recorded}")
+            if rng.random() < 0.5:
+                (ack,) = armed.take_reply()
+                if ack.atomic_ack != recorded[-1][1] or ack.psn != 100 or armed.replying:
+                    raise AssertionError(f"Armed.take_reply atomic {bytes(data).hex()}: {ack}")
+        elif got:
             want = decode(bytes(data[:-4]))
             reth = want.reth
             assert reth is not None

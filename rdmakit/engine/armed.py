@@ -6,18 +6,19 @@ WRITE: the expected PSN and the MSN, the WRITE under way, with the ACK it
 owes. While armed, that state is the native object's alone; it executes
 in-order RDMA WRITE FIRST, MIDDLE, LAST and ONLY requests without immediate
 data (IBTA Vol. 1 §9.7.5) and holds their coalesced ACK, and the in-order
-RDMA READ request between messages when the QP has responder resources
-(recording each in the engine's ring, ``RdAtomicResources.new_read``) and
-holds its responses, and the engine's copy is stale. Every entry point of
+RDMA READ, COMPARE SWAP and FETCH ADD request between messages when the QP
+has responder resources (recording each in the engine's ring,
+``RdAtomicResources.new_read`` and ``new_atomic``) and holds its READ
+responses or ATOMIC ACKNOWLEDGE, and the engine's copy is stale. Every entry point of
 ``QueuePair`` that reads or writes the responder calls ``disarm`` first,
 which copies the state back exactly as ``Responder._send_write``,
-``read_executed`` and ``queue_ack`` would have left it (the held ACK and the
-READ responses not yet sent back in ``Responder.out``). See ``docs/architecture.md``, "Who owns a
-QP's state".
+``read_executed``, ``atomic_executed`` and ``queue_ack`` would have left it
+(the held ACK and the responses not yet sent back in ``Responder.out``).
+See ``docs/architecture.md``, "Who owns a QP's state".
 """
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 from rdmakit.wire import Kind, Packet
 
@@ -32,9 +33,10 @@ Disarmed = tuple[int, int, bool, int, int, int, int, int, int | None, memoryview
 #: The READ responses a native owner still holds: (view of the READ's range or None, bytes sent,
 #: bytes to send, next PSN, the next is FIRST/ONLY, MSN).
 HeldReply = tuple[memoryview | None, int, int, int, bool, int]
-#: What ``NativeResponder.handback`` hands back after ``disarm``: (READs executed, the ACK PSN
-#: the WRITEs executed left, None if none was; the READ responses still held, or None).
-Handback = tuple[int, int | None, HeldReply | None]
+#: What ``NativeResponder.handback`` hands back after ``disarm``: (READs and atomics executed, the
+#: ACK PSN the WRITEs and atomics executed left, None if none was; the READ responses still held,
+#: or the ATOMIC ACKNOWLEDGE, or None).
+Handback = tuple[int, int | None, HeldReply | Packet | None]
 
 
 class NativeResponder(Protocol):
@@ -52,8 +54,11 @@ class NativeResponder(Protocol):
         executed, the held ACK)."""
         ...
 
-    def allow_reads(self, new_read: Callable[[int, int, int, int, int], None], /) -> None:
-        """Execute in-order READ requests too, recording each with ``new_read``."""
+    def allow_reads(
+        self, new_read: Callable[[int, int, int, int, int], None], new_atomic: Callable[[int, int], None], /
+    ) -> None:
+        """Execute in-order READ and atomic requests too, recording each with ``new_read`` or
+        ``new_atomic``."""
         ...
 
     def handback(self) -> Handback:
@@ -113,7 +118,7 @@ class ArmedResponder:
         self.native = owner
         self.resp.out.clear()
         if self.resp.res.ring:
-            owner.allow_reads(self.resp.res.new_read)
+            owner.allow_reads(self.resp.res.new_read, self.resp.res.new_atomic)
 
     def reply_unpaced(self) -> bool:
         """Responses the native owner holds may leave now as they are (``Responder.unpaced``)."""
@@ -133,10 +138,12 @@ class ArmedResponder:
         reads, ack_psn, reply = owner.handback()
         resp = self.resp
         if reads:
-            # Responder.read_executed's state (its resources are the engine's already).
+            # read_executed's and atomic_executed's state (their resources are the engine's already)
             resp.in_msg = None
             resp.msn = msn
             resp.psn = psn
+            if ack_psn is not None:
+                resp.ack_psn = ack_psn
             resp.sent_psn_nak = False
         if executed:
             # Responder._send_write's state after the last WRITE packet executed (within a
@@ -156,9 +163,11 @@ class ArmedResponder:
             resp.sent_psn_nak = False
         if ack is not None:
             resp.out.append(ack)  # queue_ack's: the output was empty when armed
-        if reply is not None:
+        if type(reply) is Packet:
+            resp.out.append(reply)  # atomic_executed's ATOMIC ACKNOWLEDGE, behind that ACK
+        elif reply is not None:
             # queue_read's, behind that ACK; the responses already sent are past
-            view, sent, rest, rpsn, new, rmsn = reply
+            view, sent, rest, rpsn, new, rmsn = cast(HeldReply, reply)
             rr = ReadReply(view, sent + rest, rpsn, new, rmsn)
             rr.off, rr.resid = sent, rest
             resp.out.append(rr)

@@ -54,6 +54,11 @@ class RdAtomicResources:
         res.length = length
         res.rkey = rkey
 
+    def new_atomic(self, psn: int, orig: int) -> None:
+        """The resource of the atomic executed at ``psn`` on a u64 that held ``orig`` (rxe
+        ``atomic_reply()``'s): what a duplicate of it is answered with (IBTA §9.4.5)."""
+        self.new(Kind.ATOMIC, psn, psn).orig = orig
+
     def find(self, psn: int, kind: Kind) -> RdAtomicResource | None:
         """The resource of ``kind`` whose PSN range holds ``psn`` (rxe ``find_resource()``)."""
         for res in self.ring:

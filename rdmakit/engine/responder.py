@@ -445,8 +445,7 @@ class Responder(ResponseOutput):
     def atomic_executed(self, psn: int, orig: int) -> None:
         """The in-order atomic request at ``psn`` was executed on a u64 that held ``orig``:
         a responder resource for its duplicates, and the ATOMIC ACKNOWLEDGE queued."""
-        res = self.res.new(_ATOMIC, psn, psn)
-        res.orig = orig
+        self.res.new_atomic(psn, orig)
         self.msn = (self.msn + 1) & _MASK
         self.psn = self.ack_psn = (psn + 1) & _MASK
         self.in_msg = None

@@ -54,8 +54,8 @@ typedef struct {
     unsigned long long mark; /* the poll_armed call that last woke its QP */
     uint32_t ack_base, rd_psn, rd_msn; /* Responder.ack_psn after the last WRITE; _nativeread.c's below */
     PyObject *rd_res, *rd_mem;         /* READs allowed (RdAtomicResources.new_read, or NULL), held responses */
-    int rd_live, rd_new;
-    uint64_t rd_off, rd_resid;
+    int rd_live, rd_new, rd_acked, rd_atomic; /* rd_acked: an atomic or WRITE moved ack_base */
+    uint64_t rd_off, rd_resid, rd_orig;
     unsigned long long rd_executed;
 } ArmedObject;
 
@@ -153,7 +153,7 @@ static int armed_init(ArmedObject *self, PyObject *args, PyObject *kwds) {
     self->ack_syn = (uint32_t)hsyn;
     self->ack_msn = (uint32_t)hmsn;
     self->executed = 0;
-    self->rd_live = 0, self->rd_executed = 0;
+    self->rd_live = 0, self->rd_executed = 0, self->rd_acked = 0;
     self->in_msg = msg != Py_None;
     self->w_rkey = (uint32_t)mrkey;
     self->w_va = mva;
@@ -206,8 +206,8 @@ static int armed_rx_core(ArmedObject *self, const unsigned char *p, Py_ssize_t n
     Py_ssize_t off, end;
     if (!self->live || n > UDP_MAX_PAYLOAD || n < BTH_LEN + ICRC_LEN || !codec_ready || self->rd_live)
         return 0; /* behind held READ responses, the engine queues what follows */
-    if (p[0] == rd_ops[0])
-        return armed_read_rx(self, p, n, idx, states, flow);
+    if (rd_takes(p[0]))
+        return armed_rdatomic_rx(self, p, n, idx, states, flow);
     int pos = armed_position(p[0]);
     if (pos < 0)
         return 0;
@@ -299,7 +299,7 @@ static int armed_rx_core(ArmedObject *self, const unsigned char *p, Py_ssize_t n
     if (!self->in_msg)
         self->msn = (self->msn + 1) & PSN_MASK;
     self->psn = (self->psn + 1) & PSN_MASK;
-    self->ack_base = self->psn;
+    self->ack_base = self->psn, self->rd_acked = 1;
     self->executed++;
     if (w2 >> 31) {
         self->ack = 1;
@@ -489,7 +489,7 @@ static PyObject *fp_poll_armed(PyObject *Py_UNUSED(self), PyObject *args) {
         const unsigned char *p = b.buf;
         Py_ssize_t n = r;
         ArmedObject *a = NULL;
-        if (!seg && ecn != 3 && n >= BTH_LEN + ICRC_LEN && (armed_position(p[0]) >= 0 || p[0] == rd_ops[0])) {
+        if (!seg && ecn != 3 && n >= BTH_LEN + ICRC_LEN && (armed_position(p[0]) >= 0 || rd_takes(p[0]))) {
             PyObject *key = PyLong_FromUnsignedLong(get_be32(p + 4) & PSN_MASK);
             if (key == NULL)
                 goto fail;

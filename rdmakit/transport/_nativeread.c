@@ -1,8 +1,11 @@
 /*
- * The armed responder's RDMA READs (_nativeqp.c #includes this; part of _fastpath.c's translation unit).
+ * The armed responder's RDMA READs and atomics (_nativeqp.c #includes this; part of _fastpath.c's
+ * translation unit).
  *
- * Once allowed (allow_reads(new_read): the engine's RdAtomicResources.new_read, given when the QP has
- * responder resources, IBTA §9.5 max_dest_rd_atomic), the armed responder also executes the in-order RDMA
+ * Once allowed (allow_reads(new_read, new_atomic): the engine's RdAtomicResources.new_read and new_atomic,
+ * given when the QP has responder resources, IBTA §9.5 max_dest_rd_atomic), the armed responder also
+ * executes the in-order COMPARE SWAP and FETCH ADD (armed_atomic_rx: its original value recorded, the u64
+ * updated, the ATOMIC ACKNOWLEDGE held, as Responder._atomic and atomic_executed do) and RDMA
  * READ request between messages (IBTA Vol. 1 §9.7.5, rxe rxe_resp.c), checked in rxe's order: the header as
  * decode() takes it, P_Key, QPN, PSN, ICRC, check_op_seq, check_op_valid (REMOTE_READ), check_resource
  * (resources exist), check_length (at most MAX_MSG_SIZE, and here at most RD_MAX_PKTS responses) and
@@ -11,15 +14,17 @@
  * engine replays), the MSN counted (C9-148), the expected PSN past the responses, and the responses held
  * here, behind the ACK already held if any, until the transport takes them:
  *
- *   take_reply() -> [Packet, ...]       the READ RESPONSE ONLY, or FIRST, MIDDLE..., LAST, counted as sent
+ *   take_reply() -> [Packet, ...]       the READ RESPONSE ONLY, or FIRST, MIDDLE..., LAST (or the ATOMIC
+ *                                       ACKNOWLEDGE), counted as sent
  *   send_reply(fd, addr, v6, states, flow) -> (errno, sent)
  *                                       the held ACK and the responses, built, ICRC'd and sent here;
  *                                       EAGAIN leaves the rest held (sent: how many left)
  *   replying                            a READ's responses are held
  *   handback() -> (reads, ack_psn | None, reply | None)
  *                                       after disarm(): READs executed, the ACK PSN base the WRITEs left
- *                                       (Responder.ack_psn; None: no WRITE executed), and the responses
- *                                       still held as (view, off, resid, psn, new, msn) for a ReadReply
+ *                                       and atomics left (Responder.ack_psn; None: none executed), and the
+ *                                       responses still held as (view, off, resid, psn, new, msn) for a
+ *                                       ReadReply, or the ATOMIC ACKNOWLEDGE as a Packet
  *
  * While responses are held the armed responder declines every request (the engine would queue them behind
  * the responses), so the output order is the engine's: the held ACK, then the responses. Payloads are read
@@ -43,23 +48,29 @@ static PyObject *armed_init_read(PyObject *Py_UNUSED(cls), PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *armed_allow_reads(ArmedObject *self, PyObject *new_read) {
-    if (!PyCallable_Check(new_read)) {
-        PyErr_SetString(PyExc_TypeError, "allow_reads: new_read must be callable");
+static PyObject *armed_allow_reads(ArmedObject *self, PyObject *args) {
+    PyObject *new_read, *new_atomic;
+    if (!PyArg_ParseTuple(args, "OO:allow_reads", &new_read, &new_atomic))
+        return NULL;
+    if (!PyCallable_Check(new_read) || !PyCallable_Check(new_atomic)) {
+        PyErr_SetString(PyExc_TypeError, "allow_reads: new_read and new_atomic must be callable");
         return NULL;
     }
-    Py_INCREF(new_read);
-    Py_XSETREF(self->rd_res, new_read);
+    PyObject *pair = PyTuple_Pack(2, new_read, new_atomic);
+    if (pair == NULL)
+        return NULL;
+    Py_XSETREF(self->rd_res, pair);
     Py_RETURN_NONE;
 }
+
+/* The armed responder takes requests with opcode op here: a READ request, COMPARE SWAP or FETCH ADD. */
+static int rd_takes(int op) { return op == rd_ops[0] || op == small_ops[2] || op == small_ops[3]; }
 
 /* Execute the READ request p (n bytes, index idx): 1 done, 0 declined (nothing changed), -1 with an
  * exception set. */
 static int armed_read_rx(ArmedObject *self, const unsigned char *p, Py_ssize_t n, Py_ssize_t idx, PyObject *states,
                          PyObject *flow) {
     Py_ssize_t off, end;
-    if (self->rd_res == NULL || p[0] != rd_ops[0])
-        return 0;
     uint32_t dqp = get_be32(p + 4) & PSN_MASK, psn = get_be32(p + 8) & PSN_MASK;
     if (header_layout(p, n - ICRC_LEN, &off, &end) < 0 || end != off || (get_be16(p + 2) & 0x7FFF) != 0x7FFF ||
         dqp != self->qpn || psn != self->psn)
@@ -98,7 +109,7 @@ static int armed_read_rx(ArmedObject *self, const unsigned char *p, Py_ssize_t n
     }
     uint32_t last = (uint32_t)(psn + npkts - 1) & PSN_MASK;
     /* Responder.read_executed: the resource first (RdAtomicResources.new_read) */
-    PyObject *r = PyObject_CallFunction(self->rd_res, "kkkKK", (unsigned long)psn, (unsigned long)last,
+    PyObject *r = PyObject_CallFunction(PyTuple_GET_ITEM(self->rd_res, 0), "kkkKK", (unsigned long)psn, (unsigned long)last,
                                         (unsigned long)rkey, (unsigned long long)va, (unsigned long long)len);
     if (r == NULL || armed_count(self, s_packets_in) < 0) {
         Py_XDECREF(r);
@@ -111,6 +122,7 @@ static int armed_read_rx(ArmedObject *self, const unsigned char *p, Py_ssize_t n
     self->msn = (self->msn + 1) & PSN_MASK;
     self->psn = (uint32_t)(psn + npkts) & PSN_MASK;
     self->rd_live = 1;
+    self->rd_atomic = 0;
     self->rd_new = 1;
     self->rd_at = at;
     self->rd_off = 0;
@@ -119,6 +131,89 @@ static int armed_read_rx(ArmedObject *self, const unsigned char *p, Py_ssize_t n
     self->rd_msn = self->msn;
     self->rd_executed++;
     return 1;
+}
+
+/* Execute the COMPARE SWAP or FETCH ADD p (IBTA §9.4.5; Responder._atomic, rxe atomic_reply): in rxe's order
+ * (header, P_Key, QPN, PSN, ICRC, check_op_seq, check_op_valid, check_resource, check_rkey, the alignment),
+ * its original value recorded first (RdAtomicResources.new_atomic, for a duplicate, which the engine
+ * answers from it), then the u64 (this host's byte order) updated; the ATOMIC ACKNOWLEDGE held. 1 done,
+ * 0 declined (nothing changed), -1 with an exception set. */
+static int armed_atomic_rx(ArmedObject *self, const unsigned char *p, Py_ssize_t n, Py_ssize_t idx,
+                           PyObject *states, PyObject *flow) {
+    Py_ssize_t off, end;
+    uint32_t dqp = get_be32(p + 4) & PSN_MASK, apsn = get_be32(p + 8) & PSN_MASK;
+    if (header_layout(p, n - ICRC_LEN, &off, &end) < 0 || end != off || (get_be16(p + 2) & 0x7FFF) != 0x7FFF ||
+        dqp != self->qpn || apsn != self->psn)
+        return 0;
+    int icrc = icrc_matches(p, n, idx, states, flow);
+    if (icrc <= 0)
+        return icrc;
+    if (self->in_msg || !(self->access & small_access[2]))
+        return 0;
+    const unsigned char *x = p + BTH_LEN;
+    uint64_t va = get_be64(x), swap_add = get_be64(x + 12), compare = get_be64(x + 20);
+    PyObject *entry = NULL;
+    Py_ssize_t at = small_region(self->rtable, get_be32(x + 8), va, 8, small_access[2], &entry);
+    if (at < 0)
+        return at == -2 ? -1 : 0;
+    Py_buffer t;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(entry, 3), &t, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(entry);
+        return -1;
+    }
+    Py_DECREF(entry); /* the buffer holds the region */
+    if ((uint64_t)t.len < (uint64_t)at + 8 || (va & 7)) {
+        PyBuffer_Release(&t);
+        return 0;
+    }
+    unsigned char *dst = (unsigned char *)t.buf + at;
+    uint64_t orig;
+    memcpy(&orig, dst, 8);
+    PyObject *r = PyObject_CallFunction(PyTuple_GET_ITEM(self->rd_res, 1), "kK", (unsigned long)apsn,
+                                        (unsigned long long)orig);
+    if (r == NULL || armed_count(self, s_packets_in) < 0) {
+        Py_XDECREF(r);
+        PyBuffer_Release(&t);
+        return -1;
+    }
+    Py_DECREF(r);
+    if (p[0] == small_ops[3] || orig == compare) { /* a COMPARE SWAP that misses stores nothing */
+        uint64_t v = p[0] == small_ops[3] ? orig + swap_add : swap_add;
+        memcpy(dst, &v, 8);
+    }
+    PyBuffer_Release(&t);
+    /* Responder.atomic_executed */
+    self->msn = (self->msn + 1) & PSN_MASK;
+    self->psn = (apsn + 1) & PSN_MASK;
+    self->rd_acked = 1, self->ack_base = self->psn; /* atomic_executed's ack_psn */
+    self->rd_live = 1;
+    self->rd_atomic = 1;
+    self->rd_psn = apsn;
+    self->rd_msn = self->msn;
+    self->rd_orig = orig;
+    self->rd_resid = 0;
+    self->rd_executed++;
+    return 1;
+}
+
+static int armed_rdatomic_rx(ArmedObject *self, const unsigned char *p, Py_ssize_t n, Py_ssize_t idx,
+                             PyObject *states, PyObject *flow) {
+    if (self->rd_res == NULL)
+        return 0; /* no responder resources: the engine's error */
+    return p[0] == rd_ops[0] ? armed_read_rx(self, p, n, idx, states, flow)
+                             : armed_atomic_rx(self, p, n, idx, states, flow);
+}
+
+/* The held ATOMIC ACKNOWLEDGE as the engine's Packet (Responder._ack's fields); NULL with an exception. */
+static PyObject *rd_atomic_packet(const ArmedObject *self) {
+    PyObject *a = PyObject_CallFunction(t_aeth, "kk", (unsigned long)self->syndrome, (unsigned long)self->rd_msn);
+    if (a == NULL)
+        return NULL;
+    PyObject *pkt = PyObject_CallFunction(t_packet, "OkkOOOiOOOONK", op_member[resp_ops[2]],
+                                          (unsigned long)self->dqpn, (unsigned long)self->rd_psn, Py_False, Py_False,
+                                          Py_False, 0xFFFF, Py_False, Py_False, Py_None, a, Py_None,
+                                          (unsigned long long)self->rd_orig);
+    return pkt;
 }
 
 /* The next held response's opcode, payload size and whether it carries an AETH. */
@@ -153,6 +248,16 @@ static PyObject *armed_take_reply(ArmedObject *self, PyObject *Py_UNUSED(ignored
     PyObject *list = PyList_New(0);
     if (list == NULL)
         return NULL;
+    if (self->rd_live && self->rd_atomic) {
+        PyObject *pkt = rd_atomic_packet(self);
+        if (pkt == NULL || PyList_Append(list, pkt) < 0 || armed_count(self, s_packets_out) < 0) {
+            Py_XDECREF(pkt);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(pkt);
+        self->rd_live = 0;
+    }
     while (self->rd_live) {
         Py_ssize_t size;
         int aeth;
@@ -222,6 +327,28 @@ static PyObject *armed_send_reply(ArmedObject *self, PyObject *args) {
         ack_err = (int)a; /* lost to a send error as any datagram is */
         sent++;
     }
+    if (self->rd_atomic) { /* BTH, AETH, AtomicAckETH (the original value, big-endian), ICRC */
+        unsigned char h[BTH_LEN + 4 + 8 + ICRC_LEN];
+        put_bth(h, resp_ops[2], self->dqpn, self->rd_psn, 0, 0);
+        put_be32(h + BTH_LEN, self->syndrome << 24 | self->rd_msn);
+        put_be32(h + BTH_LEN + 4, (uint32_t)(self->rd_orig >> 32));
+        put_be32(h + BTH_LEN + 8, (uint32_t)self->rd_orig);
+        int64_t st = icrc_state(states, flow, (Py_ssize_t)sizeof h, 0);
+        if (st < 0)
+            return NULL;
+        h[4] = 0xFF; /* FECN, BECN, resv6 count as ones (Annex A17.3.3) */
+        uint32_t c = crc32_update((uint32_t)st, h, BTH_LEN + 12);
+        h[4] = 0;
+        put_le32(h + BTH_LEN + 12, c);
+        struct iovec iov[1] = {{h, sizeof h}};
+        err = rd_sendv(fd, iov, 1, &ss, sl);
+        if (err == EAGAIN || err == EWOULDBLOCK)
+            return Py_BuildValue("ii", err, sent);
+        if (armed_count(self, s_packets_out) < 0)
+            return NULL;
+        self->rd_live = 0;
+        return Py_BuildValue("ii", err ? err : ack_err, sent + 1);
+    }
     Py_buffer t = {0};
     int have = 0;
     if (self->rd_mem != NULL) {
@@ -289,7 +416,12 @@ static PyObject *armed_handback(ArmedObject *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     PyObject *reply = Py_NewRef(Py_None);
-    if (self->rd_live) {
+    if (self->rd_live && self->rd_atomic) {
+        Py_SETREF(reply, rd_atomic_packet(self));
+        if (reply == NULL)
+            return NULL;
+        self->rd_live = 0;
+    } else if (self->rd_live) {
         PyObject *view = self->rd_mem != NULL ? PySequence_GetSlice(self->rd_mem, self->rd_at,
                                                                     self->rd_at + (Py_ssize_t)(self->rd_off +
                                                                                                self->rd_resid))
@@ -305,7 +437,7 @@ static PyObject *armed_handback(ArmedObject *self, PyObject *Py_UNUSED(ignored))
             return NULL;
         self->rd_live = 0;
     }
-    PyObject *ack_psn = self->executed ? PyLong_FromUnsignedLong(self->ack_base) : Py_NewRef(Py_None);
+    PyObject *ack_psn = self->rd_acked ? PyLong_FromUnsignedLong(self->ack_base) : Py_NewRef(Py_None);
     if (ack_psn == NULL) {
         Py_DECREF(reply);
         return NULL;
@@ -314,8 +446,8 @@ static PyObject *armed_handback(ArmedObject *self, PyObject *Py_UNUSED(ignored))
 }
 
 #define ARMED_READ_METHODS                                                                                            \
-    {"allow_reads", (PyCFunction)armed_allow_reads, METH_O,                                                           \
-     "allow_reads(new_read): execute in-order READ requests too (see _nativeread.c)."},                               \
+    {"allow_reads", (PyCFunction)armed_allow_reads, METH_VARARGS,                                                     \
+     "allow_reads(new_read, new_atomic): execute in-order READ and atomic requests too (see _nativeread.c)."},        \
         {"take_reply", (PyCFunction)armed_take_reply, METH_NOARGS,                                                    \
          "The held READ responses as Packets (counted as sent)."},                                                    \
         {"send_reply", (PyCFunction)armed_send_reply, METH_VARARGS,                                                   \

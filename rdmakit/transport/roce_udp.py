@@ -370,7 +370,7 @@ class UdpPort(ArmedSends):
                 else:
                     c.icrc_ok += 1
                     ours = True
-                if took in (3, 5) and self._armed.get(qpn) is not qp.native:
+                if took in (3, 5, 6) and self._armed.get(qpn) is not qp.native:
                     self._bind(qp, rx, src_ip, sport)
                 elif took == 4 and self._armed_req.get(qpn) is not qp.req_native:
                     self._bind_req(qp, rx, src_ip, sport)

@@ -64,7 +64,7 @@ _SPORT = 0xC000
 #: Steps at one instant of virtual time after which ``run`` declares a livelock.
 _MAX_STALL = 1_000_000
 #: ``take_small``'s answers, as ``stats`` counts them.
-_TAKEN = {1: "small", 2: "small_resp", 3: "armed", 4: "armed_req", 5: "armed_read"}
+_TAKEN = {1: "small", 2: "small_resp", 3: "armed", 4: "armed_req", 5: "armed_read", 6: "armed_atomic"}
 
 
 class SimQP(Protocol):

@@ -186,10 +186,37 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         (_READS,),
     ),
     "c-read-handback-drops-responses": (
-        ("    if (self->rd_live) {\n        PyObject *view", "    if (0) {\n        PyObject *view"),
+        ("} else if (self->rd_live) {\n        PyObject *view", "} else if (0) {\n        PyObject *view"),
         (_READS,),
     ),
-    "c-read-ack-psn-not-kept": (("    self->ack_base = self->psn;\n", ""), (_READS,)),
+    "c-armed-write-ack-psn-not-kept": (
+        ("    self->ack_base = self->psn, self->rd_acked = 1;\n", ""),
+        (_READS,),
+    ),
+    "c-atomic-ack-psn-not-kept": (
+        ("self->rd_acked = 1, self->ack_base = self->psn;", "self->rd_acked = 1;"),
+        (_READS,),
+    ),
+    "c-atomic-no-align-check": (
+        ("(uint64_t)t.len < (uint64_t)at + 8 || (va & 7))", "(uint64_t)t.len < (uint64_t)at + 8)"),
+        (_SMALL,),
+    ),
+    "c-atomic-swap-ignores-compare": (
+        ("if (p[0] == small_ops[3] || orig == compare) {", "if (1) {"),
+        (_READS,),
+    ),
+    "c-atomic-ack-wrong-orig": (
+        ("    self->rd_orig = orig;\n", "    self->rd_orig = orig + 1;\n"),
+        (_READS,),
+    ),
+    "c-atomic-handback-as-read": (
+        ("    if (self->rd_live && self->rd_atomic) {\n        Py_SETREF", "    if (0) {\n        Py_SETREF"),
+        (_READS,),
+    ),
+    "c-atomic-no-access-check": (
+        ("if (self->in_msg || !(self->access & small_access[2]))", "if (self->in_msg)"),
+        (_SMALL,),
+    ),
     # The device poll for a kernel sender's source (its own IPv4 IDs, followed).
     "c-poll-kernel-id-not-followed": (
         (

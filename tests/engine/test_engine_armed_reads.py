@@ -1,4 +1,4 @@
-"""The armed responder's RDMA READs equal the engine.
+"""The armed responder's RDMA READs and atomics equal the engine.
 
 An armed responder (``_fastpath.Armed``, ``rdmakit.engine.armed``) executes the
 in-order READ request between messages (up to eight responses), records its
@@ -7,7 +7,8 @@ its responses, which the transport takes (``take_reply``, ``send_reply``) or the
 engine takes back (``disarm``: a ``ReadReply`` behind the held ACK). The proofs:
 
 - seeded hostile networks (every fault profile, both directions): READs of one to
-  five packets (MTU 256) mixed with WRITE, SEND and atomics, all posted at once and
+  five packets (MTU 256) and atomics (held as an ATOMIC ACKNOWLEDGE, their original
+  value recorded by ``RdAtomicResources.new_atomic``) mixed with WRITE and SEND, all posted at once and
   in rounds (with CNPs, so DCQCN paces the responses and the engine takes them back),
   leave the same trace, memory, completions, counters and state with and without
   the native paths;
@@ -18,7 +19,9 @@ engine takes back (``disarm``: a ``ReadReply`` behind the held ACK). The proofs:
   DMA length, header defects and trailing bytes, a READ inside a WRITE, a QP
   without REMOTE_READ or without responder resources, a READ longer than the
   native path takes), fed to two identical QPs, one through the engine alone:
-  the same memory, state, completions, counters and response bytes.
+  the same memory, state, completions, counters and response bytes (hostile
+  atomics are fed to the armed responder by ``test_engine_small_native``'s
+  crafted requests);
 """
 
 import random
@@ -47,28 +50,31 @@ _MTU = 256
 #: READ-heavy, with what a READ meets in practice.
 _MIXED = (
     WrOpcode.RDMA_READ, WrOpcode.RDMA_READ, WrOpcode.RDMA_READ, WrOpcode.RDMA_WRITE, WrOpcode.SEND,
-    WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.RDMA_WRITE_WITH_IMM,
+    WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.RDMA_WRITE_WITH_IMM,
 )  # fmt: skip
 
 
 @pytest.mark.parametrize("name", PROFILES)
-def test_armed_reads_equal_the_engine(name: str) -> None:
+def test_armed_reads_and_atomics_equal_the_engine(name: str) -> None:
     faults = PROFILES[name]
-    reads = 0
+    reads = atomics = 0
     for seed in range(6):
         ref = fingerprint(seed, faults, None, ops=_MIXED, max_len=1200)
         got = fingerprint(seed, faults, _codec(), ops=_MIXED, max_len=1200)
-        assert ref[3] == (0,) * 6
+        assert ref[3] == (0,) * 7
         assert got[:3] == ref[:3], f"seed={seed} faults={name}"
         reads += got[3][5]
+        atomics += got[3][6]
     for seed in range(4):
         for cnp in (0, 3):
             ref = small_run.fingerprint(seed, faults, None, cnp_every=cnp)
             got = small_run.fingerprint(seed, faults, _codec(), cnp_every=cnp)
             assert got[:4] == ref[:4], f"seed={seed} faults={name} rounds cnp={cnp}"
             reads += got[4]["armed_read"]
-    print(f"{name}: the armed responder executed {reads} READs")
+            atomics += got[4]["armed_atomic"]
+    print(f"{name}: the armed responder executed {reads} READs and {atomics} atomics")
     assert reads > 10, reads
+    assert atomics > 10, atomics
 
 
 def _latency_bound(seed: int, faults: Faults, native: bool, rounds: int = 30) -> tuple[Any, ...]:
@@ -241,6 +247,8 @@ def test_the_port_sends_read_responses_natively(
             (wc,) = cqa.poll()
             assert wc.status is WcStatus.SUCCESS, n
             assert ma[at : at + n] == mb[at + 1 : at + 1 + n], n
+        # (a response of the wrong length is dropped, and the READ retried: it must not be)
+        assert not qa.stats.dropped["bad_response_length"], qa.stats
     assert a.counters.bad_icrc == 0
     assert a.counters.malformed == 0
     sent = sum(1 for replying, left in replies if replying and left)
