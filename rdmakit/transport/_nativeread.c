@@ -178,7 +178,7 @@ static int armed_atomic_rx(ArmedObject *self, const unsigned char *p, Py_ssize_t
     }
     Py_DECREF(r);
     if (p[0] == small_ops[3] || orig == compare) { /* a COMPARE SWAP that misses stores nothing */
-        uint64_t v = p[0] == small_ops[3] ? orig + swap_add : swap_add;
+        uint64_t v = swap_add + (p[0] == small_ops[3] ? orig : 0);
         memcpy(dst, &v, 8);
     }
     PyBuffer_Release(&t);

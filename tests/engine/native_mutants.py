@@ -205,6 +205,10 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         ("if (p[0] == small_ops[3] || orig == compare) {", "if (1) {"),
         (_READS,),
     ),
+    "c-atomic-fetch-add-off-by-one": (
+        ("swap_add + (p[0] == small_ops[3] ? orig : 0)", "swap_add + (p[0] == small_ops[3] ? orig + 1 : 0)"),
+        (_READS,),
+    ),
     "c-atomic-ack-wrong-orig": (
         ("    self->rd_orig = orig;\n", "    self->rd_orig = orig + 1;\n"),
         (_READS,),
