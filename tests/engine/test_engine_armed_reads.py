@@ -42,6 +42,7 @@ from rdmakit.transport.driver import Driver
 from rdmakit.transport.roce_armed import ArmedSends
 from rdmakit.wire import RETH, Opcode, Packet
 from tests.engine import small_run
+from tests.engine.seeds import SeedSample
 from tests.engine.test_engine_small_native import _IP_A, _IP_B, _codec, _datagram, _Responder, fingerprint
 
 pytestmark = pytest.mark.skipif(fastpath.NATIVE is None, reason=f"native data plane: {fastpath.describe()}")
@@ -75,6 +76,20 @@ def test_armed_reads_and_atomics_equal_the_engine(name: str) -> None:
     print(f"{name}: the armed responder executed {reads} READs and {atomics} atomics")
     assert reads > 10, reads
     assert atomics > 10, atomics
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PROFILES)
+def test_armed_reads_and_atomics_equal_the_engine_many_seeds(name: str, seed_sample: SeedSample) -> None:
+    seeds = seed_sample.seeds(range(3000, 3200), cap=30)
+    taken = 0
+    for seed in seeds:
+        ref = fingerprint(seed, PROFILES[name], None, ops=_MIXED, max_len=1200)
+        got = fingerprint(seed, PROFILES[name], _codec(), ops=_MIXED, max_len=1200)
+        assert got[:3] == ref[:3], f"seed={seed} faults={name}"
+        taken += got[3][5] + got[3][6]
+    assert taken > 0
+    seed_sample.passed(len(seeds))
 
 
 def _latency_bound(seed: int, faults: Faults, native: bool, rounds: int = 30) -> tuple[Any, ...]:
