@@ -464,7 +464,8 @@ def test_the_port_takes_the_native_path_on_real_sockets(
     # The WRITE, the READ and the atomics met b's responder, armed for them (``Armed``: executed,
     # their ACK, READ RESPONSE and ATOMIC ACKNOWLEDGEs built and sent in C).
     assert calls.get("arm", 0) >= 1
-    assert calls.get("small_request", 0) == 0
+    # (a request resent after a stall, a duplicate, is the engine's: small_request is asked first)
+    assert calls.get("small_request", 0) <= qa.stats.probes + qa.stats.retransmits
     assert calls.get("send_packet", 0) >= 4  # the requests
     qb.disarm()
     assert qb.resp.msn == 4
