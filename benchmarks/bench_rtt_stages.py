@@ -1,6 +1,7 @@
 """Where the CPU time of one 8-byte RDMA WRITE round trip goes, stage by stage (not a test).
 
-Run: ``python benchmarks/bench_rtt_stages.py [--count N] [--ip-a A] [--ip-b B]``
+Run: ``python benchmarks/bench_rtt_stages.py [--count N] [--ip-a A] [--ip-b B] [--op OP]``
+(``--op``: the WRITE, or an 8-byte READ, FETCH ADD or COMPARE SWAP instead)
 (``RDMAKIT_PURE_PYTHON=1`` for the pure-Python codec).
 
 Two soft RoCE-UDP devices in this one thread, so no scheduler or polling loop
@@ -33,12 +34,21 @@ STAGES = (
     "post_send",
     "requester transmit",
     "responder: receive, place, ACK",
-    "requester: ACK, complete",
+    "requester: ACK, complete",  # (READ: its response, placed; atomic: its ATOMIC ACKNOWLEDGE)
     "poll",
 )
 
 
-def stages(ip_a: str, ip_b: str, count: int, warm: int = 500) -> dict[str, float]:
+#: --op: the work request of the round trip.
+OPS = {
+    "write": WrOpcode.RDMA_WRITE, "read": WrOpcode.RDMA_READ, "fetch_add": WrOpcode.ATOMIC_FETCH_AND_ADD,
+    "cmp_swp": WrOpcode.ATOMIC_CMP_AND_SWP,
+}  # fmt: skip
+
+
+def stages(
+    ip_a: str, ip_b: str, count: int, warm: int = 500, op: WrOpcode = WrOpcode.RDMA_WRITE
+) -> dict[str, float]:
     """Median seconds of each stage over `count` round trips."""
     da, db = SoftDevice(ip_a), SoftDevice(ip_b)
     try:
@@ -49,11 +59,13 @@ def stages(ip_a: str, ip_b: str, count: int, warm: int = 500) -> dict[str, float
         connect_qp(da, qa, pa, eb)
         connect_qp(db, qb, pb, ea)
         src, dst = bytearray(8), bytearray(8)
+        remote = Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
         mra = da.pd.register(src, 0x1000, Access.LOCAL_WRITE)
-        mrb = db.pd.register(dst, 0x2000, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        mrb = db.pd.register(dst, 0x2000, Access.LOCAL_WRITE | remote)
+        atomic = op in (WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP)
         wr = SendWR(
-            wr_id=1, opcode=WrOpcode.RDMA_WRITE, sg_list=(SGE(0x1000, 8, mra.lkey),), remote_addr=0x2000,
-            rkey=mrb.rkey,
+            wr_id=1, opcode=op, sg_list=(SGE(0x1000, 8, mra.lkey),), remote_addr=0x2000, rkey=mrb.rkey,
+            compare_add=1 if atomic else 0,
         )  # fmt: skip
         clock = time.perf_counter
         times: list[list[float]] = [[] for _ in STAGES]
@@ -73,7 +85,7 @@ def stages(ip_a: str, ip_b: str, count: int, warm: int = 500) -> dict[str, float
             wcs = ca.poll(1)
             t5 = clock()
             if wcs[0].status is not WcStatus.SUCCESS:
-                raise SystemExit(f"WRITE failed: {wcs[0].status.name}")
+                raise SystemExit(f"{op.name} failed: {wcs[0].status.name}")
             if i >= warm:
                 for k, v in enumerate((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
                     times[k].append(v)
@@ -111,9 +123,10 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=5000, help="round trips timed (5000)")
     ap.add_argument("--ip-a", default="127.202.0.1", help="the requester's loopback address")
     ap.add_argument("--ip-b", default="127.202.0.2", help="the responder's loopback address")
+    ap.add_argument("--op", choices=sorted(OPS), default="write", help="the operation (write)")
     a = ap.parse_args()
-    got = stages(a.ip_a, a.ip_b, a.count)
-    print(f"8-byte RDMA WRITE round trip, one thread, data plane: {fastpath.describe()}")
+    got = stages(a.ip_a, a.ip_b, a.count, op=OPS[a.op])
+    print(f"8-byte {OPS[a.op].name} round trip, one thread, data plane: {fastpath.describe()}")
     for name, secs in got.items():
         print(f"  {name:32s} {secs * 1e6:7.2f} µs")
     print(f"  {'total':32s} {sum(got.values()) * 1e6:7.2f} µs")

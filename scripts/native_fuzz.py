@@ -442,6 +442,104 @@ def fuzz_armed_req(rng: random.Random, native: Any, count: int) -> None:
                 raise AssertionError(f"ArmedReq.rx declined {bytes(data).hex()} but logged {log}")
 
 
+def fuzz_armed_read(rng: random.Random, native: Any, count: int) -> None:
+    """Mutated READ (zero to more than eight responses, any range) and atomic requests to an armed responder
+    allowed READs (hostile recorders too), between messages or within a WRITE, with an ACK held or
+    not; its responses taken, sent to a closed descriptor or handed back in any order: what it
+    executes, decode takes alike, its expected PSN moves past the responses, and the responses it
+    gives are the READ's bytes in consecutive PSNs."""
+    flow = IcrcFlow.ipv4(bytes((127, 0, 0, 9)), bytes((127, 0, 0, 8)), 4791, 4791)
+    for _ in range(count):
+        mem = bytearray(rng.randbytes(rng.choice((0, 8, 64, 4096))))
+        base = rng.choice((0, 1 << 12, (1 << 64) - 4096, rng.getrandbits(64)))
+        entry: Any = (base, len(mem), rng.choice((2, 4, 14, 0xFF, 0)), memoryview(mem))
+        if rng.random() < 0.1:
+            fields = list(entry)
+            fields[rng.randrange(4)] = rng.choice((-1, 1 << 70, "x", None, b"ro", memoryview(b"12345678")))
+            entry = tuple(fields) if rng.random() < 0.8 else fields
+        rkey = rng.getrandbits(32)
+        va = base + rng.choice((0, 0, 8, len(mem) - 8, len(mem), rng.getrandbits(16)))
+        length = rng.choice((0, 1, 8, 63, 64, 256, 300, len(mem), 4096, 1 << 31, rng.getrandbits(32)))
+        pkt = Packet(Opcode.RDMA_READ_REQUEST, 0x10, 100, ackreq=rng.random() < 0.5,
+                     reth=RETH(va & ((1 << 64) - 1), rkey, length))  # fmt: skip
+        if rng.random() < 0.3:  # an atomic (aligned or not)
+            op = rng.choice((Opcode.COMPARE_SWAP, Opcode.FETCH_ADD))
+            aeth = AtomicETH(va & ((1 << 64) - 1), rkey, rng.getrandbits(64), rng.getrandbits(64))
+            pkt = Packet(op, 0x10, 100, atomic_eth=aeth)
+        body = encode(pkt)
+        data = bytearray(body + pack_icrc(flow.icrc_seg(0, body)))
+        if rng.random() < 0.3:
+            data = _mutate(rng, data)
+        held: Any = None if rng.random() < 0.6 else (99, 0x1F, 5)
+        mtu = rng.choice((64, 256, 1024, 4096))
+        args: list[Any] = [
+            0x10, 0x20, 100 if rng.random() < 0.9 else _int(rng), rng.getrandbits(24), mtu,
+            rng.choice((4, 14, 14, 0, 2)), {rkey: entry}, 0x1F, _Pd(), _Stats(), held,
+            None if rng.random() < 0.8 else _msg(rng, rkey, va, len(mem), mtu),
+        ]  # fmt: skip
+        try:
+            armed = native.Armed(*args)
+        except REFUSALS:
+            continue
+        recorded: list[tuple[int, ...]] = []
+
+        def record(*a: int, into: list[tuple[int, ...]] = recorded) -> None:
+            into.append(a)
+
+        recorder: Any = record
+        if rng.random() < 0.1:
+            recorder = rng.choice((None, "x", lambda *a: 1 // 0))
+        try:
+            armed.allow_reads(recorder, recorder if rng.random() < 0.9 else "x")
+            got = armed.rx(memoryview(data), 0, flow.states, flow)
+        except (*REFUSALS, ZeroDivisionError):
+            continue
+        if got and decode(bytes(data[:-4])).opcode is not Opcode.RDMA_READ_REQUEST:
+            want = decode(bytes(data[:-4]))
+            ae = want.atomic_eth
+            if ae is None or ae.va & 7 or want.psn != 100 or recorded[-1][0] != 100 or not armed.replying:
+                raise AssertionError(f"Armed.rx atomic {bytes(data).hex()}: {recorded}")
+            if rng.random() < 0.5:
+                (ack,) = armed.take_reply()
+                if ack.atomic_ack != recorded[-1][1] or ack.psn != 100 or armed.replying:
+                    raise AssertionError(f"Armed.take_reply atomic {bytes(data).hex()}: {ack}")
+        elif got:
+            want = decode(bytes(data[:-4]))
+            reth = want.reth
+            assert reth is not None
+            n = max(reth.dma_len - 1, 0) // mtu + 1
+            if want.opcode is not Opcode.RDMA_READ_REQUEST or want.psn != 100 or recorded[-1][:2] != (
+                100, 100 + n - 1
+            ) or not armed.replying:  # fmt: skip
+                raise AssertionError(f"Armed.rx READ {bytes(data).hex()}: {recorded}")
+            if rng.random() < 0.5:
+                pkts = armed.take_reply()
+                data_out = b"".join(bytes(p.payload) for p in pkts)
+                if reth.dma_len:  # (a hostile entry's own view and address, if any)
+                    off = reth.va - entry[0]
+                    want_out = bytes(entry[3][off : off + reth.dma_len])
+                else:
+                    want_out = b""
+                if (
+                    [p.psn for p in pkts] != list(range(100, 100 + n))
+                    or data_out != want_out
+                    or armed.replying
+                ):
+                    raise AssertionError(f"Armed.take_reply {bytes(data).hex()}: {pkts}")
+        for step in rng.sample(("take", "send", "disarm", "handback", "rx"), rng.randrange(1, 6)):
+            with contextlib.suppress(*REFUSALS, RuntimeError, AttributeError, BufferError):
+                if step == "take":
+                    armed.take_reply()
+                elif step == "send":
+                    armed.send_reply(-1, ("127.0.0.1", 4791), False, flow.states, flow)
+                elif step == "disarm":
+                    armed.disarm()
+                elif step == "handback":
+                    armed.handback()
+                else:
+                    armed.rx(memoryview(data), 0, flow.states, flow)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=20240601)
@@ -459,10 +557,11 @@ def main(argv: list[str] | None = None) -> int:
     fuzz_small_response(rng, native, args.count // 2)
     fuzz_armed(rng, native, args.count // 2)
     fuzz_armed_req(rng, native, args.count // 4)
+    fuzz_armed_read(rng, native, args.count // 2)
     n, h = args.count // 4, args.count // 2
     print(f"native_fuzz: {args.count} check_decode, {n} place_run, {n} x 3 send/recv, {h} small_request, "
-          f"{h} small_response, {h} armed responder, {n} armed requester inputs (seed {args.seed}): "
-          "all answered or refused")  # fmt: skip
+          f"{h} small_response, {h} armed responder, {n} armed requester, {h} armed READ inputs "
+          f"(seed {args.seed}): all answered or refused")  # fmt: skip
     return 0
 
 

@@ -5,24 +5,38 @@ take over a responder's steady state, between messages or within an RDMA
 WRITE: the expected PSN and the MSN, the WRITE under way, with the ACK it
 owes. While armed, that state is the native object's alone; it executes
 in-order RDMA WRITE FIRST, MIDDLE, LAST and ONLY requests without immediate
-data (IBTA Vol. 1 §9.7.5) and holds their coalesced ACK, and the engine's
-copy is stale. Every entry point of ``QueuePair`` that reads or writes the
-responder calls ``disarm`` first, which copies the state back exactly as
-``Responder._send_write`` and ``queue_ack`` would have left it (the held ACK
-back in ``Responder.out``). See ``docs/architecture.md``, "Who owns a
-QP's state".
+data (IBTA Vol. 1 §9.7.5) and holds their coalesced ACK, and the in-order
+RDMA READ, COMPARE SWAP and FETCH ADD request between messages when the QP
+has responder resources (recording each in the engine's ring,
+``RdAtomicResources.new_read`` and ``new_atomic``) and holds its READ
+responses or ATOMIC ACKNOWLEDGE, and the engine's copy is stale. Every entry point of
+``QueuePair`` that reads or writes the responder calls ``disarm`` first,
+which copies the state back exactly as ``Responder._send_write``,
+``read_executed``, ``atomic_executed`` and ``queue_ack`` would have left it
+(the held ACK and the responses not yet sent back in ``Responder.out``).
+See ``docs/architecture.md``, "Who owns a QP's state".
 """
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, cast
 
 from rdmakit.wire import Kind, Packet
 
 from .memory import ProtectionDomain
+from .requester import Requester
+from .resp_output import ReadReply
 from .responder import Responder
 from .stats import QpStats
 
 #: What ``NativeResponder.disarm`` hands back.
 Disarmed = tuple[int, int, bool, int, int, int, int, int, int | None, memoryview | None, int, Packet | None]
+#: The READ responses a native owner still holds: (view of the READ's range or None, bytes sent,
+#: bytes to send, next PSN, the next is FIRST/ONLY, MSN).
+HeldReply = tuple[memoryview | None, int, int, int, bool, int]
+#: What ``NativeResponder.handback`` hands back after ``disarm``: (READs and atomics executed, the
+#: ACK PSN the WRITEs and atomics executed left, None if none was; the READ responses still held,
+#: or the ATOMIC ACKNOWLEDGE, or None).
+Handback = tuple[int, int | None, HeldReply | Packet | None]
 
 
 class NativeResponder(Protocol):
@@ -38,6 +52,17 @@ class NativeResponder(Protocol):
         WRITE's R_Key, VA, length, bytes placed, bytes to come and PD generation (None: none
         executed), the view of the WRITE under way (None between messages), packets
         executed, the held ACK)."""
+        ...
+
+    def allow_reads(
+        self, new_read: Callable[[int, int, int, int, int], None], new_atomic: Callable[[int, int], None], /
+    ) -> None:
+        """Execute in-order READ and atomic requests too, recording each with ``new_read`` or
+        ``new_atomic``."""
+        ...
+
+    def handback(self) -> Handback:
+        """After ``disarm``: what the READs it executed left."""
         ...
 
 
@@ -56,6 +81,8 @@ class ArmedResponder:
 
     resp: Responder
     stats: QpStats
+    #: Its DCQCN rate is the READ responses' too (``Requester.rate``).
+    req: Requester
     pd: ProtectionDomain
     access_bits: int
     qpn: int
@@ -90,6 +117,16 @@ class ArmedResponder:
         the held ACK included."""
         self.native = owner
         self.resp.out.clear()
+        if self.resp.res.ring:
+            owner.allow_reads(self.resp.res.new_read, self.resp.res.new_atomic)
+
+    def reply_unpaced(self) -> bool:
+        """Responses the native owner holds may leave now as they are (``Responder.unpaced``)."""
+        return self.resp.unpaced(self.req.rate)
+
+    def reply_sent(self, n: int, now: float) -> None:
+        """The native owner sent ``n`` packets now (its READ responses and the ACK before them)."""
+        self.resp.sent_natively(n, now, self.req.rate)
 
     def disarm(self) -> None:
         """Take the responder's state back from its native owner (nothing if none holds it)."""
@@ -98,7 +135,16 @@ class ArmedResponder:
             return
         self.native = None
         psn, msn, in_msg, rkey, va, length, off, resid, gen, view, executed, ack = owner.disarm()
+        reads, ack_psn, reply = owner.handback()
         resp = self.resp
+        if reads:
+            # read_executed's and atomic_executed's state (their resources are the engine's already)
+            resp.in_msg = None
+            resp.msn = msn
+            resp.psn = psn
+            if ack_psn is not None:
+                resp.ack_psn = ack_psn
+            resp.sent_psn_nak = False
         if executed:
             # Responder._send_write's state after the last WRITE packet executed (within a
             # message, the view of its range that the next packet writes to).
@@ -112,7 +158,16 @@ class ArmedResponder:
             resp.w_resid = resid
             resp.placed = None
             resp.msn = msn
-            resp.psn = resp.ack_psn = psn
+            resp.psn = psn
+            resp.ack_psn = psn if ack_psn is None else ack_psn
             resp.sent_psn_nak = False
         if ack is not None:
             resp.out.append(ack)  # queue_ack's: the output was empty when armed
+        if type(reply) is Packet:
+            resp.out.append(reply)  # atomic_executed's ATOMIC ACKNOWLEDGE, behind that ACK
+        elif reply is not None:
+            # queue_read's, behind that ACK; the responses already sent are past
+            view, sent, rest, rpsn, new, rmsn = cast(HeldReply, reply)
+            rr = ReadReply(view, sent + rest, rpsn, new, rmsn)
+            rr.off, rr.resid = sent, rest
+            resp.out.append(rr)

@@ -46,6 +46,19 @@ class RdAtomicResources:
         self.head = (self.head + 1) % len(ring)
         return res
 
+    def new_read(self, first: int, last: int, rkey: int, va: int, length: int) -> None:
+        """The resource of a READ executed over PSNs ``first`` .. ``last`` (rxe ``rxe_prepare_res()``
+        and ``read_reply()``'s bookkeeping): what a duplicate of it may read again."""
+        res = self.new(Kind.READ_REQUEST, first, last)
+        res.va = va
+        res.length = length
+        res.rkey = rkey
+
+    def new_atomic(self, psn: int, orig: int) -> None:
+        """The resource of the atomic executed at ``psn`` on a u64 that held ``orig`` (rxe
+        ``atomic_reply()``'s): what a duplicate of it is answered with (IBTA §9.4.5)."""
+        self.new(Kind.ATOMIC, psn, psn).orig = orig
+
     def find(self, psn: int, kind: Kind) -> RdAtomicResource | None:
         """The resource of ``kind`` whose PSN range holds ``psn`` (rxe ``find_resource()``)."""
         for res in self.ring:

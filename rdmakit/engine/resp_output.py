@@ -152,6 +152,25 @@ class ResponseOutput:
         rate.sent(n * size, now)
         return n
 
+    def unpaced(self, rate: Dcqcn) -> bool:
+        """``paced_transmit`` would send all that is queued now, holding nothing back: no pace
+        yet (``ResponsePacer.pace`` leaves its rate None) and no DCQCN rate."""
+        pacer = self.pacer
+        if pacer is None:
+            return True
+        return self.pace_deadline is None and not (pacer.armed and pacer.best) and rate.rate is None
+
+    def sent_natively(self, n: int, now: float, rate: Dcqcn) -> None:
+        """``n`` responses (a native owner's READ responses, with the ACK queued before them) left
+        now, while ``unpaced``: ``paced_transmit``'s bookkeeping of them."""
+        pacer = self.pacer
+        if pacer is None:
+            return
+        size = self.mtu + PACKET_OVERHEAD
+        pacer.pace(size, now)
+        pacer.measure(n * size, now, bool(self.out))
+        rate.sent(n * size, now)
+
     def transmit(self, out: list[Packet | Train], budget: int, trains: bool = False) -> int:
         """Append up to ``budget`` response packets to ``out`` (runs of READ response
         MIDDLE packets as one ``Train`` each with ``trains``); return how many."""

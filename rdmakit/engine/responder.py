@@ -414,10 +414,7 @@ class Responder(ResponseOutput):
         """The in-order READ request at ``psn`` passed every check: a responder resource
         for its duplicates, and its response queued (``view``: the bytes; None if empty)."""
         npkts = max(length - 1, 0) // self.mtu + 1
-        res = self.res.new(_READ, psn, (psn + npkts - 1) & _MASK)
-        res.va = va
-        res.length = length
-        res.rkey = rkey
+        self.res.new_read(psn, (psn + npkts - 1) & _MASK, rkey, va, length)
         # IBTA C9-148: a READ counts as a message when it executes.
         self.msn = (self.msn + 1) & _MASK
         self.psn = (psn + npkts) & _MASK
@@ -448,8 +445,7 @@ class Responder(ResponseOutput):
     def atomic_executed(self, psn: int, orig: int) -> None:
         """The in-order atomic request at ``psn`` was executed on a u64 that held ``orig``:
         a responder resource for its duplicates, and the ATOMIC ACKNOWLEDGE queued."""
-        res = self.res.new(_ATOMIC, psn, psn)
-        res.orig = orig
+        self.res.new_atomic(psn, orig)
         self.msn = (self.msn + 1) & _MASK
         self.psn = self.ack_psn = (psn + 1) & _MASK
         self.in_msg = None

@@ -1,9 +1,7 @@
 /*
- * The armed responder: a queue pair's responder state, owned here while armed.
- *
- * Part of _fastpath.c's translation unit (it is #included there, after the codec and
- * small_request, whose helpers it shares). See docs/architecture.md, "Who owns a QP's
- * state".
+ * The armed responder: a queue pair's responder state, owned here while armed. Part of _fastpath.c's
+ * translation unit (#included after the codec and small_request, whose helpers it shares). See
+ * docs/architecture.md, "Who owns a QP's state".
  *
  * Armed(qpn, dqpn, psn, msn, mtu, access, rtable, syndrome, pd, stats, held, msg) takes over, from the
  * engine's Responder (QueuePair.arm_ticket), the expected PSN and the MSN of a responder with no output
@@ -12,26 +10,22 @@
  * and from then on executes the common case itself, with no Python call per packet: in-order RDMA WRITE
  * FIRST, MIDDLE, LAST and ONLY without immediate data (IBTA Vol. 1 §9.7.5, rxe rxe_resp.c: check_psn,
  * check_op_seq, check_op_valid, check_length, check_rkey, then write_data_in and the ACK if AckReq), checked
- * in rxe's order against the QP's access bits and the PD's R_Key table (the engine's live dict, read per
- * packet: every packet of a message resolves the message's whole range again, which is what
- * Responder._send_write's view amounts to, since an R_Key's entry changes only with the PD's generation and
- * then the engine resolves it again too). Its ACK is held here, coalesced as Responder.queue_ack coalesces
- * (a later ACK of the same kind replaces it), until the transport takes it (take_ack: the Packet; send_ack:
- * built, ICRC'd and sent in one call).
+ * in rxe's order against the QP's access bits and the PD's live R_Key table (every packet resolves the
+ * message's whole range again: an entry changes only with the PD's generation, and then the engine resolves
+ * it again too), and READs (_nativeread.c). Its ACK is held here, coalesced as Responder.queue_ack coalesces,
+ * until the transport takes it (take_ack: the Packet; send_ack: built, ICRC'd and sent in one call).
  *
  *   rx(seg, idx, states, flow) -> bool   True: executed (state here, memory written)
  *   take_ack() -> Packet | None          the pending ACK, counted as sent
  *   send_ack(fd, addr, v6, states, flow) -> errno | -1 (none pending); EAGAIN: still held
  *   disarm() -> (psn, msn, in_msg, w_rkey, w_va, w_len, w_off, w_resid, w_gen, w_view, executed, ack)
- *   pending                              an ACK is held
+ *   pending                              an ACK (or READ responses) is held
  *   Armed.init(write_first, write_middle, write_last)   the opcodes (once, at import)
  *
- * rx declines (False, nothing changed) everything else (a WRITE LAST with immediate among it: that needs a
- * receive WQE); the transport then calls the engine, whose every entry point that reads or writes the
- * responder first disarms (QueuePair.disarm): the state comes back exactly as Responder._send_write and
- * queue_ack would have left it (the pending ACK back in Responder.out). After disarm() the object refuses
- * everything. The QP's packets_in / packets_out counters are kept current (the stats object's attributes),
- * so nothing is stale while armed.
+ * rx declines (False, nothing changed) everything else; the transport then calls the engine, whose every
+ * entry point that reads or writes the responder first disarms (QueuePair.disarm): the state comes back
+ * exactly as the engine would have left it (the pending ACK back in Responder.out). After disarm() the
+ * object refuses everything. The QP's packets_in / packets_out counters are kept current.
  */
 #include <time.h>
 
@@ -50,7 +44,7 @@ typedef struct {
     uint64_t w_va, w_len, w_off, w_resid; /* w_off + w_resid == w_len */
     PyObject *w_gen; /* None until a WRITE executed (or the ticket's, within a WRITE) */
     PyObject *w_mem; /* the last executed packet's region (its view), the range at w_at of it */
-    Py_ssize_t w_at;
+    Py_ssize_t w_at, rd_at;
     unsigned long long executed;
     /* bind(): the source its requests come from, for poll_armed (NULL: not bound) */
     PyObject *states, *flow, *rxflow, *qp;
@@ -58,6 +52,11 @@ typedef struct {
     struct sockaddr_storage src;
     socklen_t src_len;
     unsigned long long mark; /* the poll_armed call that last woke its QP */
+    uint32_t ack_base, rd_psn, rd_msn; /* Responder.ack_psn after the last WRITE; _nativeread.c's below */
+    PyObject *rd_res, *rd_mem;         /* READs allowed (RdAtomicResources.new_read, or NULL), held responses */
+    int rd_live, rd_new, rd_acked, rd_atomic; /* rd_acked: an atomic or WRITE moved ack_base */
+    uint64_t rd_off, rd_resid, rd_orig;
+    unsigned long long rd_executed;
 } ArmedObject;
 
 static PyObject *s_packets_in, *s_packets_out, *s_generation, *s_icrc_solved, *one_obj;
@@ -154,6 +153,7 @@ static int armed_init(ArmedObject *self, PyObject *args, PyObject *kwds) {
     self->ack_syn = (uint32_t)hsyn;
     self->ack_msn = (uint32_t)hmsn;
     self->executed = 0;
+    self->rd_live = 0, self->rd_executed = 0, self->rd_acked = 0;
     self->in_msg = msg != Py_None;
     self->w_rkey = (uint32_t)mrkey;
     self->w_va = mva;
@@ -175,6 +175,8 @@ static void armed_dealloc(ArmedObject *self) {
     Py_XDECREF(self->stats);
     Py_XDECREF(self->w_gen);
     Py_XDECREF(self->w_mem);
+    Py_XDECREF(self->rd_res);
+    Py_XDECREF(self->rd_mem);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -193,6 +195,8 @@ static int armed_count_on(PyObject *obj, PyObject *name) {
 }
 #define armed_count(self, name) armed_count_on((self)->stats, (name))
 
+#include "_nativeread.c"
+
 /* Execute the n-byte segment p (index idx) if it is the in-order WRITE FIRST, MIDDLE, LAST
  * or ONLY this responder takes: 1 done, 0 declined (nothing changed), -1 with an exception set. */
 static int armed_rx_core(ArmedObject *self, const unsigned char *p, Py_ssize_t n, Py_ssize_t idx, PyObject *states,
@@ -200,8 +204,10 @@ static int armed_rx_core(ArmedObject *self, const unsigned char *p, Py_ssize_t n
     int result = -1;
     PyObject *entry = NULL;
     Py_ssize_t off, end;
-    if (!self->live || n > UDP_MAX_PAYLOAD || n < BTH_LEN + ICRC_LEN || !codec_ready)
-        return 0;
+    if (!self->live || n > UDP_MAX_PAYLOAD || n < BTH_LEN + ICRC_LEN || !codec_ready || self->rd_live)
+        return 0; /* behind held READ responses, the engine queues what follows */
+    if (rd_takes(p[0]))
+        return armed_rdatomic_rx(self, p, n, idx, states, flow);
     int pos = armed_position(p[0]);
     if (pos < 0)
         return 0;
@@ -293,6 +299,7 @@ static int armed_rx_core(ArmedObject *self, const unsigned char *p, Py_ssize_t n
     if (!self->in_msg)
         self->msn = (self->msn + 1) & PSN_MASK;
     self->psn = (self->psn + 1) & PSN_MASK;
+    self->ack_base = self->psn, self->rd_acked = 1;
     self->executed++;
     if (w2 >> 31) {
         self->ack = 1;
@@ -399,7 +406,7 @@ static PyObject *armed_disarm(ArmedObject *self, PyObject *Py_UNUSED(ignored)) {
 }
 
 static PyObject *armed_pending(ArmedObject *self, void *Py_UNUSED(closure)) {
-    return PyBool_FromLong(self->live && self->ack);
+    return PyBool_FromLong(self->live && (self->ack || self->rd_live));
 }
 
 /* The source of a read is src (address and port). */
@@ -482,7 +489,7 @@ static PyObject *fp_poll_armed(PyObject *Py_UNUSED(self), PyObject *args) {
         const unsigned char *p = b.buf;
         Py_ssize_t n = r;
         ArmedObject *a = NULL;
-        if (!seg && ecn != 3 && n >= BTH_LEN + ICRC_LEN && armed_position(p[0]) >= 0) {
+        if (!seg && ecn != 3 && n >= BTH_LEN + ICRC_LEN && (armed_position(p[0]) >= 0 || rd_takes(p[0]))) {
             PyObject *key = PyLong_FromUnsignedLong(get_be32(p + 4) & PSN_MASK);
             if (key == NULL)
                 goto fail;
@@ -546,13 +553,15 @@ static PyMethodDef armed_methods[] = {
     {"disarm", (PyCFunction)armed_disarm, METH_NOARGS,
      "Hand the state back: (psn, msn, in_msg, w_rkey, w_va, w_len, w_off, w_resid, w_gen, w_view, executed, "
      "ACK Packet or None)."},
+    ARMED_READ_METHODS
     {"init", (PyCFunction)armed_init_ops, METH_VARARGS | METH_STATIC,
      "init(write_first, write_middle, write_last): the opcodes the armed responder takes besides WRITE ONLY."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef armed_getset[] = {
-    {"pending", (getter)armed_pending, NULL, "An ACK is held.", NULL},
+    {"pending", (getter)armed_pending, NULL, "An ACK or READ responses are held.", NULL},
+    ARMED_READ_GETSET
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -29,9 +29,10 @@ probability 2^-26).
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rdmakit.engine.armed import Disarmed
+from rdmakit.engine.armed import Disarmed, Handback
 from rdmakit.engine.armed_req import NativeRequester
 from rdmakit.wire import IcrcFlow, Packet
 
@@ -108,6 +109,16 @@ class ArmedOwner(Protocol):
         self, fd: int, addr: tuple[str, int], v6: bool, states: dict[int, int], flow: IcrcFlow, /
     ) -> int: ...
     def disarm(self) -> Disarmed: ...
+    @property
+    def replying(self) -> bool: ...
+    def allow_reads(
+        self, new_read: Callable[[int, int, int, int, int], None], new_atomic: Callable[[int, int], None], /
+    ) -> None: ...
+    def take_reply(self) -> list[Packet]: ...
+    def send_reply(
+        self, fd: int, addr: tuple[str, int], v6: bool, states: dict[int, int], flow: IcrcFlow, /
+    ) -> tuple[int, int]: ...
+    def handback(self) -> Handback: ...
     def bind(
         self,
         src: tuple[str, int],

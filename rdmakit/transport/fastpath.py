@@ -63,6 +63,10 @@ def _load() -> ModuleType | None:
         Opcode.ACKNOWLEDGE, Opcode.RDMA_READ_RESPONSE_ONLY, Opcode.ATOMIC_ACKNOWLEDGE
     )
     _fastpath.Armed.init(Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_WRITE_LAST)
+    _fastpath.Armed.init_read(
+        Opcode.RDMA_READ_REQUEST, Opcode.RDMA_READ_RESPONSE_FIRST, Opcode.RDMA_READ_RESPONSE_MIDDLE,
+        Opcode.RDMA_READ_RESPONSE_LAST, Opcode.RDMA_READ_RESPONSE_ONLY,
+    )  # fmt: skip
     return _fastpath
 
 

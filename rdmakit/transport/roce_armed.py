@@ -70,11 +70,12 @@ class ArmedSends:
             qp.acks_taken(owner.take())
         return got
 
-    def _send_ack(self, owner: ArmedOwner, qp: QueuePair) -> bool:
-        """Send the ACK ``qp``'s armed responder holds, in one native call (headers, ICRC,
-        send), where ``poll_transmit`` would have sent it from ``Responder.out``; True if
-        it left. A full socket or a backlog leaves it held, and the generic path takes it
-        (``disarm``, then the backlog keeps the order)."""
+    def _send_ack(self, owner: ArmedOwner, qp: QueuePair, now: float) -> bool:
+        """Send the ACK ``qp``'s armed responder holds, and the READ responses behind it, in one
+        native call (headers, ICRC, send), where ``poll_transmit`` would have sent them from
+        ``Responder.out``; True if all left. A full socket, a backlog or responses that must wait
+        for their pace leave them held, and the generic path takes them (``disarm``, then the
+        backlog keeps the order)."""
         remote = qp.remote
         if type(remote) is not PeerAddress or self._backlog:
             return False
@@ -82,14 +83,22 @@ class ArmedSends:
         flow = self._tx_flows.get(addr)
         if flow is None:
             flow = self._tx_flow(remote)
+        if owner.replying:
+            if not qp.reply_unpaced():
+                return False
+            err, n = owner.send_reply(self._fd, addr, self._v6, flow.states, flow)
+            if n:
+                qp.reply_sent(n, now)
+            left = not owner.pending
+        else:
+            err = owner.send_ack(self._fd, addr, self._v6, flow.states, flow)
+            n = int(err >= 0 and err not in WOULD_BLOCK)
+            left = bool(n)
         link = self.link
-        err = owner.send_ack(self._fd, addr, self._v6, flow.states, flow)
-        if err < 0 or err in WOULD_BLOCK:
-            return False
-        self.counters.packets_out += 1
         lc = link.counters
-        lc.datagrams_out += 1  # as UdpLink.send: a send error is a lost packet
-        lc.sends += 1
-        if err:
+        self.counters.packets_out += n
+        lc.datagrams_out += n  # as UdpLink.send: a send error is a lost packet
+        lc.sends += n
+        if err > 0 and err not in WOULD_BLOCK:
             link.record_error(OSError(err, os.strerror(err)))
-        return True
+        return left

@@ -370,7 +370,7 @@ class UdpPort(ArmedSends):
                 else:
                     c.icrc_ok += 1
                     ours = True
-                if took == 3 and self._armed.get(qpn) is not qp.native:
+                if took in (3, 5, 6) and self._armed.get(qpn) is not qp.native:
                     self._bind(qp, rx, src_ip, sport)
                 elif took == 4 and self._armed_req.get(qpn) is not qp.req_native:
                     self._bind_req(qp, rx, src_ip, sport)
@@ -424,7 +424,7 @@ class UdpPort(ArmedSends):
                 )
                 busy = True
             owner = cast("ArmedOwner | None", qp.native)  # armed by take_small: the codec's own
-            if owner is not None and owner.pending and self._send_ack(owner, qp):
+            if owner is not None and owner.pending and self._send_ack(owner, qp, now):
                 busy = True
             if not qp.may_transmit():
                 del active[qpn]  # until its doorbell rings, a segment reaches it or its timer fires

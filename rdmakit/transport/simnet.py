@@ -64,7 +64,7 @@ _SPORT = 0xC000
 #: Steps at one instant of virtual time after which ``run`` declares a livelock.
 _MAX_STALL = 1_000_000
 #: ``take_small``'s answers, as ``stats`` counts them.
-_TAKEN = {1: "small", 2: "small_resp", 3: "armed", 4: "armed_req"}
+_TAKEN = {1: "small", 2: "small_resp", 3: "armed", 4: "armed_req", 5: "armed_read", 6: "armed_atomic"}
 
 
 class SimQP(Protocol):
@@ -367,9 +367,17 @@ class SimNet:
         """Send everything every QP has ready now."""
         now = self.now
         for addr, qp in self._qps:
-            # An armed responder's ACK goes first, as Responder.out's would (take_small).
+            # An armed responder's ACK goes first, as Responder.out's would (take_small), then
+            # the READ responses it holds, when they may leave as they are (else poll_transmit
+            # takes the lot back, disarming it).
             owner = cast("ArmedOwner | None", cast(SmallQP, qp).native) if self.small is not None else None
-            ack = owner.take_ack() if owner is not None else None
+            ack = None
+            reply: list[Packet] = []
+            if owner is not None and (not owner.replying or cast(SmallQP, qp).reply_unpaced()):
+                ack = owner.take_ack()
+                if owner.replying:
+                    reply = owner.take_reply()
+                    cast(SmallQP, qp).reply_sent(len(reply) + (ack is not None), now)
             one = cast(SmallTxQP, qp).tx_small(now) if self.small is not None else None
             if one is not None:
                 self.stats["small_tx"] += 1
@@ -387,8 +395,8 @@ class SimNet:
                 body = encode_cnp(qp.dest_qpn)
                 crc = icrc_ipv4(self._ip(addr), self._ip(qp.remote), _SPORT, ROCE_UDP_PORT, body)
                 self.send_bytes(addr, qp.remote, body + pack_icrc(crc))
-            if ack is not None:
-                pkts.insert(0, ack)
+            if ack is not None or reply:
+                pkts[:0] = [ack, *reply] if ack is not None else reply
             if pkts:
                 dst = qp.remote
                 for pkt in pkts:

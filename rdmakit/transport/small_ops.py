@@ -37,6 +37,8 @@ class SmallQP(Protocol):
     def native(self) -> NativeResponder | None: ...
     def arm_ticket(self) -> ArmTicket | None: ...
     def arm(self, owner: NativeResponder) -> None: ...
+    def reply_unpaced(self) -> bool: ...
+    def reply_sent(self, n: int, now: float) -> None: ...
 
     req_native: NativeRequester | None
 
@@ -50,10 +52,14 @@ class SmallTxQP(Protocol):
     def tx_small(self, now: float) -> Packet | None: ...
 
 
-#: The requests an armed responder executes (``_fastpath.Armed``): RDMA WRITE without immediate.
+#: The requests an armed responder executes (``_fastpath.Armed``): RDMA WRITE without immediate,
+#: RDMA READ and the atomics.
 ARMED_OPS = frozenset((
     Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_WRITE_LAST, Opcode.RDMA_WRITE_ONLY,
+    Opcode.RDMA_READ_REQUEST, Opcode.COMPARE_SWAP, Opcode.FETCH_ADD,
 ))  # fmt: skip
+#: What ``take_small`` answers when the armed responder executed a request of an opcode not 3.
+_ARMED_TOOK: dict[int, int] = {Opcode.RDMA_READ_REQUEST: 5, Opcode.COMPARE_SWAP: 6, Opcode.FETCH_ADD: 6}
 _ACK = Opcode.ACKNOWLEDGE
 #: The opcodes worth offering (a set test before any ticket is built).
 OFFERED = SMALL_REQUESTS | SMALL_RESPONSES | ARMED_OPS
@@ -74,8 +80,9 @@ def take_small(
     1: a request was executed; 2: a response completed a send; 3: an RDMA WRITE FIRST,
     MIDDLE, LAST or ONLY was executed by the QP's armed responder (armed here if it may
     be, ``codec.arm``); 4: an ACK retired SEND/WRITE WQEs natively (``codec.arm_req``; the
-    engine then takes its log, ``acks_taken``); 0: not taken (nothing done: the generic
-    path takes the segment).
+    engine then takes its log, ``acks_taken``); 5: an RDMA READ was executed by the armed
+    responder, which holds its responses; 6: an atomic was, and it holds the ATOMIC
+    ACKNOWLEDGE; 0: not taken (nothing done: the generic path takes the segment).
     """
     if op == _ACK and (arm_req := codec.arm_req) is not None:
         rowner = qp.req_native
@@ -90,7 +97,7 @@ def take_small(
             owner = arm(*armt)
             qp.arm(owner)
         if owner is not None and owner.rx(seg, idx, states, flow):
-            return 3
+            return _ARMED_TOOK.get(op, 3)
     if op in SMALL_REQUESTS:
         small = codec.small_request
         if small is None or (ticket := qp.rx_small()) is None:

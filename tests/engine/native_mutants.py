@@ -6,7 +6,8 @@ Two kinds, each a source edit ``(old, new)`` that must apply exactly once:
   ``planted_py(name)`` compiles the edited module and puts its ``tx_small`` on
   ``QueuePair`` for the block's duration (this process only).
 - ``C_MUTANTS``: the native data plane, ``rdmakit/transport/_fastpath.c`` and the
-  armed responder and requester it includes, ``_nativeqp.c`` and ``_nativereq.c``;
+  armed responder and requester it includes, ``_nativeqp.c`` (with ``_nativeread.c``)
+  and ``_nativereq.c``;
   ``build_c(name, dest)`` copies the package and its tests into ``dest``,
   builds the edited module there and returns the directory to put first on
   ``PYTHONPATH``; the tests named beside the mutant must then fail in a
@@ -57,6 +58,7 @@ PY_MUTANTS: dict[str, tuple[str, str]] = {
 _SMALL = "tests/engine/test_engine_small_native.py"
 _WRITES = "tests/engine/test_engine_armed_writes.py"
 _REQ = "tests/engine/test_engine_armed_req.py"
+_READS = "tests/engine/test_engine_armed_reads.py"
 #: name -> ((old, new) in rdmakit/transport/_fastpath.c, the test files that must catch it)
 C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
     "c-request-any-psn": (
@@ -145,6 +147,80 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         (_WRITES,),
     ),
     "c-armed-disarm-loses-the-view": (("self->in_msg && self->w_mem != NULL", "0"), (_WRITES,)),
+    # The armed responder's READs (_nativeread.c).
+    "c-read-any-psn": (("dqp != self->qpn || psn != self->psn)", "dqp != self->qpn)"), (_READS,)),
+    "c-read-no-access-check": (
+        ("if (self->in_msg || !(self->access & small_access[1]))", "if (self->in_msg)"),
+        (_READS,),
+    ),
+    "c-read-region-any-access": (
+        (
+            "small_region(self->rtable, rkey, va, len, small_access[1], &entry)",
+            "small_region(self->rtable, rkey, va, len, small_access[0] | small_access[1], &entry)",
+        ),
+        (_READS,),
+    ),
+    "c-read-msn-not-moved": (
+        (
+            "    self->msn = (self->msn + 1) & PSN_MASK;\n    self->psn = (uint32_t)(psn + npkts)",
+            "    self->psn = (uint32_t)(psn + npkts)",
+        ),
+        (_READS,),
+    ),
+    "c-read-psn-one-step": (
+        ("self->psn = (uint32_t)(psn + npkts) & PSN_MASK;", "self->psn = (psn + 1) & PSN_MASK;"),
+        (_READS,),
+    ),
+    "c-read-resource-one-psn": (
+        ("uint32_t last = (uint32_t)(psn + npkts - 1) & PSN_MASK;", "uint32_t last = psn;"),
+        (_READS,),
+    ),
+    "c-read-middle-with-aeth": (("    *aeth = op != rd_ops[2];", "    *aeth = 1;"), (_READS,)),
+    "c-read-sent-without-pad": (("        h[1] = (unsigned char)(pad << 4);\n", ""), (_READS,)),
+    "c-read-sent-icrc-skips-payload": (
+        ("        if (size)\n            c = crc32_update(c, pl, (size_t)size);\n", ""),
+        (_READS,),
+    ),
+    "c-read-overtakes-held-responses": (
+        ("!codec_ready || self->rd_live)", "!codec_ready)"),
+        (_READS,),
+    ),
+    "c-read-handback-drops-responses": (
+        ("} else if (self->rd_live) {\n        PyObject *view", "} else if (0) {\n        PyObject *view"),
+        (_READS,),
+    ),
+    "c-armed-write-ack-psn-not-kept": (
+        ("    self->ack_base = self->psn, self->rd_acked = 1;\n", ""),
+        (_READS,),
+    ),
+    "c-atomic-ack-psn-not-kept": (
+        ("self->rd_acked = 1, self->ack_base = self->psn;", "self->rd_acked = 1;"),
+        (_READS,),
+    ),
+    "c-atomic-no-align-check": (
+        ("(uint64_t)t.len < (uint64_t)at + 8 || (va & 7))", "(uint64_t)t.len < (uint64_t)at + 8)"),
+        (_SMALL,),
+    ),
+    "c-atomic-swap-ignores-compare": (
+        ("if (p[0] == small_ops[3] || orig == compare) {", "if (1) {"),
+        (_READS,),
+    ),
+    "c-atomic-fetch-add-off-by-one": (
+        ("swap_add + (p[0] == small_ops[3] ? orig : 0)", "swap_add + (p[0] == small_ops[3] ? orig + 1 : 0)"),
+        (_READS,),
+    ),
+    "c-atomic-ack-wrong-orig": (
+        ("    self->rd_orig = orig;\n", "    self->rd_orig = orig + 1;\n"),
+        (_READS,),
+    ),
+    "c-atomic-handback-as-read": (
+        ("    if (self->rd_live && self->rd_atomic) {\n        Py_SETREF", "    if (0) {\n        Py_SETREF"),
+        (_READS,),
+    ),
+    "c-atomic-no-access-check": (
+        ("if (self->in_msg || !(self->access & small_access[2]))", "if (self->in_msg)"),
+        (_SMALL,),
+    ),
     # The device poll for a kernel sender's source (its own IPv4 IDs, followed).
     "c-poll-kernel-id-not-followed": (
         (
@@ -207,6 +283,7 @@ C_SOURCES = (
     "rdmakit/transport/_nativeqp.c",
     "rdmakit/transport/_nativeqp_ack.c",
     "rdmakit/transport/_nativereq.c",
+    "rdmakit/transport/_nativeread.c",
 )
 
 

@@ -74,7 +74,7 @@ def fingerprint(
     p.net.run(max_time=p.net.now + 1.0)  # the last ACKs and duplicates settle
     p.drain()
     done += [(s.name, c) for s in (p.a, p.b) for c in (*s.sent, *s.received)]
-    paths = ("small", "small_resp", "armed", "small_tx", "armed_req")
+    paths = ("small", "small_resp", "armed", "small_tx", "armed_req", "armed_read", "armed_atomic")
     taken: dict[str, Any] = {k: p.net.stats.pop(k, 0) for k in paths}
     qa, qb = p.a.qp, p.b.qp
     for q in (qa, qb):

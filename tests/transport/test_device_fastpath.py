@@ -161,11 +161,12 @@ def test_udp_receive_fast_paths_end_like_the_generic_path(
     else:
         assert taken["run"] > 0
         # every native entry point ran (the requests and ACKs: send_packet, check_decode; every
-        # read: recv_raw; a READ request: small_request; the ACK that completes a WRITE or
-        # SEND: the requester's native completer, arm_req, then the device poll, poll_armed); a
-        # WRITE's FIRST and LAST packets meet the armed responder (arm, then poll_armed's
-        # reads), which sends its ACKs itself
-        small = {"small_request"} if op is WrOpcode.RDMA_READ else {"arm_req"}
+        # read: recv_raw; a READ request: the armed responder, arm, which declines one of more
+        # than eight responses, then small_request; the ACK that completes a WRITE or SEND: the
+        # requester's native completer, arm_req, then the device poll, poll_armed); a WRITE's
+        # FIRST and LAST packets meet the armed responder (arm, then poll_armed's reads), which
+        # sends its ACKs itself
+        small = {"arm", "small_request"} if op is WrOpcode.RDMA_READ else {"arm_req"}
         every = {"send_train", "place_run", "recv_runs", "recv_raw", "send_packet", "check_decode"}
         if op is WrOpcode.RDMA_WRITE:
             every = every - {"send_packet", "check_decode"} | {"arm", "poll_armed"}
