@@ -57,6 +57,7 @@ PY_MUTANTS: dict[str, tuple[str, str]] = {
 _SMALL = "tests/engine/test_engine_small_native.py"
 _WRITES = "tests/engine/test_engine_armed_writes.py"
 _REQ = "tests/engine/test_engine_armed_req.py"
+_ACKS = "tests/transport/test_ack_batch.py"
 #: name -> ((old, new) in rdmakit/transport/_fastpath.c, the test files that must catch it)
 C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
     "c-request-any-psn": (
@@ -199,6 +200,15 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
             "PyDict_SetItem(active, key, r->qp) < 0;",
         ),
         ("tests/transport/test_armed.py",),
+    ),
+    # send_acks (_nativeqp_ack.c): an ACK sent stays held; the first owner of a batch is left out.
+    "c-acks-stay-held": (
+        ("            batch[k]->ack = 0;\n        }\n        sent += n;", "        }\n        sent += n;"),
+        (_ACKS,),
+    ),
+    "c-acks-skip-first": (
+        ("            batch[n++] = a;", "            batch[n > 0 ? n++ : 0] = a;"),
+        (_ACKS,),
     ),
 }
 #: The C sources a mutant may edit (its text must occur exactly once in them all).
