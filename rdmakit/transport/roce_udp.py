@@ -414,6 +414,7 @@ class UdpPort(ArmedSends):
         trains = self._runs
         visited = self._visited
         acks: HeldAcks = {}  # sent together at the pass's end (``_send_acks``)
+        many = len(active) > 1  # one QP's pass sends its ACK as it comes
         for qpn, qp in list(active.items()):
             if qps.get(qpn) is not qp:
                 del active[qpn]
@@ -427,7 +428,7 @@ class UdpPort(ArmedSends):
             owner = cast("ArmedOwner | None", qp.native)  # armed by take_small: the codec's own
             held = False  # its ACK, alone this pass, goes with others' (``_send_acks``)
             if owner is not None and owner.pending:
-                held = not qp.may_transmit(False) and self._hold_ack(acks, qp, owner)
+                held = many and not qp.may_transmit(False) and self._hold_ack(acks, qp, owner)
                 busy |= held or self._send_ack(owner, qp)
             if held or not qp.may_transmit():
                 del active[qpn]  # until its doorbell rings, a segment reaches it or its timer fires
@@ -451,7 +452,7 @@ class UdpPort(ArmedSends):
                 self.counters.dropped_state += n
                 continue
             self.counters.packets_out += n
-            if trains and len(pkts) == 1 and self._hold_ack(acks, qp, pkts[0]):
+            if many and trains and len(pkts) == 1 and self._hold_ack(acks, qp, pkts[0]):
                 continue
             too_big = self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0)
             self._send_udp(pkts, remote)
