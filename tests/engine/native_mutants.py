@@ -210,6 +210,13 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         ("            batch[n++] = a;", "            batch[n > 0 ? n++ : 0] = a;"),
         (_ACKS,),
     ),
+    "c-acks-id-zero": (
+        (
+            "int64_t st = icrc_state(states, flow, SIZE, n);",
+            "int64_t st = icrc_state(states, flow, SIZE, 0);",
+        ),
+        (_ACKS,),
+    ),
 }
 #: The C sources a mutant may edit (its text must occur exactly once in them all).
 C_SOURCES = (

@@ -6,13 +6,19 @@ None of them waits past the pass that made it, and a QP with more to send in
 the same pass sends its ACK first, in its own order.
 """
 
+import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from rdmakit.engine import SGE, QueuePair, SendWR, WcStatus, WrOpcode
+from rdmakit.transport import fastpath
 from rdmakit.transport.device import SoftDevice
+from rdmakit.wire import IcrcFlow, encode, icrc_ipv4, pack_icrc
+from tests.transport.sockets import udp_sink
+from tests.transport.test_armed import _armed
 from tests.transport.test_deadlines import _ALL, _connect
 
 _N, _SIZE = 16, 6000  # two packets each at MTU 4096
@@ -100,3 +106,48 @@ def test_a_qp_with_more_to_send_is_not_held_back(new_ip: Callable[[], str]) -> N
         assert _complete(a, pairs[0][0], _N) == [WcStatus.SUCCESS] * _N
         assert _complete(b, pairs[0][1], _N) == [WcStatus.SUCCESS] * _N
         assert (dst, dst2) == (src, src2)
+
+
+native: Any = fastpath.native
+
+
+@pytest.mark.skipif(native is None, reason=f"native data plane: {fastpath.describe()}")
+@pytest.mark.parametrize("gso", [True, False])
+def test_send_acks_sends_each_held_ack_as_the_engine_encodes_it(new_ip: Callable[[], str], gso: bool) -> None:
+    """Three responders hold ACKs, a fourth none: three segments leave, segment k with the
+    ICRC of IPv4 ID k in a GSO batch (ID 0 each, one by one), and nothing stays held."""
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx.bind((new_ip(), 0))
+    rx = udp_sink(new_ip())
+    try:
+        (sip, sport), (dip, dport) = tx.getsockname(), rx.getsockname()
+        src, dst = socket.inet_aton(sip), socket.inet_aton(dip)
+        flow = IcrcFlow.ipv4(src, dst, sport, dport)
+        helds = [(5, 0, 9), None, (0xFFFFFF, 0x1F, 0xFFFFFF), (77, 0x0C, 1234)]
+        owners = [_armed(h) for h in helds]
+        sent, sends, err = native.send_acks(tx.fileno(), (dip, dport), False, gso, flow.states, flow, owners)
+        assert (sent, sends, err) == (3, 1 if gso else 3, 0)
+        assert not any(o.pending for o in owners)
+        for k, held in enumerate(h for h in helds if h is not None):
+            body = encode(_armed(held).take_ack())
+            got = rx.recv(65536)
+            assert got == body + pack_icrc(icrc_ipv4(src, dst, sport, dport, body, ident=k if gso else 0))
+        assert native.send_acks(tx.fileno(), (dip, dport), False, gso, flow.states, flow, owners) == (0, 0, 0)
+    finally:
+        tx.close()
+        rx.close()
+
+
+@pytest.mark.skipif(native is None, reason=f"native data plane: {fastpath.describe()}")
+def test_send_acks_refuses_what_is_not_a_list_of_responders(new_ip: Callable[[], str]) -> None:
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx.bind((new_ip(), 0))
+    flow = IcrcFlow.ipv4(socket.inet_aton("127.0.0.1"), socket.inet_aton("127.0.0.1"), 1, 2)
+    try:
+        held = _armed((5, 0, 9))
+        for owners in ([held, object()], (held,), [None]):
+            with pytest.raises(TypeError):
+                native.send_acks(tx.fileno(), ("127.0.0.1", 9), False, True, flow.states, flow, owners)
+        assert held.pending  # nothing sent: the bad entry came after it, but before the send
+    finally:
+        tx.close()
