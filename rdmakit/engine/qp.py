@@ -535,9 +535,10 @@ class QueuePair(BulkReceive, SmallTransmit, ArmedResponder, ArmedRequester):
         if self._tx:
             self.req.on_timer(now)
 
-    def may_transmit(self) -> bool:
-        """False when ``poll_transmit`` would certainly return nothing (a cheap test for pumps)."""
-        if self.native is not None and self.native.pending:
+    def may_transmit(self, held_ack: bool = True) -> bool:
+        """False when ``poll_transmit`` would certainly return nothing (a cheap test for pumps);
+        ``held_ack=False``: nothing but the ACK the armed responder holds."""
+        if held_ack and self.native is not None and self.native.pending:
             return True
         if self.resp.out and self.resp.pace_deadline is None:
             return self._state >= QpState.RTR

@@ -1567,6 +1567,7 @@ static PyMethodDef methods[] = {
     {"init_small_response", fp_init_small_response, METH_VARARGS, "Hand over the opcodes small_response takes."},
     {"small_response", fp_small_response, METH_VARARGS, "Check a one-packet response, place its data."},
     {"poll_armed", fp_poll_armed, METH_VARARGS, "Read and execute armed responders' WRITEs (see _nativeqp.c)."},
+    {"send_acks", fp_send_acks, METH_VARARGS, "Send the ACKs armed responders hold, in GSO batches (_nativeqp_ack.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -141,6 +141,13 @@ class ArmedReqOwner(NativeRequester, Protocol):
     ) -> None: ...
 
 
+class SendAcks(Protocol):
+    def __call__(
+        self, fd: int, addr: tuple[str, int], v6: bool, gso: bool, states: dict[int, int], flow: IcrcFlow,
+        owners: list[ArmedOwner], /,
+    ) -> tuple[int, int, int]: ...  # fmt: skip
+
+
 class PollArmed(Protocol):
     def __call__(
         self,
@@ -208,6 +215,9 @@ class SegmentCodec(Protocol):
     #: socket, executes each datagram an armed responder bound to its source takes, and
     #: hands back the first other read as ``recv_raw`` would: ``(taken, raw)``.
     poll_armed: PollArmed | None
+    #: Sends the ACKs several armed responders hold, to one peer, in GSO batches (native
+    #: only; None: not offered): ``(sent, sends, errno)``; what a full socket refused stays held.
+    send_acks: SendAcks | None
     #: Makes a QP's native owner of its common ACKs from ``QueuePair.arm_req_ticket``
     #: (native only; None: not offered): it retires in-order ACKs of SEND/WRITE WQEs.
     arm_req: ArmReq | None

@@ -25,7 +25,7 @@ from rdmakit.wire import (
     encode_headers,
 )
 
-from .codec import Arm, ArmReq, PollArmed, RecvRaw, RecvRuns, SmallRequest, SmallResponse
+from .codec import Arm, ArmReq, PollArmed, RecvRaw, RecvRuns, SendAcks, SmallRequest, SmallResponse
 from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, SOL_UDP, UDP_SEGMENT
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ class PythonCodec:
     small_response: SmallResponse | None = None
     arm: Arm | None = None
     poll_armed: PollArmed | None = None
+    send_acks: SendAcks | None = None
     arm_req: ArmReq | None = None
 
     def send_packet(

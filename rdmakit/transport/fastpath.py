@@ -36,7 +36,17 @@ from typing import TYPE_CHECKING
 
 from rdmakit.wire import IcrcFlow, Packet
 
-from .codec import Arm, ArmReq, PollArmed, RecvRaw, RecvRuns, SegmentCodec, SmallRequest, SmallResponse
+from .codec import (
+    Arm,
+    ArmReq,
+    PollArmed,
+    RecvRaw,
+    RecvRuns,
+    SegmentCodec,
+    SendAcks,
+    SmallRequest,
+    SmallResponse,
+)
 from .codec_py import PythonCodec
 
 if TYPE_CHECKING:
@@ -90,6 +100,7 @@ class NativeCodec:
         self.small_response: SmallResponse | None = mod.small_response
         self.arm: Arm | None = mod.Armed
         self.poll_armed: PollArmed | None = mod.poll_armed
+        self.send_acks: SendAcks | None = mod.send_acks
         self.arm_req: ArmReq | None = mod.ArmedReq
 
     def send_packet(

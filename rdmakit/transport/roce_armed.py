@@ -5,20 +5,26 @@
 the request that armed it (``_bind``), so that its device poll
 (``poll_armed``) executes that source's next WRITEs natively, and sends the
 ACK an armed responder holds in one native call where ``poll_transmit``
-would have sent it (``_send_ack``).
+would have sent it (``_send_ack``). The ACKs a transmit pass holds for
+several QPs to one peer leave together (``_hold_ack``, ``_send_acks``).
 """
 
+import errno
 import os
 from collections.abc import Callable, Sequence
 from typing import cast
 
 from rdmakit.engine.qp import QueuePair
-from rdmakit.wire import IcrcFlow
+from rdmakit.wire import IcrcFlow, Opcode, Packet, Train
 
-from .codec import ArmedOwner, ArmedReqOwner, PollArmed
-from .port import DeviceCounters, PeerAddress
+from .codec import ArmedOwner, ArmedReqOwner, PollArmed, SegmentCodec, SendAcks
+from .port import DeviceCounters, PeerAddress, addr_bytes
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .udp import WOULD_BLOCK, UdpLink
+
+#: The ACKs a transmit pass holds, by destination: a Packet from ``poll_transmit``, or a QP
+#: whose armed responder holds one.
+HeldAcks = dict[PeerAddress, list[Packet | QueuePair]]
 
 
 class ArmedSends:
@@ -33,9 +39,12 @@ class ArmedSends:
     _active: dict[int, QueuePair]
     _backlog: Sequence[object]
     _tx_flows: dict[tuple[str, int], IcrcFlow]
-    #: The ICRC flow of sends to ``remote`` (``UdpPort._tx_flow``).
-    _tx_flow: Callable[[PeerAddress], IcrcFlow]
+    _local: bytes
+    port: int
     sources: RxSources
+    codec: SegmentCodec
+    #: Send ``pkts`` in order to ``remote`` (``UdpPort._send_udp``).
+    _send_udp: Callable[[list[Packet] | list[Packet | Train], PeerAddress], None]
 
     def _bind(self, qp: QueuePair, rx: RxFlow, src_ip: str, sport: int) -> None:
         """``qp``'s responder was just armed by a request from ``(src_ip, sport)``: the device
@@ -102,3 +111,82 @@ class ArmedSends:
         if err > 0 and err not in WOULD_BLOCK:
             link.record_error(OSError(err, os.strerror(err)))
         return left
+
+    def _tx_flow(self, remote: PeerAddress) -> IcrcFlow:
+        """The ICRC flow of sends to ``remote``, kept for the next (at most 1,024 remotes)."""
+        dst = addr_bytes(remote.ip)
+        if self._v6:
+            flow = IcrcFlow.ipv6(self._local, dst, self.port, remote.port)
+        else:
+            flow = IcrcFlow.ipv4(self._local, dst, self.port, remote.port)
+        if len(self._tx_flows) >= 1024:
+            self._tx_flows.clear()
+        self._tx_flows[(remote.ip, remote.port)] = flow
+        return flow
+
+    def _hold_ack(self, acks: HeldAcks, qp: QueuePair, ack: "Packet | Train | ArmedOwner") -> bool:
+        """Hold ``qp``'s ACK (a Packet, or the one its armed responder holds) until the end of
+        the transmit pass (``_send_acks``). The caller has checked that it is all ``qp`` sends
+        in this pass, so no response or NAK of ``qp`` overtakes it or is overtaken by it.
+        False: not an ACK, or it must go now (a backlog keeps the order)."""
+        remote = qp.remote
+        if type(remote) is not PeerAddress or self._backlog:
+            return False
+        if type(ack) is Packet:
+            if ack.opcode != Opcode.ACKNOWLEDGE:
+                return False
+            acks.setdefault(remote, []).append(ack)
+        elif type(ack) is Train or cast(ArmedOwner, ack).replying:
+            return False  # READ responses behind it: ``_send_ack`` sends them in order
+        else:
+            acks.setdefault(remote, []).append(qp)
+        return True
+
+    def _send_acks(self, acks: HeldAcks, now: float) -> None:
+        """Send the ACKs a transmit pass held, before it returns: each QP owes its peer its own
+        ACK, and those of several QPs to one peer leave as GSO batches (so they arrive as GRO
+        reads), not one system call each. A single armed ACK keeps its one native call."""
+        for remote, held in acks.items():
+            armed = [h for h in held if isinstance(h, QueuePair)]
+            if len(armed) > 1 and self.codec.send_acks is not None:
+                self._send_armed_acks(self.codec.send_acks, armed, remote, now)
+            else:
+                for qp in armed:
+                    if not self._send_ack(cast(ArmedOwner, qp.native), qp, now):
+                        self._send_generic(qp, remote, now)
+            if len(armed) < len(held):
+                self._send_udp([h for h in held if not isinstance(h, QueuePair)], remote)
+
+    def _send_armed_acks(
+        self, send: SendAcks, armed: list[QueuePair], remote: PeerAddress, now: float
+    ) -> None:
+        addr = (remote.ip, remote.port)
+        flow = self._tx_flows.get(addr)
+        if flow is None:
+            flow = self._tx_flow(remote)
+        link = self.link
+        owners = [cast(ArmedOwner, qp.native) for qp in armed]
+        sent, sends, err = send(self._fd, addr, self._v6, link.gso, flow.states, flow, owners)
+        self.counters.packets_out += sent
+        lc = link.counters
+        lc.datagrams_out += sent  # as UdpLink.send: a send error is a lost packet
+        lc.sends += sends
+        if link.gso:
+            lc.gso_sends += sends
+        if err in WOULD_BLOCK:
+            lc.send_would_block += 1
+        elif link.gso and err in (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP):
+            link.gso = False  # as UdpLink.send_gso: no GSO on this path, for good
+        elif err:
+            link.record_error(OSError(err, os.strerror(err)))
+        for qp, owner in zip(armed, owners, strict=True):
+            if owner.pending:  # refused: the generic path takes it and queues it, in order
+                self._send_generic(qp, remote, now)
+
+    def _send_generic(self, qp: QueuePair, remote: PeerAddress, now: float) -> None:
+        """The ACK ``qp``'s armed responder still holds, the generic way (``disarm``; a full
+        socket queues it in the backlog, in order)."""
+        before = qp.stats.packets_out
+        pkts = qp.poll_transmit_trains(now)
+        self.counters.packets_out += qp.stats.packets_out - before
+        self._send_udp(pkts, remote)

@@ -39,7 +39,7 @@ from .fastpath import PYTHON
 from .gsi import Gsi
 from .netmtu import too_big_message
 from .port import DeviceCounters, PeerAddress, addr_bytes
-from .roce_armed import ArmedSends
+from .roce_armed import ArmedSends, HeldAcks
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .small_ops import OFFERED, take_small
 from .udp import CE, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, WOULD_BLOCK, UdpLink
@@ -413,6 +413,8 @@ class UdpPort(ArmedSends):
         qps = self._qps
         trains = self._runs
         visited = self._visited
+        acks: HeldAcks = {}  # sent together at the pass's end (``_send_acks``)
+        many = len(active) > 1  # one QP's pass sends its ACK as it comes
         for qpn, qp in list(active.items()):
             if qps.get(qpn) is not qp:
                 del active[qpn]
@@ -424,9 +426,11 @@ class UdpPort(ArmedSends):
                 )
                 busy = True
             owner = cast("ArmedOwner | None", qp.native)  # armed by take_small: the codec's own
-            if owner is not None and owner.pending and self._send_ack(owner, qp, now):
-                busy = True
-            if not qp.may_transmit():
+            held = False  # its ACK, alone this pass, goes with others' (``_send_acks``)
+            if owner is not None and owner.pending:
+                held = many and not qp.may_transmit(False) and self._hold_ack(acks, qp, owner)
+                busy |= held or self._send_ack(owner, qp, now)
+            if held or not qp.may_transmit():
                 del active[qpn]  # until its doorbell rings, a segment reaches it or its timer fires
                 visited.append(qp)
                 continue
@@ -448,10 +452,14 @@ class UdpPort(ArmedSends):
                 self.counters.dropped_state += n
                 continue
             self.counters.packets_out += n
+            if many and trains and len(pkts) == 1 and self._hold_ack(acks, qp, pkts[0]):
+                continue
             too_big = self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0)
             self._send_udp(pkts, remote)
             if self.link.counters.errors_by_errno.get(errno.EMSGSIZE, 0) != too_big:
                 self._too_big(qp, remote)
+        if acks:
+            self._send_acks(acks, now)
         return busy
 
     def _too_big(self, qp: QueuePair, remote: PeerAddress) -> None:
@@ -573,17 +581,6 @@ class UdpPort(ArmedSends):
             link.record_error(OSError(err, os.strerror(err)))
             return []  # a dead route loses the packets; the engine retransmits them
         return train.tail(sent).packets()
-
-    def _tx_flow(self, remote: PeerAddress) -> IcrcFlow:
-        dst = addr_bytes(remote.ip)
-        if self._v6:
-            flow = IcrcFlow.ipv6(self._local, dst, self.port, remote.port)
-        else:
-            flow = IcrcFlow.ipv4(self._local, dst, self.port, remote.port)
-        if len(self._tx_flows) >= 1024:
-            self._tx_flows.clear()
-        self._tx_flows[(remote.ip, remote.port)] = flow
-        return flow
 
     def _send_or_queue(self, addr: tuple[str, int]) -> Callable[[list[Payload], int, int], None]:
         link = self.link

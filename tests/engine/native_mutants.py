@@ -59,6 +59,7 @@ _SMALL = "tests/engine/test_engine_small_native.py"
 _WRITES = "tests/engine/test_engine_armed_writes.py"
 _REQ = "tests/engine/test_engine_armed_req.py"
 _READS = "tests/engine/test_engine_armed_reads.py"
+_ACKS = "tests/transport/test_ack_batch.py"
 #: name -> ((old, new) in rdmakit/transport/_fastpath.c, the test files that must catch it)
 C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
     "c-request-any-psn": (
@@ -275,6 +276,22 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
             "PyDict_SetItem(active, key, r->qp) < 0;",
         ),
         ("tests/transport/test_armed.py",),
+    ),
+    # send_acks (_nativeqp_ack.c): an ACK sent stays held; the first owner of a batch is left out.
+    "c-acks-stay-held": (
+        ("            batch[k]->ack = 0;\n        }\n        sent += n;", "        }\n        sent += n;"),
+        (_ACKS,),
+    ),
+    "c-acks-skip-first": (
+        ("            batch[n++] = a;", "            batch[n > 0 ? n++ : 0] = a;"),
+        (_ACKS,),
+    ),
+    "c-acks-id-zero": (
+        (
+            "int64_t st = icrc_state(states, flow, SIZE, n);",
+            "int64_t st = icrc_state(states, flow, SIZE, 0);",
+        ),
+        (_ACKS,),
     ),
 }
 #: The C sources a mutant may edit (its text must occur exactly once in them all).
