@@ -36,7 +36,17 @@ from typing import TYPE_CHECKING
 
 from rdmakit.wire import IcrcFlow, Packet
 
-from .codec import Arm, ArmReq, PollArmed, RecvRaw, RecvRuns, SegmentCodec, SmallRequest, SmallResponse
+from .codec import (
+    Arm,
+    ArmReq,
+    PollArmed,
+    PostSmall,
+    RecvRaw,
+    RecvRuns,
+    SegmentCodec,
+    SmallRequest,
+    SmallResponse,
+)
 from .codec_py import PythonCodec
 
 if TYPE_CHECKING:
@@ -87,6 +97,7 @@ class NativeCodec:
         self.arm: Arm | None = mod.Armed
         self.poll_armed: PollArmed | None = mod.poll_armed
         self.arm_req: ArmReq | None = mod.ArmedReq
+        self.post_small: PostSmall | None = mod.post_small
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow
