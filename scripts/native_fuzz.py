@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rdmakit.engine import Completion, QpCaps, SendWR, WcStatus, WrOpcode
+from rdmakit.engine import Completion, EngineError, QpCaps, SendWR, WcStatus, WrOpcode
 from rdmakit.testing.engine import connect, make_side
 from rdmakit.transport import fastpath
 from rdmakit.wire import (
@@ -442,6 +442,77 @@ def fuzz_armed_req(rng: random.Random, native: Any, count: int) -> None:
                 raise AssertionError(f"ArmedReq.rx declined {bytes(data).hex()} but logged {log}")
 
 
+class _Odd:
+    """An attribute any engine field may be swapped for."""
+
+    def __index__(self) -> int:
+        raise ValueError("odd")
+
+
+def fuzz_post(rng: random.Random, native: Any, count: int) -> None:
+    """``post_small`` over live requesters (SEND/WRITE, with immediate or not, bad L_Keys, SGE
+    lengths past their region, several SGEs) with their fields now and then made hostile (PSNs,
+    MTU, the WQE's region, opcodes, remote address, ICRC states): every call returns or is
+    refused, and every datagram it builds decodes as the WQE's ONLY packet with a good ICRC."""
+    flow = IcrcFlow.ipv4(bytes((127, 0, 0, 9)), bytes((127, 0, 0, 8)), 4791, 4791)
+    side_rng = random.Random(rng.getrandbits(32))
+    ops = (WrOpcode.RDMA_WRITE, WrOpcode.SEND, WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.SEND_WITH_IMM)
+    hostile: tuple[tuple[str, str], ...] = (
+        ("req", "req_psn"), ("req", "comp_psn"), ("req", "mtu"), ("req", "window"), ("req", "sent_hwm"),
+        ("wqe", "seg0"), ("wqe", "ops"), ("wqe", "length"), ("wqe", "imm"), ("wr", "remote_addr"),
+        ("wr", "rkey"), ("req", "rtt_psn"), ("req", "next_idx"),
+    )  # fmt: skip
+    made = 0
+    while made < count:
+        a = make_side("a", side_rng, 4096, QpCaps(), 64)
+        b = make_side("b", side_rng, 4096, QpCaps(), 64)
+        connect(a.qp, b.qp, side_rng, mtu=256)
+        qp, req = a.qp, a.qp.req
+        for i in range(rng.randrange(1, 6)):
+            made += 1
+            op = rng.choice(ops)
+            n = rng.choice((0, 1, 1, 1, 2))
+            sges = tuple(
+                a.sge(rng.randrange(0, 4096), rng.choice((0, 8, 255, 256, 257, 4096))) for _ in range(n)
+            )
+            if sges and rng.random() < 0.1:
+                sges = (type(sges[0])(sges[0].addr, sges[0].length, sges[0].lkey ^ 0x100),)
+            imm = (
+                rng.getrandbits(32) if op in (WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.SEND_WITH_IMM) else None
+            )
+            wr = SendWR(wr_id=i, opcode=op, sg_list=sges, remote_addr=b.mr.addr, rkey=b.mr.rkey,
+                        imm_data=imm, solicited=rng.random() < 0.3)  # fmt: skip
+            try:
+                qp.post_send(wr)
+            except EngineError:  # the engine refuses it: nothing to post
+                continue
+            if not req.sq:
+                break  # a local error failed the QP
+            wqe = req.sq[-1]
+            if rng.random() < 0.2:
+                where, name = rng.choice(hostile)
+                obj = {"req": req, "wqe": wqe, "wr": wqe.wr}[where]
+                bad = rng.choice((-1, 1 << 24, 1 << 64, None, "x", _Odd(), (1, 2, 3, 4), memoryview(b"ab")))
+                with contextlib.suppress(AttributeError, TypeError):
+                    object.__setattr__(obj, name, bad)
+            states: Any = flow.states if rng.random() < 0.9 else {0: "x"}
+            fd = -1 if rng.random() < 0.9 else 1 << 20
+            try:
+                got = native.post_small(fd, ("127.0.0.8", 4791), False, states, flow, qp, rng.random(), 64)
+            except (*REFUSALS, AttributeError, IndexError, BufferError):
+                break  # the QP was made hostile: a fresh one
+            if isinstance(got, bytes):
+                pkt = decode(got[:-4])
+                if (
+                    pkt.psn != wqe.first_psn
+                    or not pkt.ackreq
+                    or got[-4:] != pack_icrc(flow.icrc_seg(0, got[:-4]))
+                ):
+                    raise AssertionError(f"post_small built {got.hex()} for {wqe.wr}")
+                if wqe.is_write and (pkt.reth is None or pkt.reth.dma_len != wqe.length):
+                    raise AssertionError(f"post_small's RETH {pkt.reth} for {wqe.wr}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=20240601)
@@ -459,9 +530,11 @@ def main(argv: list[str] | None = None) -> int:
     fuzz_small_response(rng, native, args.count // 2)
     fuzz_armed(rng, native, args.count // 2)
     fuzz_armed_req(rng, native, args.count // 4)
+    fuzz_post(rng, native, args.count // 4)
     n, h = args.count // 4, args.count // 2
     print(f"native_fuzz: {args.count} check_decode, {n} place_run, {n} x 3 send/recv, {h} small_request, "
-          f"{h} small_response, {h} armed responder, {n} armed requester inputs (seed {args.seed}): "
+          f"{h} small_response, {h} armed responder, {n} armed requester, {n} post_small inputs "
+          f"(seed {args.seed}): "
           "all answered or refused")  # fmt: skip
     return 0
 

@@ -272,6 +272,9 @@ static PyObject *fp_post_small(PyObject *Py_UNUSED(self), PyObject *args) {
         goto out;
     if (icrc_seal(states, flow, size, h, hlen, pl.buf, plen, tail, pad) < 0)
         goto out;
+    uint64_t hwm;
+    if ((t = attr_uint(req, s_sent_hwm, PSN_MASK, &hwm)) <= 0)
+        goto declined;
     /* The end-to-end credits: the last check, which counts the message when it passes. */
     long takes;
     if (attr_long(wqe, s_takes_receive, &takes) < 0)
@@ -289,11 +292,9 @@ static PyObject *fp_post_small(PyObject *Py_UNUSED(self), PyObject *args) {
     if (t <= 0)
         goto declined;
     /* Requester.transmit's effect for this one packet, in tx_small's order. */
-    uint64_t hwm;
     if (set_steal(wqe, s_started, Py_NewRef(Py_True)) < 0 || set_steal(wqe, s_first_psn, PyLong_FromUnsignedLong((unsigned long)psn)) < 0 ||
         set_steal(wqe, s_last_psn, PyLong_FromUnsignedLong((unsigned long)psn)) < 0 ||
-        set_steal(wqe, s_state, PyLong_FromLong(REQ_PENDING)) < 0 || set_steal(req, s_noack, PyLong_FromLong(0)) < 0 ||
-        attr_uint(req, s_sent_hwm, PSN_MASK, &hwm) <= 0)
+        set_steal(wqe, s_state, PyLong_FromLong(REQ_PENDING)) < 0 || set_steal(req, s_noack, PyLong_FromLong(0)) < 0)
         goto out;
     PyObject *stats = PyObject_GetAttr(qp, s_stats);
     if (stats == NULL)
