@@ -191,8 +191,8 @@ class SoftDevice:
 
     def post_with(self, clock: Callable[[], float] | None) -> None:
         """Send a QP's one fresh SEND or WRITE in the ``post_send`` that queued it, at ``clock()``
-        (the pump's own clock: ``Driver.add`` hands over its), natively (``UdpPort._post_now``);
-        None: every post waits for ``progress``."""
+        (the pump's own clock, e.g. its ``Driver``'s), natively (``UdpPort._post_now``); None (the
+        default): every post waits for ``progress``."""
         if self.udp_port is not None:
             self.udp_port.post_clock = clock
 

@@ -89,12 +89,10 @@ class Driver:
         if dev not in self.devices:
             self.devices.append(dev)
             self._ep.register(dev.fileno(), select.EPOLLIN)
-            dev.post_with(self.clock)  # its posts may leave at once, timed by this clock
 
     def remove(self, dev: SoftDevice) -> None:
         if dev in self.devices:
             self.devices.remove(dev)
-            dev.post_with(None)
             with contextlib.suppress(OSError, ValueError):
                 self._ep.unregister(dev.fileno())
 

@@ -35,9 +35,9 @@ class ArmedSends:
     _active: dict[int, QueuePair]
     _backlog: list[tuple[list[Payload], int, int, tuple[str, int]]]
     _visited: list[QueuePair]
-    codec: SegmentCodec
+    _codec: SegmentCodec
     #: The clock of native posting (``_post_now``): the pump's, set by whoever pumps the device
-    #: with it (``Driver.add``); None: every post waits for ``transmit``.
+    #: with it (``SoftDevice.post_with``); None: every post waits for ``transmit``.
     post_clock: Callable[[], float] | None = None
     _tx_flows: dict[tuple[str, int], IcrcFlow]
     #: The ICRC flow of sends to ``remote`` (``UdpPort._tx_flow``).
@@ -85,7 +85,7 @@ class ArmedSends:
         native call now, rather than at the next ``transmit``. True if it was taken (its effect
         on the requester is ``tx_small``'s; the deadline heap sees the QP through ``visited``).
         A QP already active has other work, which ``transmit`` keeps in order."""
-        clock, post = self.post_clock, self.codec.post_small
+        clock, post = self.post_clock, self._codec.post_small
         remote = qp.remote
         if clock is None or post is None or qp.qpn in self._active or self._backlog:
             return False

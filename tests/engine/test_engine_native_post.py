@@ -1,7 +1,7 @@
 """Native posting (``_fastpath.post_small``) equals the Python engine's ``tx_post``.
 
 A post that makes a fresh one-packet SEND or RDMA WRITE the whole of its requester's work
-leaves in the doorbell's call (``UdpPort._post_now`` under a driver; ``SimNet(post=True)``
+leaves in the doorbell's call (``UdpPort._post_now`` with ``post_with``; ``SimNet(post=True)``
 here). The proofs, on seeded hostile networks (every fault profile, both directions, every
 opcode mixed in, so READs, atomics, multi-packet messages and scattered SGEs take the
 generic path beside it): the same runs with the native ``post_small`` and with the engine's

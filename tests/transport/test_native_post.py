@@ -1,4 +1,4 @@
-"""Native posting between two UDP devices under a driver (``UdpPort._post_now``).
+"""Native posting between two UDP devices, posting with their driver's clock (``UdpPort._post_now``).
 
 The seeded equivalence runs (``tests/engine/test_engine_native_post.py``) show that
 ``post_small`` leaves every run as the engine's ``tx_post`` does. Here, on real sockets: a
@@ -48,6 +48,7 @@ def _ping(new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch, on: bool) 
     with SoftDevice(new_ip(), port=0) as a, SoftDevice(new_ip(), port=0) as b, Driver() as drv:
         drv.add(a)
         drv.add(b)
+        a.post_with(drv.clock)
         cqa, cqb = CompletionQueue(256), CompletionQueue(256)
         qa = a.create_qp(send_cq=cqa, recv_cq=cqa)
         qb = b.create_qp(send_cq=cqb, recv_cq=cqb)
