@@ -38,6 +38,7 @@ setup(
                 "rdmakit/transport/_nativeqp_ack.c",
                 "rdmakit/transport/_nativereq.c",
                 "rdmakit/transport/_nativeread.c",
+                "rdmakit/transport/_nativepost.c",
             ],
             extra_compile_args=["-O2", "-std=gnu11", "-fno-strict-aliasing", "-Wall", "-Wextra"],
             optional=True,

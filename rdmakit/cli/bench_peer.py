@@ -215,6 +215,7 @@ class Requester:
         self.dev = SoftDevice(ip, transport=transport, port=0)
         self.driver = Driver()
         self.driver.add(self.dev)
+        self.dev.post_with(self.driver.clock)  # a post's one WRITE leaves in its post_send
         self.spin = opts.spin
         self.cq = CompletionQueue(max(4096, 2 * n))
         # Between two rdmakit peers the window may exceed rxe's 128 PSNs: the

@@ -157,3 +157,12 @@ class SmallTransmit:
             req.rate.sent(mtu + PACKET_OVERHEAD, now)
         self.stats.packets_out += 1
         return pkt
+
+    def tx_post(self, now: float) -> Packet | None:
+        """``tx_small`` for a SEND or RDMA WRITE only: the reference of native posting (a
+        transport's doorbell sends the one fresh SEND or WRITE a post made the QP's whole work
+        at once, ``_fastpath.post_small``); None (nothing done) otherwise."""
+        sq = self.req.sq
+        if not sq or sq[-1].kind != SEND_WRITE:
+            return None
+        return self.tx_small(now)

@@ -163,13 +163,14 @@ def make_pair(
     cq_depth: int = 4096,
     bulk: bool = False,
     small: SegmentCodec | None = None,
+    post: bool = False,
     **conn: Unpack[ConnectOptions],
 ) -> Pair:
     """Two sides ``a`` and ``b`` with `mem_size` bytes registered each, their QPs connected
     (`connect`, with `conn`) and attached to a new `SimNet` seeded with `seed` (`bulk`,
-    `small`: see `SimNet`)."""
+    `small`, `post`: see `SimNet`)."""
     rng = random.Random(seed)
-    net = SimNet(seed, faults, bulk=bulk, small=small)
+    net = SimNet(seed, faults, bulk=bulk, small=small, post=post)
     caps = caps or QpCaps()
     a = make_side("a", rng, mem_size, caps, cq_depth)
     b = make_side("b", rng, mem_size, caps, cq_depth)

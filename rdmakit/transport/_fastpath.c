@@ -1551,6 +1551,10 @@ out:
 
 #include "_nativereq.c"
 
+/* -- native posting (a fresh one-packet SEND or WRITE sent in its doorbell's call) -------- */
+
+#include "_nativepost.c"
+
 /* -- module ----------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1568,6 +1572,7 @@ static PyMethodDef methods[] = {
     {"small_response", fp_small_response, METH_VARARGS, "Check a one-packet response, place its data."},
     {"poll_armed", fp_poll_armed, METH_VARARGS, "Read and execute armed responders' WRITEs (see _nativeqp.c)."},
     {"send_acks", fp_send_acks, METH_VARARGS, "Send the ACKs armed responders hold, in GSO batches (_nativeqp_ack.c)."},
+    {"post_small", fp_post_small, METH_VARARGS, "Send a fresh one-packet SEND or WRITE (see _nativepost.c)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1602,7 +1607,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (armed_setup(m) < 0 || armedreq_setup(m) < 0) {
+    if (armed_setup(m) < 0 || armedreq_setup(m) < 0 || post_setup() < 0) {
         Py_DECREF(m);
         return NULL;
     }

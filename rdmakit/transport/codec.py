@@ -189,6 +189,21 @@ class ArmReq(Protocol):
     ) -> ArmedReqOwner: ...
 
 
+class PostSmall(Protocol):
+    def __call__(
+        self,
+        fd: int,
+        addr: tuple[str, int] | None,
+        v6: bool,
+        states: dict[int, int],
+        flow: IcrcFlow,
+        qp: object,
+        now: float,
+        overhead: int,
+        /,
+    ) -> int | bytes | None: ...
+
+
 class SegmentCodec(Protocol):
     """The codec operations of the RoCE-UDP port (module docstring)."""
 
@@ -221,6 +236,11 @@ class SegmentCodec(Protocol):
     #: Makes a QP's native owner of its common ACKs from ``QueuePair.arm_req_ticket``
     #: (native only; None: not offered): it retires in-order ACKs of SEND/WRITE WQEs.
     arm_req: ArmReq | None
+    #: Sends a QP's one fresh SEND or WRITE of at most an MTU in the call that posted it
+    #: (native only; None: not offered; ``_nativepost.c``): None having done nothing, else
+    #: ``tx_small``'s effect and sendmsg's errno, or the datagram when ``fd`` < 0 or the
+    #: socket would block.
+    post_small: PostSmall | None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

@@ -25,7 +25,7 @@ from rdmakit.wire import (
     encode_headers,
 )
 
-from .codec import Arm, ArmReq, PollArmed, RecvRaw, RecvRuns, SendAcks, SmallRequest, SmallResponse
+from .codec import Arm, ArmReq, PollArmed, PostSmall, RecvRaw, RecvRuns, SendAcks, SmallRequest, SmallResponse
 from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, SOL_UDP, UDP_SEGMENT
 
 if TYPE_CHECKING:
@@ -76,6 +76,7 @@ class PythonCodec:
     poll_armed: PollArmed | None = None
     send_acks: SendAcks | None = None
     arm_req: ArmReq | None = None
+    post_small: PostSmall | None = None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

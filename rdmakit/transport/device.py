@@ -11,7 +11,7 @@ import ipaddress
 import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from rdmakit.engine import (
     CompletionQueue,
@@ -188,6 +188,13 @@ class SoftDevice:
     @property
     def qps(self) -> Iterable[QueuePair]:
         return self._qps.values()
+
+    def post_with(self, clock: Callable[[], float] | None) -> None:
+        """Send a QP's one fresh SEND or WRITE in the ``post_send`` that queued it, at ``clock()``
+        (the pump's own clock, e.g. its ``Driver``'s), natively (``UdpPort._post_now``); None (the
+        default): every post waits for ``progress``."""
+        if self.udp_port is not None:
+            self.udp_port.post_clock = clock
 
     def fileno(self) -> int:
         return self._port.fileno()

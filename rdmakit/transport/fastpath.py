@@ -40,6 +40,7 @@ from .codec import (
     Arm,
     ArmReq,
     PollArmed,
+    PostSmall,
     RecvRaw,
     RecvRuns,
     SegmentCodec,
@@ -102,6 +103,7 @@ class NativeCodec:
         self.poll_armed: PollArmed | None = mod.poll_armed
         self.send_acks: SendAcks | None = mod.send_acks
         self.arm_req: ArmReq | None = mod.ArmedReq
+        self.post_small: PostSmall | None = mod.post_small
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

@@ -11,11 +11,12 @@ several QPs to one peer leave together (``_hold_ack``, ``_send_acks``).
 
 import errno
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import cast
 
+from rdmakit.engine.congestion import PACKET_OVERHEAD
 from rdmakit.engine.qp import QueuePair
-from rdmakit.wire import IcrcFlow, Opcode, Packet, Train
+from rdmakit.wire import IcrcFlow, Opcode, Packet, Payload, Train
 
 from .codec import ArmedOwner, ArmedReqOwner, PollArmed, SegmentCodec, SendAcks
 from .port import DeviceCounters, PeerAddress, addr_bytes
@@ -37,10 +38,17 @@ class ArmedSends:
     _armed: dict[int, ArmedOwner]
     _armed_req: dict[int, ArmedReqOwner]
     _active: dict[int, QueuePair]
-    _backlog: Sequence[object]
+    _backlog: list[tuple[list[Payload], int, int, tuple[str, int]]]
+    _visited: list[QueuePair]
+    _codec: SegmentCodec
+    #: The clock of native posting (``_post_now``): the pump's, set by whoever pumps the device
+    #: with it (``SoftDevice.post_with``); None: every post waits for ``transmit``.
+    post_clock: Callable[[], float] | None = None
     _tx_flows: dict[tuple[str, int], IcrcFlow]
     _local: bytes
     port: int
+    #: Fails a QP whose datagram the path refused (``UdpPort._too_big``).
+    _too_big: Callable[[QueuePair, PeerAddress], None]
     sources: RxSources
     codec: SegmentCodec
     #: Send ``pkts`` in order to ``remote`` (``UdpPort._send_udp``).
@@ -78,6 +86,39 @@ class ArmedSends:
             assert owner is not None
             qp.acks_taken(owner.take())
         return got
+
+    def _post_now(self, qp: QueuePair) -> bool:
+        """``qp``'s doorbell rang: when its requester's whole work is one fresh SEND or WRITE of
+        at most an MTU (``_nativepost.c``; ``tx_small``'s case), build and send it in one
+        native call now, rather than at the next ``transmit``. True if it was taken (its effect
+        on the requester is ``tx_small``'s; the deadline heap sees the QP through ``visited``).
+        A QP already active has other work, which ``transmit`` keeps in order."""
+        clock, post = self.post_clock, self._codec.post_small
+        remote = qp.remote
+        if clock is None or post is None or qp.qpn in self._active or self._backlog:
+            return False
+        if type(remote) is not PeerAddress:
+            return False
+        addr = (remote.ip, remote.port)
+        flow = self._tx_flows.get(addr)
+        if flow is None:
+            flow = self._tx_flow(remote)
+        got = post(self._fd, addr, self._v6, flow.states, flow, qp, clock(), PACKET_OVERHEAD)
+        if got is None:
+            return False
+        self.counters.packets_out += 1
+        self._visited.append(qp)  # its retransmit timer may have started
+        if not isinstance(got, int):  # the socket is full: queued, as _send_udp queues
+            self._backlog.append(([got], 0, 1, addr))
+            return True
+        lc = self.link.counters
+        lc.datagrams_out += 1  # as UdpLink.send: a send error is a lost packet
+        lc.sends += 1
+        if got:
+            self.link.record_error(OSError(got, os.strerror(got)))
+            if got == errno.EMSGSIZE:
+                self._too_big(qp, remote)
+        return True
 
     def _send_ack(self, owner: ArmedOwner, qp: QueuePair, now: float) -> bool:
         """Send the ACK ``qp``'s armed responder holds, and the READ responses behind it, in one

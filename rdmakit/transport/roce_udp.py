@@ -5,8 +5,8 @@ checks first, the ICRC only for what passes them, and the IPv4 IDs of other
 senders (:mod:`rdmakit.transport.roce_sources`) only for a connected peer.
 Sending batches datagrams for GSO, each segment with the ICRC of the IPv4 ID
 the kernel gives it; what the socket does not take waits in a backlog, in
-order. With the native data plane (``fastpath``), MIDDLE runs are sent and
-placed in bulk, and small operations' packets take one call each.
+order. With the native data plane (``fastpath``), MIDDLE runs are sent and placed
+in bulk, small operations' packets take one call each, posts too (``_post_now``).
 """
 
 import errno
@@ -116,7 +116,8 @@ class UdpPort(ArmedSends):
             del self._active[qp.qpn]
 
     def wake(self, qp: QueuePair) -> None:
-        self._active[qp.qpn] = qp
+        if self.post_clock is None or not self._post_now(qp):
+            self._active[qp.qpn] = qp
 
     def sweep(self) -> None:
         self._active.update(self._qps)
@@ -337,9 +338,8 @@ class UdpPort(ArmedSends):
                 if rx is None:
                     rx = self.sources.flow(src_ip, sport)
             if runs and op in MIDDLE_OPCODES and not rx.kernel:
-                # A run of in-order MIDDLE packets: checked (header, then ICRC, with our
-                # IPv4 IDs: not a kernel's) and placed in one call; the first that needs
-                # more stops it.
+                # A run of in-order MIDDLE packets: checked (header, then ICRC, with our IPv4
+                # IDs: not a kernel's) and placed in one call; the first that needs more stops it.
                 run = qp.rx_run(op)
                 if run is not None and n == run[4] + BTH_LEN + ICRC_LEN:
                     got_n, last_ack = codec.place_run(

@@ -39,8 +39,9 @@ import random
 from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, cast
+from typing import Any, NamedTuple, Protocol, cast
 
+from rdmakit.engine.congestion import PACKET_OVERHEAD
 from rdmakit.wire import (
     MIDDLE_OPCODES,
     ROCE_UDP_PORT,
@@ -83,6 +84,14 @@ class SimQP(Protocol):
     def congestion_experienced(self, now: float) -> None: ...
     def poll_cnp(self) -> bool: ...
     def cnp_received(self, now: float) -> None: ...
+
+
+class PostQP(SimQP, Protocol):
+    """A QP whose posts ring a doorbell (``SimNet(post=True)``)."""
+
+    doorbell: Callable[[Any], None] | None
+
+    def tx_post(self, now: float) -> Packet | None: ...
 
 
 class BulkSimQP(SimQP, Protocol):
@@ -148,6 +157,7 @@ class SimNet:
         trace: bool = True,
         bulk: bool = False,
         small: SegmentCodec | None = None,
+        post: bool = False,
     ) -> None:
         """``bulk``: take the QPs' packets as trains and place in-order MIDDLE packets
         through ``rx_run``/``rx_run_done``, as the native UDP data plane does (the
@@ -161,8 +171,12 @@ class SimNet:
         its in-order WRITE ONLY requests and holds their ACK, which leaves first when
         the QP is pumped; and a codec with a native completer (``arm_req``) retires
         in-order ACKs of SEND/WRITE WQEs; ``stats["small"]``, ``stats["small_resp"]``,
-        ``stats["armed"]``, ``stats["armed_req"]`` and ``stats["small_tx"]`` count them."""
+        ``stats["armed"]``, ``stats["armed_req"]`` and ``stats["small_tx"]`` count them. ``post``:
+        a QP's doorbell sends its one fresh SEND or WRITE at once, as the UDP port's does under a
+        driver (``UdpPort._post_now``): through the codec's ``post_small`` if it has one
+        (``stats["post"]``), else through the engine's ``tx_post`` (``stats["post_py"]``)."""
         self.seed = seed
+        self.post = post
         self.bulk = bulk
         self.small = small
         self._flows: dict[tuple[Address, Address], IcrcFlow] = {}
@@ -198,6 +212,32 @@ class SimNet:
         self._ip(address)
         self._by_addr_qpn[key] = qp
         self._qps.append((address, qp))
+        if self.post:
+            cast(PostQP, qp).doorbell = lambda q: self._doorbell(address, cast(PostQP, q))
+
+    def _doorbell(self, src: Address, qp: "PostQP") -> None:
+        """A post on ``qp``: its one fresh SEND or WRITE leaves now (``post``, ``__init__``)."""
+        dst = qp.remote
+        post = self.small.post_small if self.small is not None else None
+        if post is not None:
+            flow = self._flow(src, dst)
+            got = post(-1, None, False, flow.states, flow, qp, self.now, PACKET_OVERHEAD)
+            if got is not None:
+                assert isinstance(got, bytes)
+                self.stats["post"] += 1
+                self.send_bytes(src, dst, got)
+            return
+        one = qp.tx_post(self.now)
+        if one is not None:
+            self.stats["post_py"] += 1
+            self.send(src, dst, one)
+
+    def _flow(self, src: Address, dst: Address) -> IcrcFlow:
+        flow = self._flows.get((src, dst))
+        if flow is None:
+            flow = IcrcFlow.ipv4(self._ip(src), self._ip(dst), _SPORT, ROCE_UDP_PORT)
+            self._flows[(src, dst)] = flow
+        return flow
 
     def detach(self, address: Address, qp: SimQP) -> None:
         self._by_addr_qpn.pop((address, qp.qpn), None)
@@ -354,10 +394,7 @@ class SimNet:
     def _small(self, qp: SimQP, op: int, src: Address, dst: Address, data: bytes) -> bool:
         """A one-packet request or response, as the UDP port checks and takes it natively."""
         assert self.small is not None
-        flow = self._flows.get((src, dst))
-        if flow is None:
-            flow = IcrcFlow.ipv4(self._ip(src), self._ip(dst), _SPORT, ROCE_UDP_PORT)
-            self._flows[(src, dst)] = flow
+        flow = self._flow(src, dst)
         took = take_small(self.small, cast(SmallQP, qp), op, data, 0, flow.states, flow, self.now)
         if took:
             self.stats[_TAKEN[took]] += 1

@@ -6,8 +6,8 @@ Two kinds, each a source edit ``(old, new)`` that must apply exactly once:
   ``planted_py(name)`` compiles the edited module and puts its ``tx_small`` on
   ``QueuePair`` for the block's duration (this process only).
 - ``C_MUTANTS``: the native data plane, ``rdmakit/transport/_fastpath.c`` and the
-  armed responder and requester it includes, ``_nativeqp.c`` (with ``_nativeread.c``)
-  and ``_nativereq.c``;
+  armed responder, requester and posting it includes, ``_nativeqp.c`` (with
+  ``_nativeread.c``), ``_nativereq.c`` and ``_nativepost.c``;
   ``build_c(name, dest)`` copies the package and its tests into ``dest``,
   builds the edited module there and returns the directory to put first on
   ``PYTHONPATH``; the tests named beside the mutant must then fail in a
@@ -60,6 +60,7 @@ _WRITES = "tests/engine/test_engine_armed_writes.py"
 _REQ = "tests/engine/test_engine_armed_req.py"
 _READS = "tests/engine/test_engine_armed_reads.py"
 _ACKS = "tests/transport/test_ack_batch.py"
+_POST = "tests/engine/test_engine_native_post.py"
 #: name -> ((old, new) in rdmakit/transport/_fastpath.c, the test files that must catch it)
 C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
     "c-request-any-psn": (
@@ -293,6 +294,35 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         ),
         (_ACKS,),
     ),
+    "c-post-no-ackreq": (
+        (
+            "put_bth(h, (int)op, (uint32_t)dqpn, (uint32_t)psn, 1, 0);",
+            "put_bth(h, (int)op, (uint32_t)dqpn, (uint32_t)psn, 0, 0);",
+        ),
+        (_POST,),
+    ),
+    "c-post-no-se": (
+        ("h[1] = (unsigned char)((se ? 0x80 : 0) | padcnt[plen & 3]);", "h[1] = padcnt[plen & 3];"),
+        (_POST,),
+    ),
+    "c-post-imm-lost": (("        put_be32(p, (uint32_t)immv);", "        put_be32(p, 0);"), (_POST,)),
+    "c-post-no-rtt-sample": (
+        ("if (none < 0 || (none && (set_steal", "if (none < 0 || (0 && (set_steal"),
+        (_POST,),
+    ),
+    "c-post-no-timer": (("    if (no_timer && !no_timeout) {", "    if (0) {"), (_POST,)),
+    "c-post-hwm-not-moved": (
+        ("< REQ_HALF && set_steal(req, s_sent_hwm,", "> PSN_MASK && set_steal(req, s_sent_hwm,"),
+        (_POST,),
+    ),
+    "c-post-no-rate-accounting": (("    if (!bad && cc_on) {", "    if (!bad && 0) {"), (_POST,)),
+    "c-post-psn-not-advanced": (
+        (
+            "set_steal(req, s_req_psn, PyLong_FromUnsignedLong(nxt)) < 0",
+            "set_steal(req, s_req_psn, PyLong_FromUnsignedLong(psn)) < 0",
+        ),
+        (_POST,),
+    ),
 }
 #: The C sources a mutant may edit (its text must occur exactly once in them all).
 C_SOURCES = (
@@ -301,6 +331,7 @@ C_SOURCES = (
     "rdmakit/transport/_nativeqp_ack.c",
     "rdmakit/transport/_nativereq.c",
     "rdmakit/transport/_nativeread.c",
+    "rdmakit/transport/_nativepost.c",
 )
 
 
