@@ -102,6 +102,7 @@ class _Codec:
     def __init__(self, poll: bool, arm_req: bool = True) -> None:
         self.native = fastpath.NATIVE
         self.taken = 0
+        self.asleep = 0  # polls that took packets and left the active set empty
         self.poll_armed = self._poll if poll else None
         assert self.native is not None
         self.arm_req = self.native.arm_req if arm_req else None
@@ -111,6 +112,8 @@ class _Codec:
         assert self.native.poll_armed is not None
         got = self.native.poll_armed(*a)
         self.taken += got[0]
+        if got[0] and not a[3]:
+            self.asleep += 1
         return got
 
     def __getattr__(self, name: str) -> Any:
@@ -169,7 +172,7 @@ def _ping(
             req.retry_left,
             req.rexmit_deadline is None,
         )
-        return bytes(ma), bytes(mb), done, resp.psn, resp.msn, req.req_psn, ra, codec.taken
+        return bytes(ma), bytes(mb), done, resp.psn, resp.msn, req.req_psn, ra, codec.asleep, codec.taken
 
 
 @native_only
@@ -180,7 +183,7 @@ def test_the_device_poll_equals_the_per_packet_path(
     read, no Python call each) and without it, the same memory, completions and responder."""
     with_poll = _ping(new_ip, monkeypatch, True)
     without = _ping(new_ip, monkeypatch, False)
-    assert with_poll[:-1] == without[:-1]
+    assert with_poll[:-2] == without[:-2]
     assert without[-1] == 0
     assert with_poll[-1] > 100  # most WRITEs were taken by it
     assert with_poll[3] == with_poll[5]  # b expects what a sends next
@@ -195,6 +198,18 @@ def test_the_device_poll_takes_the_requesters_acks(
     ACKs of a's SENDs and WRITEs besides b's WRITEs."""
     on = _ping(new_ip, monkeypatch, True)
     off = _ping(new_ip, monkeypatch, True, arm_req=False)
-    assert on[:-1] == off[:-1]
+    assert on[:-2] == off[:-2]
     assert on[6][3] == 0  # every WQE completed
     assert on[-1] > off[-1] + 100, (on[-1], off[-1])  # most of a's 135 SEND/WRITE ACKs too
+
+
+@native_only
+def test_the_device_poll_wakes_the_responder_it_took_a_write_for(
+    new_ip: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll that took an armed responder's WRITE leaves that QP in the port's active set: it
+    holds the WRITE's ACK, which only a visit of the QP sends (the requester's completer is off,
+    so what the poll took are b's WRITEs alone, and no sweep puts the QP back)."""
+    got = _ping(new_ip, monkeypatch, True, arm_req=False)
+    assert got[-2] == 0, got[-2:]  # every poll that took a WRITE woke b's QP
+    assert got[-1] > 100  # and the poll took most WRITEs
