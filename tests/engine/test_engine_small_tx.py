@@ -60,7 +60,7 @@ def _coverage(taken: Counter[tuple[str, int]]) -> None:
 
 @pytest.mark.parametrize("name", PROFILES)
 def test_tx_small_equals_the_engine(name: str) -> None:
-    taken = _compare(list(range(6)), PROFILES[name])
+    taken = _compare(list(range(8)), PROFILES[name])
     _coverage(taken)
 
 
