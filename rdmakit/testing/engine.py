@@ -342,6 +342,36 @@ def both_ways(
     return w1, w2
 
 
+def rounds_each_way(
+    p: Pair, rng: random.Random, seed: int, rounds: int, ops: tuple[WrOpcode, ...], max_len: int, stride: int
+) -> list[object]:
+    """``rounds`` rounds of one work request each way (of ``ops``, at most ``max_len`` bytes; the
+    round's areas ``stride`` apart), each run until both sides' signaled completions are in, then
+    a millisecond more, and checked: every round's completions, in order, by side."""
+    done: list[object] = []
+    for r in range(rounds):
+        base = (r % 16) * stride
+        w1 = Workload(p.a, p.b, rng, 1, max_len, base, 32768 + base)
+        w2 = Workload(p.b, p.a, rng, 1, max_len, base, 32768 + base)
+        w1.post(ops)
+        w2.post(ops)
+
+        def sent(w1: Workload = w1, w2: Workload = w2) -> bool:
+            p.drain()
+            return len(p.a.sent) >= w1.n_signaled and len(p.b.sent) >= w2.n_signaled
+
+        assert p.net.run(until=sent, max_time=600.0), f"seed={seed} round {r}"
+        p.net.run(max_time=p.net.now + 1e-3)
+        p.drain()
+        w1.check()
+        w2.check()
+        done += [(s.name, c) for s in (p.a, p.b) for c in (*s.sent, *s.received)]
+        for s in (p.a, p.b):
+            s.sent.clear()
+            s.received.clear()
+    return done
+
+
 def finished(p: Pair, w1: Workload, w2: Workload) -> bool:
     """Drain ``p``'s CQs; True once every signaled and receive completion of both workloads is in."""
     p.drain()
@@ -370,6 +400,7 @@ __all__ = [
     "make_side",
     "pump",
     "recv_wr",
+    "rounds_each_way",
     "send_wr",
     "until_completions",
 ]

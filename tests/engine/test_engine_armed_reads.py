@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from rdmakit.engine import SGE, Access, CompletionQueue, QpState, QueuePair, SendWR, WcStatus, WrOpcode
-from rdmakit.testing.engine import ALL_ACCESS, Workload, make_pair
+from rdmakit.testing.engine import ALL_ACCESS, make_pair, rounds_each_way
 from rdmakit.testing.faults import PROFILES, Faults
 from rdmakit.transport import fastpath
 from rdmakit.transport.codec import ArmedOwner
@@ -98,27 +98,7 @@ def _latency_bound(seed: int, faults: Faults, native: bool, rounds: int = 30) ->
     rng = random.Random(seed)
     p.a.mem[:] = rng.randbytes(len(p.a.mem))
     p.b.mem[:] = rng.randbytes(len(p.b.mem))
-    done: list[Any] = []
-    for r in range(rounds):
-        base = (r % 16) * 2048
-        w1 = Workload(p.a, p.b, rng, 1, 1200, base, 32768 + base)
-        w2 = Workload(p.b, p.a, rng, 1, 1200, base, 32768 + base)
-        w1.post((WrOpcode.RDMA_READ,))
-        w2.post((WrOpcode.RDMA_READ,))
-
-        def finished(w1: Workload = w1, w2: Workload = w2) -> bool:
-            p.drain()
-            return len(p.a.sent) >= w1.n_signaled and len(p.b.sent) >= w2.n_signaled
-
-        assert p.net.run(until=finished, max_time=600.0), f"seed={seed} round {r}"
-        p.net.run(max_time=p.net.now + 1e-3)
-        p.drain()
-        w1.check()
-        w2.check()
-        done += [(s.name, c) for s in (p.a, p.b) for c in (*s.sent, *s.received)]
-        for s in (p.a, p.b):
-            s.sent.clear()
-            s.received.clear()
+    done = rounds_each_way(p, rng, seed, rounds, (WrOpcode.RDMA_READ,), 1200, 2048)
     taken = {k: p.net.stats.pop(k, 0) for k in ("small", "small_resp", "small_tx", "armed_read", "armed_req")}
     for qp in (p.a.qp, p.b.qp):
         qp.disarm()

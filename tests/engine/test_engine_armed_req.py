@@ -23,7 +23,7 @@ import pytest
 
 from rdmakit.engine import SGE, Completion, QueuePair, SendWR, WcOpcode, WcStatus, WrOpcode
 from rdmakit.engine.armed_req import AckLog
-from rdmakit.testing.engine import Workload, make_pair
+from rdmakit.testing.engine import make_pair, rounds_each_way
 from rdmakit.testing.faults import PROFILES, Faults
 from rdmakit.transport import fastpath
 from rdmakit.transport.codec import SegmentCodec
@@ -96,27 +96,7 @@ def _latency_bound(seed: int, faults: Faults, codec: SegmentCodec, rounds: int =
     rng = random.Random(seed)
     p.a.mem[:] = rng.randbytes(len(p.a.mem))
     p.b.mem[:] = rng.randbytes(len(p.b.mem))
-    done: list[Any] = []
-    for r in range(rounds):
-        base = (r % 16) * 1024
-        w1 = Workload(p.a, p.b, rng, 1, 200, base, 32768 + base)
-        w2 = Workload(p.b, p.a, rng, 1, 200, base, 32768 + base)
-        w1.post(_SEND_WRITE)
-        w2.post(_SEND_WRITE)
-
-        def finished(w1: Workload = w1, w2: Workload = w2) -> bool:
-            p.drain()
-            return len(p.a.sent) >= w1.n_signaled and len(p.b.sent) >= w2.n_signaled
-
-        assert p.net.run(until=finished, max_time=600.0), f"seed={seed} round {r}"
-        p.net.run(max_time=p.net.now + 1e-3)
-        p.drain()
-        w1.check()
-        w2.check()
-        done += [(s.name, c) for s in (p.a, p.b) for c in (*s.sent, *s.received)]
-        for s in (p.a, p.b):
-            s.sent.clear()
-            s.received.clear()
+    done = rounds_each_way(p, rng, seed, rounds, _SEND_WRITE, 200, 1024)
     for k in ("armed_req", "small_resp"):  # which path took the ACK (the run is compared)
         p.net.stats.pop(k, None)
     return p.net.now, bytes(p.a.mem), bytes(p.b.mem), tuple(done), p.net.trace_digest(), dict(p.net.stats)
