@@ -73,6 +73,7 @@ from .tcp_limits import (
     PREFACE_MAGIC,
     PREFACE_TIMEOUT,
     READ_BUFFER,
+    READ_TURN,
     SECRET_LEN,
     STALL_TIMEOUT,
     Placed,
@@ -292,11 +293,18 @@ class TcpLink:
                     if s.dead:
                         self._drop(s)
                     continue
-            frames = self._read(s)
-            if frames and s.peer is not None:
-                yield frames, s.peer[0], None
-            if s.dead:
-                self._drop(s)
+            for _ in range(READ_TURN):
+                frames = self._read(s)
+                if frames and s.peer is not None:
+                    yield frames, s.peer[0], None
+                if s.dead:
+                    self._drop(s)
+                    break
+                if not frames or type(frames[-1]) is not Placed or s.end == s.start:
+                    break
+                # A large frame just went into place, the caller took it, and the
+                # read that completed it brought the next frame's headers: read on
+                # in this readiness turn (nothing brought: the socket is drained).
         for s in list(self._out.values()):
             route = s.route
             assert route is not None

@@ -32,6 +32,9 @@ STALL_TIMEOUT = 10.0
 READ_BUFFER = 4 << 20
 #: Frames at least this long may be received straight into place (see ``TcpLink.place``).
 DIRECT_MIN = 64 << 10
+#: Reads of one stream per readiness while each ends with a frame placed (then the
+#: other ready streams get their turn).
+READ_TURN = 8
 
 Addr = tuple[str, int]
 

@@ -108,7 +108,11 @@ class TcpPort:
                 except WireError:
                     c.malformed += 1
                     continue
-                self._deliver(pkt, src_ip, now)
+                qp = self._deliver(pkt, src_ip, now)
+                if qp is not None and type(body) is Placed and qp.may_transmit():
+                    # The link reads on while large frames keep coming: what the QP
+                    # answers (its ACK) leaves now, not after the whole turn.
+                    self._send(qp, now)
             if dead is not None:
                 # The stream over that route is gone: TCP already retried for us (or
                 # the peer stopped reading).
@@ -120,17 +124,19 @@ class TcpPort:
                         qp.transport_error(now)
         return busy
 
-    def _deliver(self, pkt: Packet, src_ip: str, now: float) -> None:
+    def _deliver(self, pkt: Packet, src_ip: str, now: float) -> QueuePair | None:
+        """Hand ``pkt`` to the QP it names; that QP, or None if it was refused."""
         qp = self._qps.get(pkt.dest_qp)
         c = self.counters
         if qp is None:
             c.unknown_qp += 1
-            return
+            return None
         remote = qp.remote
         if not isinstance(remote, PeerAddress) or remote.ip != src_ip:
             c.wrong_source += 1  # rxe check_addr(): only the connected peer's address
-            return
+            return None
         qp.receive(pkt, now)
+        return qp
 
     def _place(self, src_ip: str, head: memoryview, n: int) -> tuple[int, memoryview] | None:
         """Where the payload of a large frame from ``src_ip`` goes (``TcpLink.place``).
@@ -156,26 +162,28 @@ class TcpPort:
     # -- sending ------------------------------------------------------------------------
     def transmit(self, now: float) -> bool:
         """Send what the QPs have, as much as each route's stream has room for (backpressure)."""
-        link = self.link
-        c = self.counters
         busy = False
         for qp in self._qps.values():
-            if not qp.may_transmit():
-                continue
-            got = self._routes.get(qp.qpn)
-            if got is None:
-                n = len(qp.poll_transmit(now))  # not connected through this device: nowhere to go
-                c.dropped_state += n
-                busy = busy or n > 0
-                continue
-            route, frame = got
-            room = link.room(route)
-            if room <= 0:
-                c.tcp_held += 1
-                continue
-            pkts = qp.poll_transmit(now, max(1, room // frame))
-            if pkts:
+            if qp.may_transmit() and self._send(qp, now):
                 busy = True
-                c.packets_out += len(pkts)
-                link.send_packets(pkts, route)
         return busy
+
+    def _send(self, qp: QueuePair, now: float) -> bool:
+        """Send what ``qp`` has, as much as its route's stream has room for; True if any."""
+        c = self.counters
+        got = self._routes.get(qp.qpn)
+        if got is None:
+            n = len(qp.poll_transmit(now))  # not connected through this device: nowhere to go
+            c.dropped_state += n
+            return n > 0
+        route, frame = got
+        room = self.link.room(route)
+        if room <= 0:
+            c.tcp_held += 1
+            return False
+        pkts = qp.poll_transmit(now, max(1, room // frame))
+        if not pkts:
+            return False
+        c.packets_out += len(pkts)
+        self.link.send_packets(pkts, route)
+        return True

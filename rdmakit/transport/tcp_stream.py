@@ -100,27 +100,43 @@ def failure(s: Stream, route: Route) -> str:
 
 
 def read_direct(s: Stream, d: Direct) -> Placed | None:
-    """Receive the rest of a frame straight into place; the frame once complete."""
+    """Receive the rest of a frame straight into place; the frame once complete.
+
+    Each read also takes up to ``_PEEK`` bytes beyond the frame into the
+    stream's buffer (one ``recvmsg_into`` over both), so that the next frame's
+    headers are in when this one completes and the next large frame needs no
+    read of its own to be placed. A short read means the socket is drained:
+    the reader stops there (readiness is level-triggered) instead of asking
+    again for an ``EAGAIN``.
+    """
     target = d.target
     sock = s.sock
+    head = memoryview(s.buf)[s.end : s.end + 4 + _PEEK]  # (s.start == s.end: nothing else is kept)
     while d.filled < len(target):
+        rest = len(target) - d.filled
         try:
-            n = sock.recv_into(target[d.filled :])
+            n = sock.recvmsg_into([target[d.filled :], head])[0]
         except (BlockingIOError, InterruptedError):
-            # Wake the reader only once a good part of the rest is in (one
-            # system call here saves many rounds of the pump meanwhile).
-            low = direct_lowat(len(target) - d.filled)
-            if low != d.lowat:
-                _lowat(s, low)
-                d.lowat = low
-            return None
+            n = -1
         except OSError:
             s.dead = True
             return None
         if n == 0:
             s.dead = True
             return None
-        d.filled += n
+        if n > rest:
+            s.end += n - rest
+            n = rest
+        if n > 0:
+            d.filled += n
+        if n < rest:
+            # Drained: wake the reader only once a good part of the rest is in
+            # (one system call here saves many rounds of the pump meanwhile).
+            low = direct_lowat(len(target) - d.filled)
+            if low != d.lowat:
+                _lowat(s, low)
+                d.lowat = low
+            return None
     if d.lowat != 1:
         _lowat(s, 1)
     s.direct = None
@@ -150,6 +166,7 @@ def read_frames(s: Stream, place: Placer | None, c: TcpCounters) -> list[memoryv
     assert g is not None
     qpn, limit = g.qpn, s.limit
     parsed = False  # frames of this call point into s.buf: it must not move
+    drained = False
     buf = s.buf
     while not s.dead:
         pos, end = s.start, s.end
@@ -200,8 +217,11 @@ def read_frames(s: Stream, place: Placer | None, c: TcpCounters) -> list[memoryv
             buf[:rest] = buf[s.start : s.end]
             s.start, s.end = 0, rest
         limit_read = len(buf) - s.end
-        if s.large and s.start == s.end and place is not None:
-            limit_read = min(limit_read, 4 + _PEEK)  # a frame boundary after a large frame: header first
+        if s.large and place is not None and s.end - s.start < 4 + _PEEK:
+            # After a large frame, the next one's headers first (it may go straight into place).
+            limit_read = min(limit_read, s.start + 4 + _PEEK - s.end)
+        if drained:
+            break  # the last read was short: the socket is empty (level-triggered, it wakes us)
         try:
             n = s.sock.recv_into(memoryview(buf)[s.end : s.end + limit_read])
         except (BlockingIOError, InterruptedError):
@@ -213,6 +233,7 @@ def read_frames(s: Stream, place: Placer | None, c: TcpCounters) -> list[memoryv
             s.dead = True
             break
         s.end += n
+        drained = n < limit_read
     return frames
 
 
@@ -240,6 +261,6 @@ def _place(s: Stream, place: Placer) -> bool:
     have = end - body
     target[:have] = view[body:end]
     s.direct = Direct(bytes(view[pos + 4 : body]), target, have)
-    s.start = s.end
+    s.start = s.end = 0  # nothing else is kept: the next frame's headers are read to the front
     s.large = True
     return True
