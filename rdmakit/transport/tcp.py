@@ -255,16 +255,20 @@ class TcpLink:
                     sent = 0
 
     # -- receiving ---------------------------------------------------------------------
-    def poll(self, now: float) -> Iterator[tuple[list[memoryview | Placed], str, Route | None]]:
+    def poll(
+        self, now: float, ready: bool = True
+    ) -> Iterator[tuple[list[memoryview | Placed], str, Route | None]]:
         """Yield ``(frame bodies, peer ip, failed route or None)`` for each ready stream.
 
         Frame bodies are views into the stream's buffer, valid until the next poll;
         the peer ip is the authenticated sender's. A route is reported failed when
         its stream could not be opened, died with data still queued, or stalled:
         the packets in it are lost for good. ``now`` times out prefaces and stalls.
+        ``ready=False``: the caller's own poll found ``fileno()`` not readable, so
+        no socket is looked at (no system call); the timeouts are still checked.
         """
         self._expire(now)
-        for fd, ev in self._ep.poll(0):
+        for fd, ev in self._ep.poll(0) if ready else ():
             if fd == self._lfd:
                 self._accept(now)
                 continue

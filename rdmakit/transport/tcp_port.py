@@ -95,7 +95,7 @@ class TcpPort:
         link = self.link
         c = self.counters
         busy = False
-        for frames, src_ip, dead in link.poll(now):
+        for frames, src_ip, dead in link.poll(now, readable is not False):
             busy = True
             for body in frames:
                 c.packets_in += 1

@@ -22,6 +22,7 @@ from rdmakit.testing.engine import until_completions
 from rdmakit.transport import tcp
 from rdmakit.transport.connect import connect_qp, local_endpoint
 from rdmakit.transport.device import SoftDevice
+from rdmakit.transport.driver import Driver
 from rdmakit.transport.tcp import TcpLink
 from rdmakit.transport.tcp_limits import DIRECT_MIN, READ_TURN, Placed, Route
 from rdmakit.wire import BTH_LEN, RETH, Opcode, Packet, decode
@@ -223,3 +224,44 @@ def test_a_placed_frame_is_answered_before_the_next_is_read(new_ip: Callable[[],
     finally:
         a.close()
         b.close()
+
+
+class _CountedPoll:
+    """An epoll object whose ``poll`` calls are counted."""
+
+    def __init__(self, ep: Any) -> None:
+        self.ep = ep
+        self.polls = 0
+
+    def poll(self, *args: Any) -> Any:
+        self.polls += 1
+        return self.ep.poll(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ep, name)
+
+
+def test_an_idle_pump_turn_looks_at_no_socket_of_the_link(new_ip: Callable[[], str]) -> None:
+    """The driver's own poll already says the link has nothing: no second ``epoll_wait``."""
+    dev = SoftDevice(new_ip(), transport="tcp", port=0)
+    drv = Driver()
+    try:
+        drv.add(dev)
+        link = dev.tcp
+        assert link is not None
+        counted = _CountedPoll(link._ep)
+        link._ep = counted  # type: ignore[assignment]
+        for _ in range(50):
+            drv.progress()
+        assert counted.polls == 0
+        # Once the link is readable, its poll does look (a peer connects).
+        with socket.create_connection((link.ip, link.port)):
+            end = time.monotonic() + 10
+            while link.pending == 0:
+                assert time.monotonic() < end
+                drv.progress()
+        assert counted.polls > 0
+        link._ep = counted.ep
+    finally:
+        dev.close()
+        drv.close()
