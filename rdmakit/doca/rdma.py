@@ -80,7 +80,7 @@ from dataclasses import replace
 from enum import IntEnum
 
 from rdmakit.doca.backend import BackendQP, BackendSRQ
-from rdmakit.doca.buf import plan_state
+from rdmakit.doca.buf import plan_holds
 from rdmakit.doca.ctx import CtxState, Event, Job, _Sink
 from rdmakit.doca.descriptor import ConnectionDescriptor
 from rdmakit.doca.device import Dev
@@ -385,7 +385,7 @@ class Rdma(RdmaPropsApi):
             and not self._cm_conns
             and job.connection is None
             and posted.epoch == self._epoch
-            and tuple(map(plan_state, posted.bufs)) == posted.state
+            and plan_holds(posted.bufs, posted.state)
         ):
             # The steady state of a job submitted again (`Posted.fits`): the same plan on the start
             # queue pair, checked and posted here (`_post` inline; DOCA's WQE written again). The
@@ -501,6 +501,9 @@ class Rdma(RdmaPropsApi):
             # inline, one poll when it is idle.
             if qp is None:
                 return False
+            ready = qp.ready
+            if ready is not None and not ready:
+                return False  # nothing to take: the idle turn makes no call of the backend
             wcs = qp.poll(_POLL)
             if not wcs:
                 return False
