@@ -411,9 +411,11 @@ class Rdma(RdmaPropsApi):
                 del self._posted[wr.wr_id]
                 pending.pop(key, None)
                 raise
-            st = qp.state
-            if st is QpState.ERR or st is QpState.SQE:
-                self._reap()  # flushed at once: deliver now, before the caller arms its WorkQ
+            ready = qp.ready
+            if ready is None or ready:  # a flush completes into the ring at once: none, no flush
+                st = qp.state
+                if st is QpState.ERR or st is QpState.SQE:
+                    self._reap()  # flushed at once: deliver now, before the caller arms its WorkQ
             return
         if self._state is CtxState.STARTING and isinstance(job, RdmaRecvJob):
             # Guide §5 (receive): posted before the peer's send; the QP in INIT takes it.
