@@ -13,7 +13,8 @@ printed with the Python function calls the stage made, in all and in the DOCA
 layer's own code (``sys.setprofile``, over ``--calls`` further round trips):
 
 - submit: ``post_send``, ``WorkQ.submit`` or ``Task.submit``;
-- requester transmit: progress until the request left;
+- requester: one pass of its pump (a soft device posts natively: the request
+  left in the submit; otherwise this pass sends it);
 - the far side: receive, place the 8 bytes, send the ACK;
 - complete: progress until the completion is polled, the event retrieved or
   the callback ran;

@@ -2,13 +2,34 @@
 
 Like for like with the engine's row (``rtt_write_poll``): the same far side
 (the child's RDMA responder, `rdmakit.cli.bench_peer.Responder`), the same
-8 bytes, one operation at a time, the same warm-up and the same spin policy;
-only this side differs. Here one `Rdma` context on a soft RoCEv2 device and
-its progress engine make the requests: through the job API ``WorkQ.submit``
-and ``progress_retrieve`` (``doca_workq``), through the task API
-``doca_task_submit`` of the same task object and ``doca_pe_progress`` until
-its callback ran. A WRITE's responder does no DOCA work on any NIC, so the
-ratio of these rows to the engine's is what the DOCA layer costs per job.
+8 bytes, one operation at a time, the same warm-up, the same posting and the
+same spin policy; only this side differs. Per round trip:
+
+- the engine (`rdmakit.cli.bench_peer.Requester.round_trips`): a new
+  ``SendWR``; ``post_send``, whose WRITE leaves in that call, natively
+  (``SoftDevice.post_with``); ``Driver.run_until``: a pump pass, then
+  ``epoll_wait(0)`` on the driver's descriptor and a look at the CQ per turn
+  until the ACK is readable, for ``spin`` seconds after the last pass that did
+  work, then a blocking wait; the pass that reads the ACK completes the WQE;
+  ``poll(1)``.
+- the job API: the destination's data emptied (the WRITE appends there);
+  ``doca_workq_submit`` of the same `RdmaWriteJob`, whose kept plan is posted
+  to the same engine ``post_send``, leaving the same way (a DOCA soft device
+  posts natively); then ``doca_workq_progress_retrieve`` per turn: the
+  progress engine runs the device's pump (a pass when the submit rang its
+  bell or its descriptor is readable; else one ``poll(0)`` of it), then the
+  context takes the completion from its queue pair's ring into the job's
+  event. The same spin, then ``doca_pe_request_notification`` and a
+  blocking wait on the engine's handle.
+- the task API: the same through ``doca_task_submit`` of one `RdmaTaskWrite`
+  and ``doca_pe_progress`` per turn, until the task's callback ran.
+
+What still differs: a polling turn of DOCA is a whole ``doca_pe_progress``
+(its Python layers around the ``poll(0)``) where the engine's is an
+``epoll_wait(0)``; and a DOCA soft device serves QP1 (the connection manager
+answers from the start, as a NIC's does), whose checks each pump pass makes.
+A WRITE's responder does no DOCA work on any NIC, so the ratio of these rows
+to the engine's is what the DOCA layer costs per job.
 
 `alternated` measures the engine's row and both DOCA rows in turn, run by
 run, so that the ratio compares runs made under the same load of the host:
@@ -41,19 +62,23 @@ FAR_ACCESS = (
 )
 
 
-def _wait(pe: PE, step: Callable[[], tuple[bool, bool]], spin: float, what: str) -> None:
-    """Run `step` (done, busy) until done: `spin` seconds of polling after the last event, then
-    block on the engine's notification handle (``doca_pe_request_notification``), as the engine's
-    requester does with its driver."""
+#: What a turn of a round trip's loop (`_wait`'s `step`) found: nothing, work done, or the completion.
+IDLE, BUSY, DONE = 0, 1, 2
+
+
+def _wait(pe: PE, step: Callable[[], int], spin: float, what: str) -> None:
+    """Run `step` until it returns DONE: `spin` seconds of polling after the last turn that did
+    work (BUSY), then block on the engine's notification handle (``doca_pe_request_notification``),
+    as the engine's requester does with its driver (``Driver.run_until``)."""
     clock = time.perf_counter
     idle_since: float | None = None
     deadline = clock() + TIMEOUT
     while True:
-        done, busy = step()
-        if done:
+        got = step()
+        if got == DONE:
             return
         now = clock()
-        if busy:
+        if got:
             idle_since, deadline = None, now + TIMEOUT
             continue
         if idle_since is None:
@@ -63,8 +88,7 @@ def _wait(pe: PE, step: Callable[[], tuple[bool, bool]], spin: float, what: str)
         if now > deadline:
             raise CliError(f"{what}: no completion within {TIMEOUT:g} s")
         pe.request_notification()
-        done, _ = step()
-        if done:
+        if step() == DONE:
             pe.clear_notification()
             return
         wait_readable(pe.fileno(), min(0.05, deadline - now))
@@ -124,12 +148,12 @@ def _job_round_trips(pe: PE, wq: WorkQ, job: RdmaWriteJob, count: int, spin: flo
     dst = job.dst_buf
     got: list[Event] = []
 
-    def step() -> tuple[bool, bool]:
+    def step() -> int:
         ev = wq.progress_retrieve()  # doca_workq_progress_retrieve: it progresses the engine
         if ev is None:
-            return False, False
+            return IDLE  # (the job API does not say whether the engine did any work)
         got.append(ev)
-        return True, True
+        return DONE
 
     out: list[float] = []
     for _ in range(WARM_PINGS + count):
@@ -149,9 +173,9 @@ def _task_round_trips(
 ) -> list[float]:
     dst = task.get_dst_buf()
 
-    def step() -> tuple[bool, bool]:
+    def step() -> int:
         busy = pe.progress()  # doca_pe_progress: the task's callback runs in here
-        return done[0] is not None, busy
+        return DONE if done[0] is not None else BUSY if busy else IDLE
 
     out: list[float] = []
     for _ in range(WARM_PINGS + count):

@@ -21,7 +21,7 @@ as a value (`BackendDevice.gid_at`, `BackendDevice.local_view`) return None.
 backend runs.
 """
 
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence, Set, Sized
 from dataclasses import dataclass
 from enum import StrEnum
 from ipaddress import IPv4Address, IPv6Address
@@ -167,6 +167,9 @@ class BackendQP(Protocol):
 
     #: The attributes `connect` uses; set before `connect` to change them.
     connect_attrs: ConnectAttrs
+    #: What `poll` would take, where the backend can show it without a call (a soft device's
+    #: completion ring: empty means `poll` would return nothing); None: only `poll` knows.
+    ready: Sized | None
 
     @property
     def qpn(self) -> int: ...

@@ -29,7 +29,8 @@ from typing import Protocol, Self
 from rdmakit.doca.errors import DocaError, DocaErrorCode
 from rdmakit.doca.mmap import AccessFlag, Mmap
 
-__all__ = ["DEFAULT_MAX_LIST_LEN", "MAX_REFCOUNT", "Buf"]  # plan_state: for rdmakit.doca.rdma_jobs
+# PLAN_SLOTS, plan_state, plan_holds: for rdmakit.doca.rdma_jobs
+__all__ = ["DEFAULT_MAX_LIST_LEN", "MAX_REFCOUNT", "Buf"]
 
 DEFAULT_MAX_LIST_LEN = 64
 MAX_REFCOUNT = 0xFFFF  # refcount is a uint16_t (doca_buf_inc_refcount)
@@ -309,6 +310,22 @@ class Buf:
 #: liveness, geometry and list neighbours. A plan is reused while every buffer of its lists gives the
 #: same tuple; a live buffer's mmap cannot be stopped or destroyed (``doca_mmap_stop``: buffers
 #: still point into it), so its registration and permissions hold as long as this does.
-plan_state: "attrgetter[tuple[object, ...]]" = attrgetter(
-    "_mmap", "_refcount", "_addr", "_length", "_data", "_data_len", "_prev", "_next"
-)
+PLAN_SLOTS = ("_mmap", "_refcount", "_addr", "_length", "_data", "_data_len", "_prev", "_next")
+plan_state: "attrgetter[tuple[object, ...]]" = attrgetter(*PLAN_SLOTS)
+
+
+def plan_holds(bufs: tuple[Buf, ...], state: tuple[tuple[object, ...], ...]) -> bool:
+    """Whether each buffer of `bufs` still gives its `plan_state` in `state` (`PLAN_SLOTS` in order),
+    compared slot by slot rather than made again: checking a resubmitted job's plan allocates
+    nothing. The data section first: it is what an application moves between submits."""
+    i = len(bufs)
+    while i:
+        i -= 1
+        b = bufs[i]
+        s = state[i]
+        if (
+            b._data != s[4] or b._data_len != s[5] or b._refcount != s[1] or b._mmap is not s[0]
+            or b._addr != s[2] or b._length != s[3] or b._prev is not s[6] or b._next is not s[7]
+        ):  # fmt: skip
+            return False
+    return True

@@ -80,7 +80,7 @@ from dataclasses import replace
 from enum import IntEnum
 
 from rdmakit.doca.backend import BackendQP, BackendSRQ
-from rdmakit.doca.buf import plan_state
+from rdmakit.doca.buf import plan_holds
 from rdmakit.doca.ctx import CtxState, Event, Job, _Sink
 from rdmakit.doca.descriptor import ConnectionDescriptor
 from rdmakit.doca.device import Dev
@@ -385,7 +385,7 @@ class Rdma(RdmaPropsApi):
             and not self._cm_conns
             and job.connection is None
             and posted.epoch == self._epoch
-            and tuple(map(plan_state, posted.bufs)) == posted.state
+            and plan_holds(posted.bufs, posted.state)
         ):
             # The steady state of a job submitted again (`Posted.fits`): the same plan on the start
             # queue pair, checked and posted here (`_post` inline; DOCA's WQE written again). The
@@ -411,9 +411,11 @@ class Rdma(RdmaPropsApi):
                 del self._posted[wr.wr_id]
                 pending.pop(key, None)
                 raise
-            st = qp.state
-            if st is QpState.ERR or st is QpState.SQE:
-                self._reap()  # flushed at once: deliver now, before the caller arms its WorkQ
+            ready = qp.ready
+            if ready is None or ready:  # a flush completes into the ring at once: none, no flush
+                st = qp.state
+                if st is QpState.ERR or st is QpState.SQE:
+                    self._reap()  # flushed at once: deliver now, before the caller arms its WorkQ
             return
         if self._state is CtxState.STARTING and isinstance(job, RdmaRecvJob):
             # Guide §5 (receive): posted before the peer's send; the QP in INIT takes it.
@@ -501,6 +503,9 @@ class Rdma(RdmaPropsApi):
             # inline, one poll when it is idle.
             if qp is None:
                 return False
+            ready = qp.ready
+            if ready is not None and not ready:
+                return False  # nothing to take: the idle turn makes no call of the backend
             wcs = qp.poll(_POLL)
             if not wcs:
                 return False

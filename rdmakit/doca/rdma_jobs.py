@@ -50,7 +50,7 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from rdmakit.doca.backend import BackendQP, JobType
-from rdmakit.doca.buf import Buf, plan_state
+from rdmakit.doca.buf import Buf, plan_holds, plan_state
 from rdmakit.doca.ctx import Event, Job, _Sink
 from rdmakit.doca.device import Dev
 from rdmakit.doca.errors import DocaError, DocaErrorCode, error_from_wc_status
@@ -254,7 +254,7 @@ class Posted:
     def fits(self, epoch: int) -> bool:
         """Whether the plan still holds in the context's start `epoch` (the steady state of a
         resubmitted job: DOCA's work-queue entry written again as it was)."""
-        return self.epoch == epoch and tuple(map(plan_state, self.bufs)) == self.state
+        return self.epoch == epoch and plan_holds(self.bufs, self.state)
 
     def plan_for(self, epoch: int, named: tuple[Buf | None, ...]) -> None:
         """Record what the plan was made against: the start `epoch` and the `named` buffers' lists."""

@@ -22,7 +22,7 @@ import ipaddress
 import itertools
 import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from ipaddress import IPv6Address
 
 from rdmakit.doca._addresses import address_problem, gid_mismatch
@@ -151,6 +151,7 @@ class SoftBackendQP:
         depth = caps.max_send_wr + (caps.max_recv_wr if srq is None else srq.max_wr)
         self._cq = CompletionQueue(depth)
         self._ring = self._cq.entries  # tested for emptiness by `poll` without a call
+        self.ready: Sized | None = self._ring  # and by the context's progress (`BackendQP.ready`)
         self._qp: QueuePair = self._dev.create_qp(
             send_cq=self._cq, recv_cq=self._cq, caps=caps, srq=None if srq is None else srq.engine_srq
         )
@@ -313,6 +314,7 @@ class SoftBackendDevice:
         self.gid_index = 0
         driver = Driver()
         driver.add(self.soft)
+        self.soft.post_with(driver.clock)  # a job's one WRITE or SEND leaves in its submit
         self.pump = SoftPump(driver, bell_of(self.soft))
         self._qps: list[SoftBackendQP] = []
         self._srqs: dict[int, SoftBackendSRQ] = {}

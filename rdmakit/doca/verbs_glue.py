@@ -16,7 +16,7 @@ import importlib.util
 import logging
 import select
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from contextlib import contextmanager
 from dataclasses import replace
 from ipaddress import IPv4Address, IPv6Address
@@ -70,6 +70,7 @@ class VerbsBackendQP:
         # The QP's work-request tracker is shared by its poster and whichever thread pumps it.
         self._lock = pump.lock if pump is not None else threading.RLock()
         self.connect_attrs = ConnectAttrs()
+        self.ready: Sized | None = None  # the CQ is the device's: only `poll` knows
 
     @property
     def qpn(self) -> int:

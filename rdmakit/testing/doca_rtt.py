@@ -34,7 +34,18 @@ from rdmakit.transport.driver import Driver
 
 __all__ = ["STAGES", "Allocations", "Calls", "Far", "Steps", "doca_side", "engine_side", "measure"]
 
-STAGES = ("submit", "requester transmit", "far side: receive, place, ACK", "complete", "idle progress")
+STAGES = ("submit", "requester: one pass", "far side: receive, place, ACK", "complete", "idle progress")
+
+
+def _once(progress: Callable[[], object]) -> Callable[[], bool]:
+    """The requester's stage after the submit: one pass of its pump. A soft device posts natively,
+    so its request left in the submit; otherwise this pass sends it."""
+
+    def step() -> bool:
+        progress()
+        return True
+
+    return step
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,7 @@ def engine_side(far: Far, ip: str) -> Iterator[Steps]:
     dev = SoftDevice(ip)
     driver = Driver()
     driver.add(dev)
+    dev.post_with(driver.clock)  # as ``rdmakit bench``'s engine row (`Requester`) and a DOCA soft device
     cq = CompletionQueue(64)
     qp = dev.create_qp(send_cq=cq, recv_cq=cq)
     psn = random.getrandbits(24)
@@ -96,7 +108,7 @@ def engine_side(far: Far, ip: str) -> Iterator[Steps]:
         return True
 
     try:
-        yield Steps((submit, driver.progress, far.step, complete, lambda: not driver.progress()))
+        yield Steps((submit, _once(driver.progress), far.step, complete, lambda: not driver.progress()))
     finally:
         driver.close()
         dev.close()
@@ -133,7 +145,7 @@ def doca_side(far: Far, ip: str, api: str) -> Iterator[Steps]:
                 return True
 
             yield Steps(
-                (submit, pe.progress, far.step, complete, lambda: queue.progress_retrieve() is None),
+                (submit, _once(pe.progress), far.step, complete, lambda: queue.progress_retrieve() is None),
                 loop.reset,
             )
         else:
@@ -153,7 +165,8 @@ def doca_side(far: Far, ip: str, api: str) -> Iterator[Steps]:
                     raise SystemExit(f"the DOCA WRITE task failed: {task.error}")
                 return True
 
-            yield Steps((submit, pe.progress, far.step, complete, lambda: not pe.progress()), loop.reset)
+            stages = (submit, _once(pe.progress), far.step, complete, lambda: not pe.progress())
+            yield Steps(stages, loop.reset)
 
 
 def _run(steps: Steps, out: list[list[int]], clock: Callable[[], int]) -> None:

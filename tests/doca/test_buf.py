@@ -261,3 +261,36 @@ def test_with_block_drops_one_reference(inventory: BufInventory, mmap: Mmap) -> 
         assert inventory.num_free == 15
     assert buf.refcount == 0
     assert inventory.num_free == 16
+
+
+# -- a job's plan ---------------------------------------------------------------------------
+
+
+def test_a_plan_holds_until_a_planned_slot_of_a_buffer_changes(inventory: BufInventory, mmap: Mmap) -> None:
+    """`plan_holds` compares, slot by slot, exactly what `plan_state` records: a change of any one
+    of them in any buffer of the list voids a resubmitted job's plan (``rdmakit.doca.rdma_jobs``)."""
+    from rdmakit.doca.buf import PLAN_SLOTS, plan_holds, plan_state
+
+    bufs = (inventory.get_by_data(mmap, mmap.addr, 8), inventory.get_by_addr(mmap, mmap.addr + 8, 8))
+    state = tuple(map(plan_state, bufs))
+    assert plan_holds(bufs, state)
+    other = inventory.get_by_addr(mmap, mmap.addr + 64, 8)
+    for buf in bufs:
+        for slot in PLAN_SLOTS:
+            if slot in ("_prev", "_next"):
+                continue
+            was = getattr(buf, slot)
+            setattr(buf, slot, other if slot == "_mmap" else was + 1)
+            assert not plan_holds(bufs, state), slot
+            setattr(buf, slot, was)
+            assert plan_holds(bufs, state)
+    # The list neighbours, through the API: the head gains a next, the chained buffer a previous.
+    bufs[0].chain_list(other)
+    assert not plan_holds(bufs, state)
+    bufs[0].unchain(other)
+    assert plan_holds(bufs, state)
+    bufs[1].chain_list(other)
+    assert not plan_holds(bufs, state)
+    bufs[1].unchain(other)
+    other.chain_list(bufs[1])
+    assert not plan_holds(bufs, state)

@@ -20,9 +20,11 @@ from rdmakit.testing.doca_rtt import Allocations, Far, doca_side, measure
 
 DOCA = "/rdmakit/doca/"
 #: Blocks per round trip allocated by DOCA code, at most. None is kept, made or replaced per
-#: operation; what shows (about one) is the plan check's tuples, whose blocks move between their
-#: free list and the allocator. Each way of allocating per operation tried on purpose added at
-#: least one (a new success event, a ``with`` in the backend's poll, a loop's range object).
+#: operation (the plan is checked slot by slot, `rdmakit.doca.buf.plan_holds`); what shows (one)
+#: is the answer of the soft pump's readiness poll when the ACK made its descriptor readable
+#: (``select.poll``'s list, freed at once: the device's system call, as the engine's own
+#: ``epoll_wait`` answer). Each way of allocating per operation tried on purpose added at least one
+#: (a new success event, a ``with`` in the backend's poll, a loop's range object).
 PER_OP = 1.5
 ROUND_TRIPS = 400
 

@@ -18,16 +18,17 @@ import pytest
 from rdmakit.testing.doca_rtt import STAGES, Far, doca_side, measure
 
 DOCA = "/rdmakit/doca/"
-#: The DOCA layer's calls per stage, at most (submit, transmit, far side, complete, an idle turn).
+#: The DOCA layer's calls per stage, at most (submit, one pass, far side, complete, an idle turn).
 BOUNDS = {
-    # Submit: WorkQ.submit, Rdma._dispatch (it posts), the backend's post_send and its QP state.
-    # A turn: PE.progress, SoftPump.progress, Rdma._progress, the backend's poll. Completing also
-    # runs Rdma._on_completion, Buf.commit_append (the WRITE's destination grows) and
-    # progress_retrieve; an idle turn is progress_retrieve and the turn.
-    "job": (4, 4, 0, 8, 5),
+    # Submit: WorkQ.submit, Rdma._dispatch (it posts), plan_holds (the plan still fits) and the
+    # backend's post_send (its ring empty after it: no flush, no state read). The pass after it:
+    # PE.progress, SoftPump.progress and Rdma._progress (the backend's ring is empty: no poll).
+    # Completing also runs the backend's poll, Rdma._on_completion, Buf.commit_append (the WRITE's
+    # destination grows) and progress_retrieve; an idle turn is progress_retrieve and the pass.
+    "job": (4, 3, 0, 8, 4),
     # The same through Task.submit; completing runs Task._deliver, Task._finish and the task's
     # callback (`rdmakit.doca.rtt`'s, the application's), then reads Task.error.
-    "task": (4, 4, 0, 10, 4),
+    "task": (4, 3, 0, 10, 3),
 }
 
 

@@ -185,6 +185,37 @@ def test_receive_may_be_posted_before_connect(make_pair: PairFactory) -> None:
     assert bytes(mem_b[:10]) == b"early bird"
 
 
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+def test_a_job_resubmitted_to_a_queue_pair_in_error_is_delivered_by_its_submit(
+    transport: str, new_ip: Callable[[], str]
+) -> None:
+    """IBTA §10.3.1 (``ibv_post_send`` in ERR): the request completes at once, flushed. A job
+    submitted again to its queue pair in error (its kept plan posted as is) gets its event from
+    the submit itself: the WorkQ armed right after it is readable with no progress between."""
+    p = Pair(transport, "event", new_ip)  # type: ignore[arg-type]
+    try:
+        p.up()
+        mb, _ = p.b.mmap(8, RW | AccessFlag.RDMA_WRITE)
+        remote = p.share(mb, "bytes", None)
+        ma, _ = p.a.mmap(b"flushed!")
+        job = RdmaWriteJob(ctx=p.a.rdma, src_buf=p.a.data(ma, 0, 8), dst_buf=p.a.room(remote, 0, 8))
+        (ev,) = p.run(job)
+        assert ev.ok
+        job.dst_buf.set_data(job.dst_buf.addr, 0)
+        qp = p.a.rdma._qp
+        assert qp is not None
+        qp.to_error()  # as a transport fault would
+        p.a.wq.submit(job)
+        p.a.wq.arm()
+        assert select.select([p.a.wq.fileno()], [], [], 0)[0]
+        got = p.a.wq.progress_retrieve()
+        assert got is not None
+        assert got.job is job
+        assert not got.ok
+    finally:
+        p.close()
+
+
 def test_stop_flushes_and_resets(make_pair: PairFactory) -> None:
     """DOCA 2.0 ``doca_ctx.h``: stop is NOT_PERMITTED while "some jobs are still pending or not all
     WorkQs have been removed"; once the job is done and the WorkQ removed, the stop resets the
