@@ -138,6 +138,9 @@ def fuzz_place_run(rng: random.Random, native: Any, count: int) -> None:
             args[0] = args[9] = dst  # source and target the same buffer
         with contextlib.suppress(REFUSALS):
             native.place_run(*args)
+        state = flow.state(size, 0) if rng.random() < 0.7 else _int(rng)
+        with contextlib.suppress(REFUSALS):
+            native.icrc_one_pass(state, bytes(buf[rng.randrange(len(buf) + 1) :]))
 
 
 def fuzz_send(rng: random.Random, native: Any, count: int) -> None:
@@ -170,6 +173,8 @@ def fuzz_send(rng: random.Random, native: Any, count: int) -> None:
         ]
         for _ in range(rng.choice((1, 2))):
             t[rng.choice((4, 5, 6, 7, 9, 10, 11))] = _int(rng)
+        if rng.random() < 0.5:  # a tail: the right size or not, a batch with room or not
+            t.append(rng.randbytes(rng.choice((1040, 1040, 0, 1039, 1 << 16))))
         calls.append(lambda t=t: native.send_train(*t))
         dst = bytearray(rng.choice((0, 1024, 8192)))
         r = [-1, bytearray(64), False, ("127.0.0.1", 1), states, WM, 0x10, 0, 1024, dst, 0, 4, 1]
@@ -290,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     fuzz_armed_read(rng, native, args.count // 2)
     fuzz_post(rng, native, args.count // 4)
     n, h = args.count // 4, args.count // 2
-    print(f"native_fuzz: {args.count} check_decode, {n} place_run, {n} x 3 send/recv, {h} small_request, "
-          f"{h} small_response, {h} armed responder, {n} armed requester, {h} armed READ, "
+    print(f"native_fuzz: {args.count} check_decode, {n} place_run and icrc_one_pass, {n} x 3 send/recv, "
+          f"{h} small_request, {h} small_response, {h} armed responder, {n} armed requester, {h} armed READ, "
           f"{n} post_small inputs (seed {args.seed}): all answered or refused")  # fmt: skip
     return 0
 

@@ -372,7 +372,7 @@ static PyObject *fp_crc32(PyObject *Py_UNUSED(self), PyObject *args) {
 
 /*
  * send_train(fd, addr, v6, gso, op, dqpn, psn, count, payload, mtu, ack_first, ack_every,
- *            states) -> (sent, errno)
+ *            states[, tail]) -> (sent, errno)
  *
  * Packet i (0 <= i < count) is opcode op to dqpn with PSN psn + i, AckReq when
  * i >= ack_first >= 0 and (i - ack_first) % ack_every == 0, and the payload
@@ -380,15 +380,20 @@ static PyObject *fp_crc32(PyObject *Py_UNUSED(self), PyObject *args) {
  * min(64, 65507 // size) segments (one per sendmsg without GSO); segment k of a
  * batch takes the ICRC state states[k] (uint32, native order). Returns how many
  * packets the kernel took and the errno that stopped it (0 if none).
+ *
+ * tail: one more datagram of the same size (the message's LAST, ICRC included,
+ * computed by the caller for segment count % per), sent as the last segment of
+ * the last batch and counted in sent; GSO only, and only where that batch has
+ * room (count % per != 0). It saves the LAST its own send and its own read.
  */
 static PyObject *fp_send_train(PyObject *Py_UNUSED(self), PyObject *args) {
     int fd, v6, gso, op, ack_first, ack_every;
     Py_ssize_t dqpn, psn;
     Py_ssize_t count, mtu;
     PyObject *addr;
-    Py_buffer pl, st;
-    if (!PyArg_ParseTuple(args, "iOppinnny*niiy*:send_train", &fd, &addr, &v6, &gso, &op, &dqpn, &psn,
-                          &count, &pl, &mtu, &ack_first, &ack_every, &st))
+    Py_buffer pl, st, tl = {0};
+    if (!PyArg_ParseTuple(args, "iOppinnny*niiy*|y*:send_train", &fd, &addr, &v6, &gso, &op, &dqpn, &psn,
+                          &count, &pl, &mtu, &ack_first, &ack_every, &st, &tl))
         return NULL;
     PyObject *result = NULL;
     struct sockaddr_storage ss;
@@ -419,11 +424,16 @@ static PyObject *fp_send_train(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "send_train: too few ICRC states");
         goto out;
     }
+    int tail = tl.obj != NULL;
+    if (tail && (!gso || tl.len != size || count % per == 0)) {
+        PyErr_SetString(PyExc_ValueError, "send_train: the tail does not fit the last batch");
+        goto out;
+    }
     const unsigned char *states = st.buf;
     const unsigned char *src = pl.buf;
     unsigned char hdrs[GSO_MAX_SEGMENTS][BTH_LEN];
     unsigned char icrcs[GSO_MAX_SEGMENTS][ICRC_LEN];
-    struct iovec iov[GSO_MAX_SEGMENTS * 3];
+    struct iovec iov[GSO_MAX_SEGMENTS * 3 + 1];
     union {
         char buf[CMSG_SPACE(sizeof(uint16_t))];
         struct cmsghdr align;
@@ -456,7 +466,14 @@ static PyObject *fp_send_train(PyObject *Py_UNUSED(self), PyObject *args) {
         msg.msg_namelen = sl;
         msg.msg_iov = iov;
         msg.msg_iovlen = (size_t)(3 * n);
-        if (gso && n > 1) {
+        Py_ssize_t took = n;
+        if (tail && sent + n == count) {
+            iov[3 * n].iov_base = tl.buf;
+            iov[3 * n].iov_len = (size_t)size;
+            msg.msg_iovlen++;
+            took++;
+        }
+        if (gso && took > 1) {
             memset(&ctrl, 0, sizeof ctrl);
             msg.msg_control = ctrl.buf;
             msg.msg_controllen = sizeof ctrl.buf;
@@ -475,13 +492,15 @@ static PyObject *fp_send_train(PyObject *Py_UNUSED(self), PyObject *args) {
             err = errno;
             break;
         }
-        sent += n;
+        sent += took;
     }
     Py_END_ALLOW_THREADS
     result = Py_BuildValue("ni", sent, err);
 out:
     PyBuffer_Release(&pl);
     PyBuffer_Release(&st);
+    if (tl.obj != NULL)
+        PyBuffer_Release(&tl);
     return result;
 }
 
@@ -509,12 +528,58 @@ static int other_ident(const unsigned char *shifts, Py_ssize_t nshifts, uint32_t
     return 0;
 }
 
-/* The checks and copies of place_run; no Python objects (runs without the GIL). */
+/*
+ * One pass over a whole segment instead of the BTH's 12 bytes by table and the payload by
+ * folding: the raw CRC register is linear in (state, data), so over the segment as received
+ * (resv8a 0), ICRC included, it is the register over the masked segment (resv8a 0xFF, Annex
+ * A17.3.3) XOR mask_fix(size), the register of 0xFF at byte 4 and zeros after. A segment's
+ * ICRC checks exactly when the register over it and its ICRC (little-endian) is CRC_RESIDUE,
+ * the register of four 0xFF bytes from zero, whatever the state before: appending a register
+ * clears it, and the ICRC is the register inverted. BTH + MTU + ICRC is a multiple of 16 for
+ * every IBTA MTU, so the folding takes all of it.
+ */
+static uint32_t crc_residue;
+
+/* The register over 0xFF at byte 4 of size zero bytes (size > 4), from zero. */
+static uint32_t mask_fix(Py_ssize_t size) {
+    static const unsigned char zeros[256];
+    static const unsigned char head[5] = {0, 0, 0, 0, 0xFF};
+    uint32_t c = crc_raw_table(0, head, sizeof head);
+    for (Py_ssize_t rest = size - (Py_ssize_t)sizeof head; rest > 0; rest -= (Py_ssize_t)sizeof zeros)
+        c = crc_raw_table(c, zeros, rest < (Py_ssize_t)sizeof zeros ? (size_t)rest : sizeof zeros);
+    return c;
+}
+
+/* 1 if segment s (size bytes, ICRC last) checks continued from state in one pass, resv8a 0. */
+static inline int icrc_one_pass(uint32_t state, const unsigned char *s, Py_ssize_t size, uint32_t fix) {
+    return !s[4] && (~crc32_update(state, s, (size_t)size) ^ fix) == crc_residue;
+}
+
+/*
+ * icrc_one_pass(state, segment) -> bool
+ *
+ * Whether place_run's one-pass check takes segment (BTH first, ICRC last) as checking when
+ * continued from state (an IcrcFlow state, the zlib CRC so far); False says nothing more:
+ * place_run then checks it the long way.
+ */
+static PyObject *fp_icrc_one_pass(PyObject *Py_UNUSED(self), PyObject *args) {
+    unsigned long state;
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "ky*:icrc_one_pass", &state, &b))
+        return NULL;
+    int ok = b.len > BTH_LEN + ICRC_LEN && state <= 0xFFFFFFFFUL &&
+             icrc_one_pass((uint32_t)state, b.buf, b.len, mask_fix(b.len));
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(ok);
+}
+
+/* The checks and copies of place_run; no Python objects (runs without the GIL). fix is
+ * mask_fix(BTH + mtu + ICRC). */
 static Py_ssize_t place_core(const unsigned char *base, Py_ssize_t nbytes, Py_ssize_t seg, Py_ssize_t k0,
                              const unsigned char *states, Py_ssize_t nstates, const unsigned char *shifts,
                              Py_ssize_t nshifts, int op, unsigned long qpn,
                              unsigned long psn, Py_ssize_t mtu, unsigned char *out, Py_ssize_t out_len,
-                             Py_ssize_t dst_off, Py_ssize_t max_count, Py_ssize_t *last_ack) {
+                             Py_ssize_t dst_off, Py_ssize_t max_count, uint32_t fix, Py_ssize_t *last_ack) {
     Py_ssize_t size = BTH_LEN + mtu + ICRC_LEN;
     Py_ssize_t count = 0;
     for (Py_ssize_t k = k0; count < max_count; k++, count++) {
@@ -536,13 +601,16 @@ static Py_ssize_t place_core(const unsigned char *base, Py_ssize_t nbytes, Py_ss
         Py_ssize_t at = dst_off + count * mtu;
         if (at + mtu > out_len)
             break;
-        unsigned char masked[BTH_LEN];
-        memcpy(masked, s, BTH_LEN);
-        masked[4] = 0xFF;
-        uint32_t c = crc32_update(get_ne32(states + 4 * k), masked, BTH_LEN);
-        c = crc32_update(c, s + BTH_LEN, (size_t)mtu) ^ get_le32(s + BTH_LEN + mtu);
-        if (c && !other_ident(shifts, nshifts, c))
-            break;
+        if (!icrc_one_pass(get_ne32(states + 4 * k), s, size, fix)) {
+            /* resv8a set, or not the ICRC of IPv4 ID k: which ID it was, if any */
+            unsigned char masked[BTH_LEN];
+            memcpy(masked, s, BTH_LEN);
+            masked[4] = 0xFF;
+            uint32_t c = crc32_update(get_ne32(states + 4 * k), masked, BTH_LEN);
+            c = crc32_update(c, s + BTH_LEN, (size_t)mtu) ^ get_le32(s + BTH_LEN + mtu);
+            if (c && !other_ident(shifts, nshifts, c))
+                break;
+        }
         memmove(out + at, s + BTH_LEN, (size_t)mtu); /* out may be the buffer itself */
         if (s[8] & 0x80)
             *last_ack = count;
@@ -578,9 +646,10 @@ static PyObject *fp_place_run(PyObject *Py_UNUSED(self), PyObject *args) {
     if (check_place_args(nbytes, b.len, seg, k0, mtu, dst_off, dst.len, max_count, qpn, psn, op) < 0)
         goto out;
     Py_ssize_t count, last_ack = -1;
+    uint32_t fix = mask_fix(BTH_LEN + mtu + ICRC_LEN);
     Py_BEGIN_ALLOW_THREADS
     count = place_core(b.buf, nbytes, seg, k0, st.buf, st.len / 4, sh.buf, sh.len / 4, op, (unsigned long)qpn,
-                       (unsigned long)psn, mtu, dst.buf, dst.len, dst_off, max_count, &last_ack);
+                       (unsigned long)psn, mtu, dst.buf, dst.len, dst_off, max_count, fix, &last_ack);
     Py_END_ALLOW_THREADS
     result = Py_BuildValue("nn", count, last_ack);
 out:
@@ -691,6 +760,7 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     int pending = 0, err = 0;
     struct sockaddr_storage from;
     socklen_t from_len = 0;
+    uint32_t fix = mask_fix(BTH_LEN + mtu + ICRC_LEN);
     Py_BEGIN_ALLOW_THREADS
     while (reads < max_reads && placed < max_count) {
         Py_ssize_t seg;
@@ -725,7 +795,7 @@ static PyObject *fp_recv_runs(PyObject *Py_UNUSED(self), PyObject *args) {
             Py_ssize_t last = -1;
             k = place_core(b.buf, n, seg, 0, st.buf, st.len / 4, sh.buf, sh.len / 4, op, (unsigned long)qpn,
                            ((unsigned long)psn + (unsigned long)placed) & PSN_MASK, mtu, dst.buf, dst.len,
-                           dst_off + placed * mtu, max_count - placed, &last);
+                           dst_off + placed * mtu, max_count - placed, fix, &last);
             if (last >= 0)
                 last_ack = placed + last;
             placed += k;
@@ -1561,6 +1631,7 @@ static PyMethodDef methods[] = {
     {"crc32", fp_crc32, METH_VARARGS, "crc32(data, value=0) -> int: zlib's CRC-32."},
     {"send_train", fp_send_train, METH_VARARGS, "Send a run of MIDDLE packets (see the module source)."},
     {"place_run", fp_place_run, METH_VARARGS, "Check and place a run of MIDDLE segments."},
+    {"icrc_one_pass", fp_icrc_one_pass, METH_VARARGS, "place_run's one-pass ICRC check of a segment."},
     {"recv_runs", fp_recv_runs, METH_VARARGS, "Read the socket while what arrives continues a run."},
     {"recv_raw", fp_recv_raw, METH_VARARGS, "One non-blocking read: (nbytes, seg, source, errno) or None."},
     {"init_codec", fp_init_codec, METH_VARARGS, "Hand over rdmakit.wire.packet's types and opcode table."},
@@ -1587,6 +1658,8 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         return NULL;
     }
     crc_init_tables();
+    static const unsigned char ones[ICRC_LEN] = {0xFF, 0xFF, 0xFF, 0xFF};
+    crc_residue = crc_raw_table(0, ones, ICRC_LEN);
 #if defined(__x86_64__)
     __builtin_cpu_init();
     /* RDMAKIT_NO_CLMUL (any value) keeps the CRC to the tables, RDMAKIT_NO_VPCLMUL to

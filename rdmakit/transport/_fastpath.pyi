@@ -24,6 +24,7 @@ def send_train(
     ack_first: int,
     ack_every: int,
     states: Buffer,
+    tail: Buffer = ...,
     /,
 ) -> tuple[int, int]: ...
 def place_run(
@@ -41,6 +42,7 @@ def place_run(
     max_count: int,
     /,
 ) -> tuple[int, int]: ...
+def icrc_one_pass(state: int, segment: Buffer, /) -> bool: ...
 def recv_runs(
     fd: int,
     buf: Buffer,

@@ -266,12 +266,16 @@ class SegmentCodec(Protocol):
         ack_first: int,
         ack_every: int,
         states: Buffer,
+        tail: Buffer | None = None,
     ) -> tuple[int, int]:
         """Packet ``i`` carries PSN ``psn + i`` and payload bytes ``[i*mtu, (i+1)*mtu)``;
         AckReq from ``ack_first`` (-1: never) every ``ack_every``. They leave in GSO
         batches of ``min(64, 65507 // size)`` (one per send without GSO), segment
-        ``k`` of a batch with ICRC state ``states[k]``. Returns how many packets the
-        kernel took and the errno that stopped it (0: none)."""
+        ``k`` of a batch with ICRC state ``states[k]``. ``tail``: one more datagram of
+        the same size, its ICRC that of segment ``count % per``, sent as the last
+        batch's last segment (GSO, and that batch not full: else ValueError) and
+        counted. Returns how many packets the kernel took and the errno that stopped
+        it (0: none)."""
         ...
 
     def place_run(

@@ -127,9 +127,12 @@ class PythonCodec:
         ack_first: int,
         ack_every: int,
         states: Buffer,
+        tail: Buffer | None = None,
     ) -> tuple[int, int]:
         size = BTH_LEN + mtu + ICRC_LEN
         per = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size)) if gso else 1
+        if tail is not None and (not gso or len(memoryview(tail).cast("B")) != size or count % per == 0):
+            raise ValueError("send_train: the tail does not fit the last batch")
         src = memoryview(payload).cast("B")
         st = memoryview(states).cast("B").cast("I")
         pack_bth, pack_ic = _BTH.pack, _ICRC.pack
@@ -145,14 +148,18 @@ class PythonCodec:
                 body = src[i * mtu : (i + 1) * mtu]
                 ic = crc32(body, crc32(pack_bth(op, 0, 0xFFFF, dqpn | _MASK_BYTE4, w2), st[k]))
                 parts += (pack_bth(op, 0, 0xFFFF, dqpn, w2), body, pack_ic(ic))
-            anc = [(SOL_UDP, UDP_SEGMENT, _U16.pack(size))] if gso and n > 1 else []
+            took = n
+            if tail is not None and sent + n == count:
+                parts.append(tail)
+                took += 1
+            anc = [(SOL_UDP, UDP_SEGMENT, _U16.pack(size))] if gso and took > 1 else []
             try:
                 sock.sendmsg(parts, anc, 0, addr)
             except InterruptedError:
                 continue
             except OSError as e:
                 return sent, e.errno or errno.EIO
-            sent += n
+            sent += took
         return sent, 0
 
     def place_run(

@@ -125,11 +125,12 @@ class NativeCodec:
         ack_first: int,
         ack_every: int,
         states: Buffer,
+        tail: Buffer | None = None,
     ) -> tuple[int, int]:
         v6 = ":" in addr[0]
-        sent, err = self.mod.send_train(
-            sock.fileno(), addr, v6, gso, op, dqpn, psn, count, payload, mtu, ack_first, ack_every, states
-        )
+        fd = sock.fileno()
+        args = (fd, addr, v6, gso, op, dqpn, psn, count, payload, mtu, ack_first, ack_every, states)
+        sent, err = self.mod.send_train(*args) if tail is None else self.mod.send_train(*args, tail)
         return int(sent), int(err)
 
 

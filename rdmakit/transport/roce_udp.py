@@ -41,6 +41,7 @@ from .netmtu import too_big_message
 from .port import DeviceCounters, PeerAddress, addr_bytes
 from .roce_armed import ArmedSends, HeldAcks
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
+from .roce_trains import TrainSends
 from .small_ops import OFFERED, take_small
 from .udp import CE, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, WOULD_BLOCK, UdpLink
 
@@ -53,7 +54,7 @@ _PADS = (b"", b"\0", b"\0\0", b"\0\0\0")
 _U24 = 0xFFFFFF
 
 
-class UdpPort(ArmedSends):
+class UdpPort(ArmedSends, TrainSends):
     """The UDP link of a device, its receive state per source and its send backlog."""
 
     def __init__(
@@ -505,12 +506,17 @@ class UdpPort(ArmedSends):
         seg = count = total = 0
         send: Callable[[list[Payload], int, int], None] = self._send_or_queue(addr)
         pack_ic = _ICRC.pack
-        for pkt in pkts:
+        took_next = False
+        for j, pkt in enumerate(pkts):
+            if took_next:  # the train before took it along
+                took_next = False
+                continue
             if type(pkt) is Train:
                 if count:
                     send(parts, seg, count)
                     parts, seg, count, total = [], 0, 0, 0
-                rest = self._send_train(pkt, flow, addr)
+                after = pkts[j + 1] if j + 1 < len(pkts) else None
+                rest, took_next = self._send_train(pkt, flow, addr, after)
                 if rest:
                     self._send_udp(rest, remote)
                 continue
@@ -546,41 +552,6 @@ class UdpPort(ArmedSends):
                 parts, seg, count, total = [], 0, 0, 0
         if count:
             send(parts, seg, count)
-
-    def _send_train(self, train: Train, flow: IcrcFlow, addr: tuple[str, int]) -> list[Packet]:
-        """Send a run of MIDDLE packets in one codec call; what could not be sent is returned as packets.
-
-        Behind a backlog, or when the socket fills or refuses, the rest goes the
-        per-packet way (which queues it in order, or counts the error).
-        """
-        link = self.link
-        if self._backlog:
-            return train.packets()
-        size = BTH_LEN + train.mtu + ICRC_LEN
-        gso = link.gso
-        per = min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size) if gso else 1
-        total = train.npkts
-        states = flow.seg_states(size, min(per, total))
-        sent, err = self.codec.send_train(
-            link.sock, addr, gso, train.opcode, train.dest_qp, train.psn, total,
-            train.payload, train.mtu, train.ack_first, train.ack_every, states,
-        )  # fmt: skip
-        lc = link.counters
-        lc.datagrams_out += sent
-        batches = (sent + per - 1) // per
-        lc.sends += batches
-        if gso:
-            lc.gso_sends += batches
-        if sent == total:
-            return []
-        if err in (errno.EAGAIN, errno.EWOULDBLOCK):
-            lc.send_would_block += 1
-        elif gso and err in (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP):
-            link.gso = False  # as UdpLink.send_gso: no GSO on this path, for good
-        elif err:
-            link.record_error(OSError(err, os.strerror(err)))
-            return []  # a dead route loses the packets; the engine retransmits them
-        return train.tail(sent).packets()
 
     def _send_or_queue(self, addr: tuple[str, int]) -> Callable[[list[Payload], int, int], None]:
         link = self.link

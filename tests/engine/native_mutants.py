@@ -61,6 +61,9 @@ _REQ = "tests/engine/test_engine_armed_req.py"
 _READS = "tests/engine/test_engine_armed_reads.py"
 _ACKS = "tests/transport/test_ack_batch.py"
 _POST = "tests/engine/test_engine_native_post.py"
+_ONE_PASS = "tests/transport/test_icrc_one_pass.py"
+_TAIL = "tests/transport/test_train_tail.py"
+_IDS = "tests/transport/test_segment_ids.py"
 #: name -> ((old, new) in rdmakit/transport/_fastpath.c, the test files that must catch it)
 C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
     "c-request-any-psn": (
@@ -326,6 +329,27 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
             "set_steal(req, s_req_psn, PyLong_FromUnsignedLong(psn)) < 0",
         ),
         (_POST,),
+    ),
+    # place_run's one-pass ICRC check: anything with resv8a 0 taken; the resv8a mask forgotten.
+    "c-place-one-pass-takes-any": (
+        (
+            "    return !s[4] && (~crc32_update(state, s, (size_t)size) ^ fix) == crc_residue;",
+            "    return !s[4];",
+        ),
+        (_ONE_PASS, _IDS),
+    ),
+    # send_train's tail: counted but not sent; sent in the first batch, not the last.
+    "c-train-tail-not-sent": (("            msg.msg_iovlen++;\n", ""), (_TAIL,)),
+    "c-train-tail-first-batch": (
+        ("        if (tail && sent + n == count) {", "        if (tail && sent == 0) {"),
+        (_TAIL,),
+    ),
+    "c-place-one-pass-no-mask": (
+        (
+            "(~crc32_update(state, s, (size_t)size) ^ fix) == crc_residue",
+            "~crc32_update(state, s, (size_t)size) == crc_residue",
+        ),
+        (_ONE_PASS,),
     ),
 }
 #: The C sources a mutant may edit (its text must occur exactly once in them all).
