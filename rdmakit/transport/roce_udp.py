@@ -39,7 +39,7 @@ from .fastpath import PYTHON
 from .gsi import Gsi
 from .netmtu import too_big_message
 from .port import DeviceCounters, PeerAddress, addr_bytes
-from .roce_armed import ArmedSends, HeldAcks
+from .roce_armed import AckRoutes, ArmedSends, HeldAcks
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .small_ops import OFFERED, take_small
 from .udp import CE, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, WOULD_BLOCK, UdpLink
@@ -96,6 +96,7 @@ class UdpPort(ArmedSends):
         #: of its requests or ACKs (``_bind``, ``_bind_req``).
         self._armed: dict[int, ArmedOwner] = {}
         self._armed_req: dict[int, ArmedReqOwner] = {}
+        self._routes: AckRoutes = {}
         #: The QPs transmit looked at since ``visited`` was last called.
         self._visited: list[QueuePair] = []
 
@@ -111,6 +112,7 @@ class UdpPort(ArmedSends):
         qp.disarm()
         self._armed.pop(qp.qpn, None)
         self._armed_req.pop(qp.qpn, None)
+        self._routes.pop(qp.qpn, None)
         self._faults.pop(qp.qpn, None)  # the receive state is per source, not per QP
         if self._active.get(qp.qpn) is qp:
             del self._active[qp.qpn]
@@ -194,14 +196,10 @@ class UdpPort(ArmedSends):
                     raw = read(self._fd, link.view)
                 if raw is None:
                     break
-                nbytes, segsize, (src_ip, sport), err, ecn = raw
-                if err:
-                    link.record_error(OSError(err, os.strerror(err)))
-                    segsize = 0
-                else:
-                    link.count_read(nbytes, segsize)
-                    if ecn == CE:
-                        link.counters.ce_reads += 1
+                busy = True
+                reads += 1
+                self._take_raw(raw, now)
+                continue
             busy = True
             reads += 1
             if not segsize:
@@ -209,9 +207,23 @@ class UdpPort(ArmedSends):
             nsegs = (nbytes + segsize - 1) // segsize if nbytes else 1
             self.counters.packets_in += nsegs
             self._rx_batch(nbytes, segsize, src_ip, sport, 0, now, ecn == CE)
-            if read is None and not link.ready():
+            if not link.ready():
                 break
         return busy
+
+    def _take_raw(self, raw: tuple[int, int, tuple[str, int], int, int], now: float) -> None:
+        """A native read's answer (``recv_raw``; the datagram in the link's buffer): counted and received."""
+        link = self.link
+        nbytes, segsize, (src_ip, sport), err, ecn = raw
+        if err:
+            link.record_error(OSError(err, os.strerror(err)))
+            return  # a socket error (counted by the link)
+        link.count_read(nbytes, segsize)
+        if ecn == CE:
+            link.counters.ce_reads += 1
+        nsegs = (nbytes + segsize - 1) // segsize if nbytes else 1
+        self.counters.packets_in += nsegs
+        self._rx_batch(nbytes, segsize, src_ip, sport, 0, now, ecn == CE)
 
     def _receive_hot(self, hot: tuple[QueuePair, int, str, int, IcrcFlow], now: float, max_reads: int) -> int:
         """Reads done by the native run reader (0: nothing to read); -1: the run is over, read plainly."""
