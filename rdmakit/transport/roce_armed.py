@@ -21,7 +21,7 @@ from rdmakit.wire import IcrcFlow, Opcode, Packet, Payload, Train
 from .codec import ArmedOwner, ArmedReqOwner, LoopPort, PollArmed, SegmentCodec, SendAcks
 from .port import DeviceCounters, PeerAddress, addr_bytes
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
-from .udp import WOULD_BLOCK, UdpLink
+from .udp import CE, WOULD_BLOCK, UdpLink
 
 #: The ACKs a transmit pass holds, by destination: a Packet from ``poll_transmit``, or a QP
 #: whose armed responder holds one.
@@ -46,8 +46,8 @@ class ArmedSends:
     #: The routes of the armed responders' ACKs, for the native wait (``loop_port``).
     _routes: AckRoutes
     _hot: object
-    #: Counts and receives a native read's answer (``UdpPort._take_raw``).
-    _take_raw: Callable[[tuple[int, int, tuple[str, int], int, int], float], None]
+    #: Segments of the datagrams in the link's buffer (``UdpPort._rx_batch``).
+    _rx_batch: Callable[[int, int, str, int, int, float, bool], None]
     #: The clock of native posting (``_post_now``): the pump's, set by whoever pumps the device
     #: with it (``SoftDevice.post_with``); None: every post waits for ``transmit``.
     post_clock: Callable[[], float] | None = None
@@ -137,6 +137,20 @@ class ArmedSends:
             self.link.record_error(OSError(err, os.strerror(err)))
         if raw is not None:
             self._take_raw(raw, now)
+
+    def _take_raw(self, raw: tuple[int, int, tuple[str, int], int, int], now: float) -> None:
+        """A native read's answer (``recv_raw``; the datagram in the link's buffer): counted and received."""
+        link = self.link
+        nbytes, segsize, (src_ip, sport), err, ecn = raw
+        if err:
+            link.record_error(OSError(err, os.strerror(err)))
+            return  # a socket error (counted by the link)
+        link.count_read(nbytes, segsize)
+        if ecn == CE:
+            link.counters.ce_reads += 1
+        nsegs = (nbytes + segsize - 1) // segsize if nbytes else 1
+        self.counters.packets_in += nsegs
+        self._rx_batch(nbytes, segsize, src_ip, sport, 0, now, ecn == CE)
 
     def _post_now(self, qp: QueuePair) -> bool:
         """``qp``'s doorbell rang: when its requester's whole work is one fresh SEND or WRITE of

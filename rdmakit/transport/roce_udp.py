@@ -211,20 +211,6 @@ class UdpPort(ArmedSends):
                 break
         return busy
 
-    def _take_raw(self, raw: tuple[int, int, tuple[str, int], int, int], now: float) -> None:
-        """A native read's answer (``recv_raw``; the datagram in the link's buffer): counted and received."""
-        link = self.link
-        nbytes, segsize, (src_ip, sport), err, ecn = raw
-        if err:
-            link.record_error(OSError(err, os.strerror(err)))
-            return  # a socket error (counted by the link)
-        link.count_read(nbytes, segsize)
-        if ecn == CE:
-            link.counters.ce_reads += 1
-        nsegs = (nbytes + segsize - 1) // segsize if nbytes else 1
-        self.counters.packets_in += nsegs
-        self._rx_batch(nbytes, segsize, src_ip, sport, 0, now, ecn == CE)
-
     def _receive_hot(self, hot: tuple[QueuePair, int, str, int, IcrcFlow], now: float, max_reads: int) -> int:
         """Reads done by the native run reader (0: nothing to read); -1: the run is over, read plainly."""
         qp, op, src_ip, sport, flow = hot
