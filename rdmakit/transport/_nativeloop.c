@@ -40,6 +40,7 @@ enum { LOOP_TIME, LOOP_PORT, LOOP_WAKE, LOOP_DONE, LOOP_FLUSH };
 #define LOOP_PORTS_MAX 64
 
 typedef struct {
+    PyObject *tuple; /* held for the call: done() may drop the caller's list */
     int fd;
     Py_buffer buf;
     PyObject *armed, *active, *strikes, *reqs, *touched, *routes, *visited;
@@ -61,8 +62,7 @@ static int loop_send_ack(LoopPort *lp, ArmedObject *a, int *err) {
     if (key == NULL)
         return -1;
     if (a->ack) {
-        PyObject *route = PyDict_GetItemWithError(lp->routes, key); /* borrowed */
-        PyObject *addr, *states, *flow;
+        PyObject *route = PyDict_GetItemWithError(lp->routes, key), *addr, *states, *flow;
         int v6;
         if (route == NULL || !PyTuple_Check(route) ||
             !PyArg_ParseTuple(route, "OpO!O", &addr, &v6, &PyDict_Type, &states, &flow)) {
@@ -70,15 +70,13 @@ static int loop_send_ack(LoopPort *lp, ArmedObject *a, int *err) {
             if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError))
                 return -1;
             PyErr_Clear();
-            return 1;
+            return 1; /* no route (or not one): the transmit pass sends it its way */
         }
+        Py_INCREF(route); /* its items are used below, where Python code may run */
         struct sockaddr_storage ss;
         socklen_t sl;
-        if (parse_addr(addr, v6, &ss, &sl) < 0) {
-            Py_DECREF(key);
-            return -1;
-        }
-        int r = armed_send_ack_to(a, lp->fd, &ss, sl, states, flow);
+        int r = parse_addr(addr, v6, &ss, &sl) < 0 ? -2 : armed_send_ack_to(a, lp->fd, &ss, sl, states, flow);
+        Py_DECREF(route);
         if (r == -2) {
             Py_DECREF(key);
             return -1;
@@ -129,10 +127,16 @@ static PyObject *fp_wait_loop(PyObject *Py_UNUSED(self), PyObject *args) {
     for (; got < np; got++) {
         LoopPort *p = &lp[got];
         memset(p, 0, sizeof *p);
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(ports, got), "iw*O!O!OO!O!O!O!:wait_loop port", &p->fd, &p->buf,
+        PyObject *t = PyList_GET_ITEM(ports, got);
+        if (!PyTuple_Check(t)) {
+            PyErr_SetString(PyExc_TypeError, "wait_loop: a port is a tuple");
+            goto out;
+        }
+        if (!PyArg_ParseTuple(t, "iw*O!O!OO!O!O!O!:wait_loop port", &p->fd, &p->buf,
                               &PyDict_Type, &p->armed, &PyDict_Type, &p->active, &p->strikes, &PyDict_Type, &p->reqs,
                               &PyList_Type, &p->touched, &PyDict_Type, &p->routes, &PyList_Type, &p->visited))
             goto out;
+        p->tuple = Py_NewRef(t);
     }
     double spin = spin_end - loop_clock();
     if (spin < 0)
@@ -148,7 +152,12 @@ static PyObject *fp_wait_loop(PyObject *Py_UNUSED(self), PyObject *args) {
             int nwoke = 0;
             Py_ssize_t taken = poll_core(p->fd, p->buf.buf, p->buf.len, p->armed, p->active, p->strikes, max_reads,
                                          p->reqs, now, p->touched, woke, &nwoke, &raw);
-            if (taken < 0)
+            int r = 0;
+            if (taken >= 0 && raw == Py_None && !PyList_GET_SIZE(p->touched) && nwoke == 1)
+                r = loop_send_ack(p, woke[0], &err);
+            Py_XDECREF(woke[0]);
+            Py_XDECREF(woke[1]);
+            if (taken < 0 || r < 0)
                 goto out;
             p->taken += taken;
             any |= taken > 0;
@@ -158,9 +167,6 @@ static PyObject *fp_wait_loop(PyObject *Py_UNUSED(self), PyObject *args) {
             }
             Py_CLEAR(raw);
             if (nwoke == 1) {
-                int r = loop_send_ack(p, woke[0], &err);
-                if (r < 0)
-                    goto out;
                 if (r) {
                     raw = Py_NewRef(Py_None);
                     reason = LOOP_PORT, index = i;
@@ -243,7 +249,9 @@ done:
     }
 out:
     Py_XDECREF(raw);
-    for (Py_ssize_t i = 0; i < got; i++)
+    for (Py_ssize_t i = 0; i < got; i++) {
         PyBuffer_Release(&lp[i].buf);
+        Py_DECREF(lp[i].tuple);
+    }
     return result;
 }

@@ -457,7 +457,8 @@ static PyObject *s_ours, *s_kernel;
  */
 /* poll_armed's loop: up to max_reads reads into buf (len bytes); *raw gets the answer handed back
  * (a new reference: None or recv_raw's tuple). With woke (room for 2), the armed responders this
- * poll woke are written there (the first two) and counted in *nwoke. -1 with an exception set. */
+ * poll woke are written there (the first two, new references) and counted in *nwoke. -1 with an
+ * exception set. */
 static Py_ssize_t poll_core(int fd, void *buf, Py_ssize_t len, PyObject *armed, PyObject *active, PyObject *strikes,
                             Py_ssize_t max_reads, PyObject *reqs, double now, PyObject *touched, ArmedObject **woke,
                             int *nwoke, PyObject **raw) {
@@ -499,7 +500,7 @@ static Py_ssize_t poll_core(int fd, void *buf, Py_ssize_t len, PyObject *armed, 
             if (done > 0 && a->mark != mark) {
                 a->mark = mark;
                 if (woke != NULL && (*nwoke)++ < 2)
-                    woke[*nwoke - 1] = a;
+                    woke[*nwoke - 1] = (ArmedObject *)Py_NewRef(a); /* the caller's reference */
                 PyObject *key = PyLong_FromUnsignedLong(a->qpn);
                 int bad = key == NULL || PyDict_SetItem(active, key, a->qp) < 0;
                 Py_XDECREF(key);
