@@ -230,7 +230,7 @@ def test_a_deadline_that_comes_due_while_the_wait_blocks_fires_the_retransmit_ti
 
         def resent() -> bool:
             looks[0] += 1
-            return qa.stats.packets_out > sent
+            return bool(qa.stats.packets_out > sent)
 
         # The wait blocks until the deadline (its timer fires in the pass it hands back to), not
         # until the end of the run: done() is asked at each wake-up, a handful of times.
