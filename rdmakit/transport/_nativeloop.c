@@ -145,7 +145,7 @@ static PyObject *fp_wait_loop(PyObject *Py_UNUSED(self), PyObject *args) {
         if (PyErr_CheckSignals() < 0)
             goto out;
         double now = loop_clock();
-        int any = 0;
+        int any = 0, full = 0; /* full: a poll stopped at max_reads, not at an empty socket */
         for (Py_ssize_t i = 0; i < np; i++) {
             LoopPort *p = &lp[i];
             ArmedObject *woke[2] = {NULL, NULL};
@@ -161,6 +161,7 @@ static PyObject *fp_wait_loop(PyObject *Py_UNUSED(self), PyObject *args) {
                 goto out;
             p->taken += taken;
             any |= taken > 0;
+            full |= taken >= max_reads;
             if (raw != Py_None || PyList_GET_SIZE(p->touched) || nwoke > 1) {
                 reason = LOOP_PORT, index = i;
                 goto done;
@@ -192,12 +193,14 @@ static PyObject *fp_wait_loop(PyObject *Py_UNUSED(self), PyObject *args) {
             reason = LOOP_DONE;
             goto done;
         }
-        if (now >= deadline || (!any && now >= end)) {
+        if (now >= deadline || (!full && now >= end)) {
             reason = LOOP_TIME; /* a deadline is due at every pass; the end only when idle */
             goto done;
         }
-        if (any)
+        if (full)
             continue;
+        /* Every socket read to empty: the next turn is an idle one (a spin, or the block), not
+         * one more read that would say EAGAIN again (the Python pass's epoll_wait(0) after work) */
         if (now < spin_end) {
             /* a thread that asked for the GIL gets it, as between a Python loop's turns */
             Py_BEGIN_ALLOW_THREADS;

@@ -245,7 +245,7 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
     ),
     # The device poll loop (_nativeloop.c, part of the same module).
     "c-loop-ack-kept": (
-        ("int r = armed_send_ack_to(a, lp->fd, &ss, sl, states, flow);", "int r = 0;"),
+        (": armed_send_ack_to(a, lp->fd, &ss, sl, states, flow);", ": 0;"),
         (_WAIT,),
     ),
     "c-loop-ack-uncounted": (("        if (r >= 0)\n            lp->sent++;\n", ""), (_WAIT,)),
@@ -255,7 +255,7 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
     ),
     "c-loop-raw-dropped": (("if (raw != Py_None || PyList_GET_SIZE", "if (0 || PyList_GET_SIZE"), (_WAIT,)),
     "c-loop-deadline-missed": (
-        ("if (now >= deadline || (!any && now >= end)) {", "if (!any && now >= end) {"),
+        ("if (now >= deadline || (!full && now >= end)) {", "if (!full && now >= end) {"),
         (_WAIT,),
     ),
     # The armed requester's completer (_nativereq.c, part of the same module).
