@@ -39,7 +39,7 @@ libasan="$("$cc" -print-file-name=libasan.so)"
 
 # A copy of the package and its tests, so that the sanitized module is the one imported.
 cp -r "$here/rdmakit" "$here/tests" "$here/pyproject.toml" "$work/"
-cp "$here/scripts/native_fuzz.py" "$here/scripts/native_fuzz_armed.py" "$work/"
+cp "$here/scripts/native_fuzz.py" "$here/scripts/native_fuzz_armed.py" "$here/scripts/native_fuzz_loop.py" "$work/"
 find "$work/rdmakit" -name '_fastpath*.so' -delete
 find "$work" -name '__pycache__' -type d -prune -exec rm -rf {} +
 
@@ -65,6 +65,7 @@ tests_log="$work/tests.log"
 if ! "$python" -m pytest -q -p no:cacheprovider -p no:xdist -o addopts="" tests/transport/test_native*.py tests/transport/test_armed.py \
     tests/engine/test_engine_small_native.py tests/engine/test_engine_armed_writes.py tests/engine/test_engine_small_tx.py tests/engine/test_engine_armed_req.py tests/engine/test_engine_armed_reads.py tests/engine/test_engine_native_post.py \
     tests/transport/test_ack_batch.py tests/transport/test_icrc_one_pass.py tests/transport/test_train_tail.py \
+    tests/transport/test_native_wait.py \
     tests/transport/test_faults.py::test_a_kernel_senders_write_packets_take_the_native_path_with_its_ip_ids -k "not mutant" \
     >"$tests_log" 2>&1; then
     tail -n 60 "$tests_log"

@@ -1625,6 +1625,10 @@ out:
 
 #include "_nativepost.c"
 
+/* -- the device poll loop (Driver.run_until's idle wait, spin then block, in one call) ------ */
+
+#include "_nativeloop.c"
+
 /* -- module ----------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1644,6 +1648,7 @@ static PyMethodDef methods[] = {
     {"poll_armed", fp_poll_armed, METH_VARARGS, "Read and execute armed responders' WRITEs (see _nativeqp.c)."},
     {"send_acks", fp_send_acks, METH_VARARGS, "Send the ACKs armed responders hold, in GSO batches (_nativeqp_ack.c)."},
     {"post_small", fp_post_small, METH_VARARGS, "Send a fresh one-packet SEND or WRITE (see _nativepost.c)."},
+    {"wait_loop", fp_wait_loop, METH_VARARGS, "The device poll loop's idle wait (see _nativeloop.c)."},
     {NULL, NULL, 0, NULL},
 };
 

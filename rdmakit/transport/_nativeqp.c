@@ -455,48 +455,41 @@ static PyObject *s_ours, *s_kernel;
  * goes in `active` and, once per poll, in the list `touched`, whose QPs' logs the caller
  * hands to the engine (QueuePair.acks_taken) before anything else.
  */
-static PyObject *fp_poll_armed(PyObject *Py_UNUSED(self), PyObject *args) {
-    int fd;
-    Py_buffer b;
-    PyObject *armed, *active, *strikes, *reqs = NULL, *touched = NULL;
-    Py_ssize_t max_reads;
-    double now = 0.0;
-    if (!PyArg_ParseTuple(args, "iw*O!O!On|O!dO!:poll_armed", &fd, &b, &PyDict_Type, &armed, &PyDict_Type, &active,
-                          &strikes, &max_reads, &PyDict_Type, &reqs, &now, &PyList_Type, &touched))
-        return NULL;
-    if (reqs != NULL && touched == NULL) {
-        PyBuffer_Release(&b);
-        PyErr_SetString(PyExc_TypeError, "poll_armed: reqs needs now and touched");
-        return NULL;
-    }
+/* poll_armed's loop: up to max_reads reads into buf (len bytes); *raw gets the answer handed back
+ * (a new reference: None or recv_raw's tuple). With woke (room for 2), the armed responders this
+ * poll woke are written there (the first two, new references) and counted in *nwoke. -1 with an
+ * exception set. */
+static Py_ssize_t poll_core(int fd, void *buf, Py_ssize_t len, PyObject *armed, PyObject *active, PyObject *strikes,
+                            Py_ssize_t max_reads, PyObject *reqs, double now, PyObject *touched, ArmedObject **woke,
+                            int *nwoke, PyObject **raw) {
     unsigned long long mark = ++poll_marks;
     Py_ssize_t taken = 0;
-    PyObject *raw = NULL;
+    *raw = NULL;
     while (taken < max_reads) {
         struct sockaddr_storage from;
         socklen_t from_len = 0;
         Py_ssize_t seg;
         int ecn;
-        ssize_t r = read_gro(fd, b.buf, (size_t)b.len, &from, &from_len, &seg, &ecn);
+        ssize_t r = read_gro(fd, buf, (size_t)len, &from, &from_len, &seg, &ecn);
         if (r < 0) {
             int err = errno;
             if (err == EAGAIN || err == EWOULDBLOCK)
-                raw = Py_NewRef(Py_None);
+                *raw = Py_NewRef(Py_None);
             else
-                raw = Py_BuildValue("nn(si)ii", (Py_ssize_t)0, (Py_ssize_t)0, "", 0, err, 0);
+                *raw = Py_BuildValue("nn(si)ii", (Py_ssize_t)0, (Py_ssize_t)0, "", 0, err, 0);
             break;
         }
-        const unsigned char *p = b.buf;
+        const unsigned char *p = buf;
         Py_ssize_t n = r;
         ArmedObject *a = NULL;
         if (!seg && ecn != 3 && n >= BTH_LEN + ICRC_LEN && (armed_position(p[0]) >= 0 || rd_takes(p[0]))) {
             PyObject *key = PyLong_FromUnsignedLong(get_be32(p + 4) & PSN_MASK);
             if (key == NULL)
-                goto fail;
+                return -1;
             PyObject *v = PyDict_GetItemWithError(armed, key); /* borrowed */
             Py_DECREF(key);
             if (v == NULL && PyErr_Occurred())
-                goto fail;
+                return -1;
             if (v != NULL && Py_TYPE(v) == &ArmedType)
                 a = (ArmedObject *)v;
         }
@@ -506,6 +499,8 @@ static PyObject *fp_poll_armed(PyObject *Py_UNUSED(self), PyObject *args) {
             done = armed_poll_rx(a, p, n);
             if (done > 0 && a->mark != mark) {
                 a->mark = mark;
+                if (woke != NULL && (*nwoke)++ < 2)
+                    woke[*nwoke - 1] = (ArmedObject *)Py_NewRef(a); /* the caller's reference */
                 PyObject *key = PyLong_FromUnsignedLong(a->qpn);
                 int bad = key == NULL || PyDict_SetItem(active, key, a->qp) < 0;
                 Py_XDECREF(key);
@@ -523,23 +518,44 @@ static PyObject *fp_poll_armed(PyObject *Py_UNUSED(self), PyObject *args) {
             done = armedreq_poll_one(reqs, p, n, &from, from_len, now, active, strikes, touched);
         }
         if (done < 0)
-            goto fail;
+            return -1;
         if (!done) {
             char host[INET6_ADDRSTRLEN];
             int port;
             format_addr(&from, host, &port);
-            raw = Py_BuildValue("nn(si)ii", n, seg ? seg : (n > 0 ? n : 1), host, port, 0, ecn);
+            *raw = Py_BuildValue("nn(si)ii", n, seg ? seg : (n > 0 ? n : 1), host, port, 0, ecn);
+            if (*raw == NULL)
+                return -1;
             break;
         }
         taken++;
     }
+    if (*raw == NULL)
+        *raw = Py_NewRef(Py_None);
+    return taken;
+}
+
+static PyObject *fp_poll_armed(PyObject *Py_UNUSED(self), PyObject *args) {
+    int fd;
+    Py_buffer b;
+    PyObject *armed, *active, *strikes, *reqs = NULL, *touched = NULL;
+    Py_ssize_t max_reads;
+    double now = 0.0;
+    if (!PyArg_ParseTuple(args, "iw*O!O!On|O!dO!:poll_armed", &fd, &b, &PyDict_Type, &armed, &PyDict_Type, &active,
+                          &strikes, &max_reads, &PyDict_Type, &reqs, &now, &PyList_Type, &touched))
+        return NULL;
+    if (reqs != NULL && touched == NULL) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_TypeError, "poll_armed: reqs needs now and touched");
+        return NULL;
+    }
+    PyObject *raw;
+    Py_ssize_t taken = poll_core(fd, b.buf, b.len, armed, active, strikes, max_reads, reqs, now, touched, NULL, NULL,
+                                 &raw);
     PyBuffer_Release(&b);
-    if (raw == NULL)
-        raw = Py_NewRef(Py_None);
+    if (taken < 0)
+        return NULL;
     return Py_BuildValue("nN", taken, raw);
-fail:
-    PyBuffer_Release(&b);
-    return NULL;
 }
 
 static PyMethodDef armed_methods[] = {

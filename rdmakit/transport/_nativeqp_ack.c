@@ -33,6 +33,35 @@ static PyObject *armed_take_ack(ArmedObject *self, PyObject *Py_UNUSED(ignored))
     return pkt;
 }
 
+/* Send the held ACK to ss: errno (0 sent, or lost to a send error as any datagram is; EAGAIN: still
+ * held), -1 none held, -2 with an exception set. */
+static int armed_send_ack_to(ArmedObject *self, int fd, const struct sockaddr_storage *ss, socklen_t sl,
+                             PyObject *states, PyObject *flow) {
+    if (!self->live || !self->ack || ack_op < 0)
+        return -1;
+    unsigned char h[BTH_LEN + 4 + ICRC_LEN];
+    put_bth(h, ack_op, self->dqpn, self->ack_psn, 0, 0);
+    put_be32(h + BTH_LEN, self->ack_syn << 24 | self->ack_msn);
+    int64_t st = icrc_state(states, flow, (Py_ssize_t)sizeof h, 0);
+    if (st < 0)
+        return -2;
+    h[4] = 0xFF; /* FECN, BECN, resv6 count as ones (Annex A17.3.3) */
+    uint32_t c = crc32_update((uint32_t)st, h, BTH_LEN + 4);
+    h[4] = 0;
+    put_le32(h + BTH_LEN + 4, c);
+    ssize_t r;
+    do {
+        r = sendto(fd, h, sizeof h, 0, (const struct sockaddr *)ss, sl);
+    } while (r < 0 && errno == EINTR);
+    int err = r < 0 ? errno : 0;
+    if (err == EAGAIN || err == EWOULDBLOCK)
+        return err; /* a full socket: still held (the caller queues it its way) */
+    if (armed_count(self, s_packets_out) < 0)
+        return -2;
+    self->ack = 0; /* sent, or lost to a send error as any datagram is */
+    return err;
+}
+
 static PyObject *armed_send_ack(ArmedObject *self, PyObject *args) {
     int fd, v6;
     PyObject *addr, *states, *flow;
@@ -44,27 +73,8 @@ static PyObject *armed_send_ack(ArmedObject *self, PyObject *args) {
     socklen_t sl;
     if (parse_addr(addr, v6, &ss, &sl) < 0)
         return NULL;
-    unsigned char h[BTH_LEN + 4 + ICRC_LEN];
-    put_bth(h, ack_op, self->dqpn, self->ack_psn, 0, 0);
-    put_be32(h + BTH_LEN, self->ack_syn << 24 | self->ack_msn);
-    int64_t st = icrc_state(states, flow, (Py_ssize_t)sizeof h, 0);
-    if (st < 0)
-        return NULL;
-    h[4] = 0xFF; /* FECN, BECN, resv6 count as ones (Annex A17.3.3) */
-    uint32_t c = crc32_update((uint32_t)st, h, BTH_LEN + 4);
-    h[4] = 0;
-    put_le32(h + BTH_LEN + 4, c);
-    ssize_t r;
-    do {
-        r = sendto(fd, h, sizeof h, 0, (struct sockaddr *)&ss, sl);
-    } while (r < 0 && errno == EINTR);
-    int err = r < 0 ? errno : 0;
-    if (err == EAGAIN || err == EWOULDBLOCK)
-        return PyLong_FromLong(err); /* a full socket: still held (the caller queues it its way) */
-    if (armed_count(self, s_packets_out) < 0)
-        return NULL;
-    self->ack = 0; /* sent, or lost to a send error as any datagram is */
-    return PyLong_FromLong(err);
+    int err = armed_send_ack_to(self, fd, &ss, sl, states, flow);
+    return err == -2 ? NULL : PyLong_FromLong(err);
 }
 
 /*

@@ -164,6 +164,24 @@ class PollArmed(Protocol):
     ) -> tuple[int, tuple[int, int, tuple[str, int], int, int] | None]: ...
 
 
+#: A port's part in ``WaitLoop``: (fd, buf, armed, active, strikes, reqs, touched, routes, visited).
+LoopPort = tuple[
+    int, "Buffer", dict[int, "ArmedOwner"], dict[int, Any], int, dict[int, "ArmedReqOwner"], list[Any],
+    dict[int, tuple[tuple[str, int], bool, dict[int, int], IcrcFlow]], list[Any],
+]  # fmt: skip
+
+
+#: ``WaitLoop``'s answer: (reason, port index, [(taken, ACKs sent)] per port, raw, errno).
+LoopResult = tuple[int, int, list[tuple[int, int]], tuple[int, int, tuple[str, int], int, int] | None, int]
+
+
+class WaitLoop(Protocol):
+    def __call__(
+        self, epfd: int, ports: list[LoopPort], done: Callable[[], bool], spin_end: float, end: float,
+        deadline: float, max_reads: int, /,
+    ) -> LoopResult: ...  # fmt: skip
+
+
 class Arm(Protocol):
     def __call__(
         self,
@@ -241,6 +259,10 @@ class SegmentCodec(Protocol):
     #: ``tx_small``'s effect and sendmsg's errno, or the datagram when ``fd`` < 0 or the
     #: socket would block.
     post_small: PostSmall | None
+    #: The device poll loop (native only; None: not offered; ``_nativeloop.c``): ``Driver.run_until``'s
+    #: idle wait, spin then block, taking what the armed paths take without a return per datagram:
+    #: ``(reason, port index, [(taken, ACKs sent)] per port, raw, errno)``.
+    wait_loop: WaitLoop | None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

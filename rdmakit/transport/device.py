@@ -25,6 +25,7 @@ from rdmakit.engine import (
 from rdmakit.engine.cm import CmEndpoint
 from rdmakit.wire import ROCE_UDP_PORT, Payload
 
+from .codec import LoopPort
 from .deadlines import DeadlineHeap
 from .gsi import Gsi
 from .netmtu import port_mtu
@@ -199,6 +200,13 @@ class SoftDevice:
     def fileno(self) -> int:
         return self._port.fileno()
 
+    def loop_port(self) -> LoopPort | None:
+        """The device's part in the native wait (``Driver.run_until``, ``_nativeloop.c``), or None:
+        a TCP device, a closed one, or a pass with work in Python (``UdpPort.loop_port``)."""
+        if self.closed or self.udp_port is None:
+            return None
+        return self.udp_port.loop_port()
+
     def close(self, now: float | None = None) -> None:
         """Close the device; its connected CM connections send their DREQ first (``now``: the
         pump's clock, ``time.monotonic()`` by default)."""
@@ -226,16 +234,17 @@ class SoftDevice:
         self.udp_port.receive_datagram(data, src, now, segsize)
 
     # -- the pump --------------------------------------------------------------------
-    def progress(self, now: float, readable: bool | None = None) -> bool:
+    def progress(self, now: float, readable: bool | None = None, received: bool = False) -> bool:
         """Do all the work that is ready, without blocking. True if anything happened.
 
         ``readable`` is what the caller already knows about the link's socket
         (a driver that polled it); None makes the device look itself.
+        ``received``: the native wait already received for this pass (``loop_port``).
         """
         if self.closed:
             return False
         port = self._port
-        busy = port.receive(now, readable)
+        busy = port.receive(now, readable) or received
         d = self._deadline
         due = d is not None and d <= now
         if due:

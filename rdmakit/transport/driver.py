@@ -13,6 +13,7 @@ once, then drains without awaiting per packet.
 
 import contextlib
 import ctypes
+import math
 import os
 import select
 import time
@@ -20,7 +21,13 @@ from collections.abc import Callable
 
 import trio
 
+from . import fastpath
+from .codec import WaitLoop
 from .device import SoftDevice
+from .roce_udp import MAX_RX_BATCHES
+
+#: ``wait_loop``'s reason: QPs wait in a visited list for their deadlines to be noted.
+LOOP_FLUSH = 4
 
 _CLOCK_MONOTONIC = 1
 _TFD_NONBLOCK = 0o4000
@@ -77,8 +84,12 @@ class TimerFd:
 class Driver:
     """Pumps a set of soft devices from the real monotonic clock."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, native: bool | None = None) -> None:
         self.clock = clock
+        if native is None:
+            native = "RDMAKIT_NO_NATIVE_WAIT" not in os.environ  # (any value) the Python wait, for A/B runs
+        #: The native wait (``_nativeloop.c``): only on the clock it reads (CLOCK_MONOTONIC).
+        self._loop = fastpath.CODEC.wait_loop if native and clock is time.monotonic else None
         self.devices: list[SoftDevice] = []
         self._ep = select.epoll()
         self._timer = TimerFd()
@@ -181,6 +192,9 @@ class Driver:
             left = end - now
             if left <= 0:
                 return done()
+            if self._loop is not None and self._wait_native(self._loop, done, now + spin, end):
+                idle_since = None
+                continue
             if spin > 0:
                 if idle_since is None:
                     idle_since = now
@@ -194,6 +208,41 @@ class Driver:
                     continue
                 idle_since = None
             self.wait(left)
+        return True
+
+    def _wait_native(self, loop: WaitLoop, done: Callable[[], bool], spin_end: float, end: float) -> bool:
+        """``run_until``'s idle wait in one native call (``_nativeloop.c``): spin until ``spin_end``,
+        then block until a datagram, the next deadline or ``end``, taking what the armed paths take
+        without returning per datagram. What it leaves (a read only Python takes, completers' logs,
+        ACKs to batch, the QPs it visited) is this pass's, finished here as ``progress`` would.
+        False: a device's Python pass has work, so the wait is not handed over."""
+        devs = self.devices
+        ports = []
+        for dev in devs:
+            p = dev.loop_port()
+            if p is None:
+                return False
+            ports.append(p)
+        best = math.inf
+        for dev in devs:
+            t = dev.deadline_hint()
+            if t is not None and t < best:
+                best = t
+        solved = [dev.counters.icrc_solved for dev in devs]
+        reason, index, counts, raw, err = loop(
+            self._ep.fileno(), ports, done, spin_end, end, best, MAX_RX_BATCHES
+        )
+        now = self.clock()
+        for i, dev in enumerate(devs):
+            port = dev.udp_port
+            assert port is not None
+            taken, sent = counts[i]
+            port.loop_taken(taken, sent, solved[i])
+            if i == index:
+                port.loop_handback(ports[i][6], raw, err, now)
+                dev.progress(now, None if raw is not None else False, True)
+            elif taken or sent or reason == LOOP_FLUSH:
+                dev.progress(now, False, True)
         return True
 
     def close(self) -> None:

@@ -47,6 +47,7 @@ from .codec import (
     SendAcks,
     SmallRequest,
     SmallResponse,
+    WaitLoop,
 )
 from .codec_py import PythonCodec
 
@@ -104,6 +105,7 @@ class NativeCodec:
         self.send_acks: SendAcks | None = mod.send_acks
         self.arm_req: ArmReq | None = mod.ArmedReq
         self.post_small: PostSmall | None = mod.post_small
+        self.wait_loop: WaitLoop | None = mod.wait_loop
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

@@ -18,14 +18,16 @@ from rdmakit.engine.congestion import PACKET_OVERHEAD
 from rdmakit.engine.qp import QueuePair
 from rdmakit.wire import IcrcFlow, Opcode, Packet, Payload, Train
 
-from .codec import ArmedOwner, ArmedReqOwner, PollArmed, SegmentCodec, SendAcks
+from .codec import ArmedOwner, ArmedReqOwner, LoopPort, PollArmed, SegmentCodec, SendAcks
 from .port import DeviceCounters, PeerAddress, addr_bytes
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
-from .udp import WOULD_BLOCK, UdpLink
+from .udp import CE, WOULD_BLOCK, UdpLink
 
 #: The ACKs a transmit pass holds, by destination: a Packet from ``poll_transmit``, or a QP
 #: whose armed responder holds one.
 HeldAcks = dict[PeerAddress, list[Packet | QueuePair]]
+#: Where an armed responder's ACKs go, by QPN: ((ip, port), v6, ICRC states, ICRC flow).
+AckRoutes = dict[int, tuple[tuple[str, int], bool, dict[int, int], IcrcFlow]]
 
 
 class ArmedSends:
@@ -41,6 +43,11 @@ class ArmedSends:
     _backlog: list[tuple[list[Payload], int, int, tuple[str, int]]]
     _visited: list[QueuePair]
     _codec: SegmentCodec
+    #: The routes of the armed responders' ACKs, for the native wait (``loop_port``).
+    _routes: AckRoutes
+    _hot: object
+    #: Segments of the datagrams in the link's buffer (``UdpPort._rx_batch``).
+    _rx_batch: Callable[[int, int, str, int, int, float, bool], None]
     #: The clock of native posting (``_post_now``): the pump's, set by whoever pumps the device
     #: with it (``SoftDevice.post_with``); None: every post waits for ``transmit``.
     post_clock: Callable[[], float] | None = None
@@ -62,6 +69,11 @@ class ArmedSends:
         ids = self.sources.idents.get(src_ip) if rx.kernel else None
         owner.bind((src_ip, sport), self._v6, rx.states, rx.icrc, rx, qp, ids, self.counters if ids else None)
         self._armed[qp.qpn] = owner
+        remote = qp.remote
+        if type(remote) is PeerAddress:
+            addr = (remote.ip, remote.port)
+            flow = self._tx_flows.get(addr) or self._tx_flow(remote)
+            self._routes[qp.qpn] = (addr, self._v6, flow.states, flow)
 
     def _bind_req(self, qp: QueuePair, rx: RxFlow, src_ip: str, sport: int) -> None:
         """``qp``'s native completer just took an ACK from ``(src_ip, sport)``: the device poll
@@ -86,6 +98,59 @@ class ArmedSends:
             assert owner is not None
             qp.acks_taken(owner.take())
         return got
+
+    def loop_port(self) -> LoopPort | None:
+        """This port's part in the native wait (``_nativeloop.c``), or None: its Python pass has
+        work (a send backlog, an active QP, a run being read)."""
+        if self._backlog or self._active or self._hot is not None:
+            return None
+        return (
+            self._fd, self.link.view, self._armed, self._active, OURS_STRIKES, self._armed_req, [],
+            self._routes, self._visited,
+        )  # fmt: skip
+
+    def loop_taken(self, taken: int, sent: int, solved: int) -> None:
+        """The native wait took ``taken`` datagrams and sent ``sent`` armed ACKs here: counted as
+        ``receive``'s armed poll and ``_send_ack`` count them (``solved``: ``icrc_solved`` before)."""
+        c, lc = self.counters, self.link.counters
+        c.packets_in += taken
+        c.icrc_ok += taken - (c.icrc_solved - solved)
+        lc.datagrams_in += taken
+        c.packets_out += sent
+        lc.datagrams_out += sent
+        lc.sends += sent
+
+    def loop_handback(
+        self,
+        touched: list[QueuePair],
+        raw: tuple[int, int, tuple[str, int], int, int] | None,
+        err: int,
+        now: float,
+    ) -> None:
+        """What the native wait left to this port's Python pass, in ``receive``'s order: the logs of
+        the completers that took ACKs, then the read it did not take; a send error of an ACK."""
+        for qp in touched:
+            owner = qp.req_native
+            assert owner is not None
+            qp.acks_taken(owner.take())
+        if err and err not in WOULD_BLOCK:
+            self.link.record_error(OSError(err, os.strerror(err)))
+        if raw is not None:
+            self._take_raw(raw, now)
+
+    def _take_raw(self, raw: tuple[int, int, tuple[str, int], int, int], now: float) -> None:
+        """A native read's answer (``recv_raw``; the datagram in the link's buffer): counted and received."""
+        link = self.link
+        nbytes, segsize, (src_ip, sport), err, ecn = raw
+        if err:
+            link.record_error(OSError(err, os.strerror(err)))
+            return  # a socket error (counted by the link)
+        link.count_read(nbytes, segsize)
+        if ecn == CE:
+            link.counters.ce_reads += 1
+        nsegs = (nbytes + segsize - 1) // segsize if nbytes else 1
+        self.counters.packets_in += nsegs
+        self._rx_batch(nbytes, segsize, src_ip, sport, 0, now, ecn == CE)
 
     def _post_now(self, qp: QueuePair) -> bool:
         """``qp``'s doorbell rang: when its requester's whole work is one fresh SEND or WRITE of

@@ -39,7 +39,7 @@ from .fastpath import PYTHON
 from .gsi import Gsi
 from .netmtu import too_big_message
 from .port import DeviceCounters, PeerAddress, addr_bytes
-from .roce_armed import ArmedSends, HeldAcks
+from .roce_armed import AckRoutes, ArmedSends, HeldAcks
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .roce_trains import TrainSends
 from .small_ops import OFFERED, take_small
@@ -97,6 +97,7 @@ class UdpPort(ArmedSends, TrainSends):
         #: of its requests or ACKs (``_bind``, ``_bind_req``).
         self._armed: dict[int, ArmedOwner] = {}
         self._armed_req: dict[int, ArmedReqOwner] = {}
+        self._routes: AckRoutes = {}
         #: The QPs transmit looked at since ``visited`` was last called.
         self._visited: list[QueuePair] = []
 
@@ -112,6 +113,7 @@ class UdpPort(ArmedSends, TrainSends):
         qp.disarm()
         self._armed.pop(qp.qpn, None)
         self._armed_req.pop(qp.qpn, None)
+        self._routes.pop(qp.qpn, None)
         self._faults.pop(qp.qpn, None)  # the receive state is per source, not per QP
         if self._active.get(qp.qpn) is qp:
             del self._active[qp.qpn]
@@ -195,14 +197,10 @@ class UdpPort(ArmedSends, TrainSends):
                     raw = read(self._fd, link.view)
                 if raw is None:
                     break
-                nbytes, segsize, (src_ip, sport), err, ecn = raw
-                if err:
-                    link.record_error(OSError(err, os.strerror(err)))
-                    segsize = 0
-                else:
-                    link.count_read(nbytes, segsize)
-                    if ecn == CE:
-                        link.counters.ce_reads += 1
+                busy = True
+                reads += 1
+                self._take_raw(raw, now)
+                continue
             busy = True
             reads += 1
             if not segsize:
@@ -210,7 +208,7 @@ class UdpPort(ArmedSends, TrainSends):
             nsegs = (nbytes + segsize - 1) // segsize if nbytes else 1
             self.counters.packets_in += nsegs
             self._rx_batch(nbytes, segsize, src_ip, sport, 0, now, ecn == CE)
-            if read is None and not link.ready():
+            if not link.ready():
                 break
         return busy
 

@@ -64,6 +64,7 @@ _POST = "tests/engine/test_engine_native_post.py"
 _ONE_PASS = "tests/transport/test_icrc_one_pass.py"
 _TAIL = "tests/transport/test_train_tail.py"
 _IDS = "tests/transport/test_segment_ids.py"
+_WAIT = "tests/transport/test_native_wait.py"
 #: name -> ((old, new) in rdmakit/transport/_fastpath.c, the test files that must catch it)
 C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
     "c-request-any-psn": (
@@ -245,6 +246,21 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         ("int bad = key == NULL || PyDict_SetItem(active, key, a->qp) < 0;", "int bad = key == NULL;"),
         ("tests/transport/test_armed.py",),
     ),
+    # The device poll loop (_nativeloop.c, part of the same module).
+    "c-loop-ack-kept": (
+        (": armed_send_ack_to(a, lp->fd, &ss, sl, states, flow);", ": 0;"),
+        (_WAIT,),
+    ),
+    "c-loop-ack-uncounted": (("        if (r >= 0)\n            lp->sent++;\n", ""), (_WAIT,)),
+    "c-loop-completer-log-kept": (
+        ("raw != Py_None || PyList_GET_SIZE(p->touched) ||", "raw != Py_None ||"),
+        (_WAIT,),
+    ),
+    "c-loop-raw-dropped": (("if (raw != Py_None || PyList_GET_SIZE", "if (0 || PyList_GET_SIZE"), (_WAIT,)),
+    "c-loop-deadline-missed": (
+        ("if (now >= deadline || (!full && now >= end)) {", "if (!full && now >= end) {"),
+        (_WAIT,),
+    ),
     # The armed requester's completer (_nativereq.c, part of the same module).
     "c-req-nak-as-ack": (
         ("(w1 & PSN_MASK) != self->qpn || p[BTH_LEN] >> 5 != 0)", "(w1 & PSN_MASK) != self->qpn)"),
@@ -360,6 +376,7 @@ C_SOURCES = (
     "rdmakit/transport/_nativereq.c",
     "rdmakit/transport/_nativeread.c",
     "rdmakit/transport/_nativepost.c",
+    "rdmakit/transport/_nativeloop.c",
 )
 
 
