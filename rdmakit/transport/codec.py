@@ -204,6 +204,10 @@ class PostSmall(Protocol):
     ) -> int | bytes | None: ...
 
 
+class PostSend(Protocol):
+    def __call__(self, qp: object, wr: object, ctx: list[Any], /) -> object: ...
+
+
 class SegmentCodec(Protocol):
     """The codec operations of the RoCE-UDP port (module docstring)."""
 
@@ -241,6 +245,12 @@ class SegmentCodec(Protocol):
     #: ``tx_small``'s effect and sendmsg's errno, or the datagram when ``fd`` < 0 or the
     #: socket would block.
     post_small: PostSmall | None
+    #: ``QueuePair.post_send`` in one native call for the requests native posting takes
+    #: (native only; None: not offered; ``_nativepostsend.c``): None having done nothing,
+    #: else the work request queued, checked, sent and counted as ``post_send``, its doorbell
+    #: and ``post_small`` would have: True, or sendmsg's errno or the datagram for the
+    #: context's ``after``.
+    post_send: PostSend | None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

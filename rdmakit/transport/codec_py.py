@@ -25,7 +25,18 @@ from rdmakit.wire import (
     encode_headers,
 )
 
-from .codec import Arm, ArmReq, PollArmed, PostSmall, RecvRaw, RecvRuns, SendAcks, SmallRequest, SmallResponse
+from .codec import (
+    Arm,
+    ArmReq,
+    PollArmed,
+    PostSend,
+    PostSmall,
+    RecvRaw,
+    RecvRuns,
+    SendAcks,
+    SmallRequest,
+    SmallResponse,
+)
 from .udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, SOL_UDP, UDP_SEGMENT
 
 if TYPE_CHECKING:
@@ -77,6 +88,7 @@ class PythonCodec:
     send_acks: SendAcks | None = None
     arm_req: ArmReq | None = None
     post_small: PostSmall | None = None
+    post_send: PostSend | None = None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

@@ -40,6 +40,7 @@ from .codec import (
     Arm,
     ArmReq,
     PollArmed,
+    PostSend,
     PostSmall,
     RecvRaw,
     RecvRuns,
@@ -104,6 +105,7 @@ class NativeCodec:
         self.send_acks: SendAcks | None = mod.send_acks
         self.arm_req: ArmReq | None = mod.ArmedReq
         self.post_small: PostSmall | None = mod.post_small
+        self.post_send: PostSend | None = mod.post_send
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow
