@@ -363,10 +363,10 @@ static PyObject *fp_post_send(PyObject *Py_UNUSED(self), PyObject *args) {
         (t = attr_uint(req, s_window, PSN_MASK, &window)) <= 0 || (t = attr_uint(req, s_mtu, 4096, &mtu)) <= 0 ||
         length > mtu)
         goto declined;
-    int cc_on = attr_true(req, s_cc_on);
-    if (cc_on < 0 || (rate = PyObject_GetAttr(req, s_rate)) == NULL)
+    int cc_is_on = attr_true(req, s_cc_on);
+    if (cc_is_on < 0 || (rate = PyObject_GetAttr(req, s_rate)) == NULL)
         goto out;
-    if (cc_on) {
+    if (cc_is_on) {
         /* DCQCN pacing, or the window's pacer armed: the generic path spends the tokens. */
         if ((t = attr_none(rate, s_rate)) != 1)
             goto declined;
@@ -438,7 +438,7 @@ static PyObject *fp_post_send(PyObject *Py_UNUSED(self), PyObject *args) {
         t = attr_uint(wr, s_rkey, 0xFFFFFFFFu, &rkey);
     if (t > 0 && has_imm) {
         PyObject *imm = PyObject_GetAttr(wr, s_imm_data);
-        t = imm == NULL ? -1 : get_uint(imm, 0xFFFFFFFFu, &immv);
+        t = imm == NULL ? -1 : get_uint(imm, UINT64_MAX, &immv); /* a u32: post_check */
         Py_XDECREF(imm);
     }
     int se = 0;
@@ -477,26 +477,26 @@ static PyObject *fp_post_send(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     /* The packet: ONLY opcode, BTH (+ RETH) (+ ImmDt) and the ICRC (IBTA Vol. 1 §9.2-§9.3). */
     static const unsigned char padcnt[4] = {0x00, 0x30, 0x20, 0x10};
-    unsigned char h[48], tail[8];
+    unsigned char hdr[48], tail[8];
     Py_buffer pl = {0};
     if (view != NULL && PyObject_GetBuffer(view, &pl, PyBUF_SIMPLE) < 0) {
         Py_DECREF(credits);
         goto out;
     }
     Py_ssize_t plen = (Py_ssize_t)length, pad = -plen & 3;
-    put_bth(h, (int)op, (uint32_t)dqpn, (uint32_t)psn, 1, 0);
-    h[1] = (unsigned char)((se ? 0x80 : 0) | padcnt[plen & 3]);
-    unsigned char *p = h + BTH_LEN;
+    put_bth(hdr, (int)op, (uint32_t)dqpn, (uint32_t)psn, 1, 0);
+    hdr[1] = (unsigned char)((se ? 0x80 : 0) | padcnt[plen & 3]);
+    unsigned char *at = hdr + BTH_LEN;
     if (is_write) {
-        put_be64(p, va);
-        put_be32(p + 8, (uint32_t)rkey);
-        put_be32(p + 12, (uint32_t)length);
-        p += 16;
+        put_be64(at, va);
+        put_be32(at + 8, (uint32_t)rkey);
+        put_be32(at + 12, (uint32_t)length);
+        at += 16;
     }
     if (has_imm)
-        put_be32(p, (uint32_t)immv);
+        put_be32(at, (uint32_t)immv);
     Py_ssize_t size = hlen + plen + pad + ICRC_LEN;
-    if (icrc_seal(states, flow, size, h, hlen, pl.buf, plen, tail, pad) < 0)
+    if (icrc_seal(states, flow, size, hdr, hlen, pl.buf, plen, tail, pad) < 0)
         goto unwind;
     /* Committed: post_send's queueing, then tx_small's effect, in its order. */
     wqe = post_wqe(table, wr, row, view, length);
@@ -516,33 +516,33 @@ static PyObject *fp_post_send(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *stats = PyObject_GetAttr(qp, s_stats);
     if (stats == NULL)
         goto unwind;
-    uint32_t nxt = (uint32_t)(psn + 1) & PSN_MASK;
+    uint32_t next_psn = (uint32_t)(psn + 1) & PSN_MASK;
     int bad = (((uint32_t)psn - (uint32_t)hwm) & PSN_MASK) >= REQ_HALF && attr_add(stats, s_retransmits, 1) < 0;
-    if (!bad && ((nxt - (uint32_t)hwm) & PSN_MASK) < REQ_HALF)
-        bad = set_steal(req, s_sent_hwm, PyLong_FromUnsignedLong(nxt)) < 0;
+    if (!bad && ((next_psn - (uint32_t)hwm) & PSN_MASK) < REQ_HALF)
+        bad = set_steal(req, s_sent_hwm, PyLong_FromUnsignedLong(next_psn)) < 0;
     int none = bad ? -1 : attr_none(req, s_rtt_psn);
     bad = none < 0 || (none && (set_steal(req, s_rtt_psn, PyLong_FromUnsignedLong((unsigned long)psn)) < 0 ||
                                 set_double(req, s_rtt_sent, now) < 0));
     bad = bad || set_steal(req, s_next_idx, PyLong_FromUnsignedLongLong(sqlen + 1)) < 0 ||
-          set_steal(req, s_req_psn, PyLong_FromUnsignedLong(nxt)) < 0;
+          set_steal(req, s_req_psn, PyLong_FromUnsignedLong(next_psn)) < 0;
     if (!bad && no_timer && !no_timeout) {
         if (d == 0)
             bad = set_double(req, s_progress_at, now) < 0;
-        bad = bad || post_arm_timer(req, cc_on, now, timeout, kt) < 0;
+        bad = bad || post_arm_timer(req, cc_is_on, now, timeout, kt) < 0;
     }
-    if (!bad && cc_on) {
+    if (!bad && cc_is_on) {
         /* Dcqcn.sent(mtu + overhead, now) with its rate None: the byte counter only. */
-        double at;
+        double since;
         int at_none;
         long nbytes = (long)mtu + overhead, sb;
-        bad = attr_double(rate, s_sample_at, &at, &at_none) < 0;
+        bad = attr_double(rate, s_sample_at, &since, &at_none) < 0;
         if (!bad && at_none)
             bad = set_double(rate, s_sample_at, now) < 0 || set_steal(rate, s_sample_bytes, PyLong_FromLong(nbytes)) < 0;
         else if (!bad) {
             bad = attr_long(rate, s_sample_bytes, &sb) < 0;
             sb += nbytes;
-            if (!bad && now - at >= sample_period)
-                bad = set_double(rate, s_sample_rate, (double)sb / (now - at)) < 0 || set_double(rate, s_sample_at, now) < 0 ||
+            if (!bad && now - since >= sample_period)
+                bad = set_double(rate, s_sample_rate, (double)sb / (now - since)) < 0 || set_double(rate, s_sample_at, now) < 0 ||
                       set_steal(rate, s_sample_bytes, PyLong_FromLong(0)) < 0;
             else if (!bad)
                 bad = set_steal(rate, s_sample_bytes, PyLong_FromLong(sb)) < 0;
@@ -553,7 +553,7 @@ static PyObject *fp_post_send(PyObject *Py_UNUSED(self), PyObject *args) {
     if (bad || (visited != Py_None && PyList_Append(visited, qp) < 0))
         goto unwind;
     /* The wire. */
-    struct iovec iov[3] = {{h, (size_t)hlen}, {pl.buf, (size_t)plen}, {tail, (size_t)(pad + ICRC_LEN)}};
+    struct iovec iov[3] = {{hdr, (size_t)hlen}, {pl.buf, (size_t)plen}, {tail, (size_t)(pad + ICRC_LEN)}};
     if (!plen)
         iov[1] = iov[2];
     if (fd >= 0) {
@@ -583,7 +583,7 @@ static PyObject *fp_post_send(PyObject *Py_UNUSED(self), PyObject *args) {
     result = PyBytes_FromStringAndSize(NULL, size);
     if (result != NULL) {
         char *b = PyBytes_AS_STRING(result);
-        memcpy(b, h, (size_t)hlen);
+        memcpy(b, hdr, (size_t)hlen);
         if (plen)
             memcpy(b + hlen, pl.buf, (size_t)plen);
         memcpy(b + hlen + plen, tail, (size_t)(pad + ICRC_LEN));

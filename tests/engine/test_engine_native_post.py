@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from rdmakit.engine import SGE, Access, QpState, RecvWR, SendWR, WrOpcode
+from rdmakit.engine import SGE, Access, QpCaps, QpState, RecvWR, SendWR, WrOpcode
 from rdmakit.testing.engine import both_ways, finished, make_pair, rounds_each_way
 from rdmakit.testing.faults import PROFILES, Faults
 from rdmakit.transport import fastpath
@@ -176,12 +176,17 @@ def _hostile(p: Any) -> list[tuple[str, Callable[[], SendWR], Callable[[], None]
         while len(qa.req.sq) < qa.caps.max_send_wr:
             qa.post_send(SendWR(**good))
 
+    def no_credit() -> None:
+        qa.post_send(SendWR(**good))  # outstanding: the SEND is no idle probe
+        qa.req.credits.lsn = (qa.req.credits.ssn - 1) & 0xFFFFFF  # the limit, and its probe, spent
+
     def state(st: QpState) -> Callable[[], None]:
         return lambda: qa.enter_error() if st is QpState.ERR else qa.modify(st)
 
     return [
         ("good", wr(), nothing),
         ("good SEND solicited unsignaled", wr(opcode=WrOpcode.SEND, solicited=1, signaled=0), nothing),
+        ("good WRITE solicited", wr(solicited=True), nothing),
         ("good WRITE with imm", wr(opcode=WrOpcode.RDMA_WRITE_WITH_IMM, imm_data=0xFFFFFFFF), nothing),
         ("empty SEND", wr(opcode=WrOpcode.SEND, sg_list=(), solicited=True), nothing),
         ("int opcode", wr(opcode=2), nothing),
@@ -210,13 +215,15 @@ def _hostile(p: Any) -> list[tuple[str, Callable[[], SendWR], Callable[[], None]
         ),
         ("WRITE from a read-only region", wr(sg_list=(SGE(_READ_ONLY, 8, ro[0]),)), nothing),
         ("full send queue", wr(), fill),
+        ("SEND past the credits", wr(opcode=WrOpcode.SEND), no_credit),
         ("SQD", wr(), state(QpState.SQD)),
         ("ERR", wr(), state(QpState.ERR)),
     ]
 
 
 def _hostile_run(codec: SegmentCodec, case: int) -> tuple[Any, ...]:
-    p = make_pair(11, PROFILES["clean"], mem_size=1 << 12, mtu=256, small=codec, post=True)
+    caps = QpCaps(max_send_wr=6)
+    p = make_pair(11, PROFILES["clean"], mem_size=1 << 12, mtu=256, small=codec, post=True, caps=caps)
     p.a.pd.register(bytearray(64), _READ_ONLY, Access.NONE)
     for i in range(4):
         p.b.qp.post_recv(RecvWR(wr_id=i, sg_list=(p.b.sge(2048, 512),)))
@@ -237,7 +244,7 @@ def _hostile_run(codec: SegmentCodec, case: int) -> tuple[Any, ...]:
         raised = None
     except Exception as e:  # whatever the engine raises, compared
         raised = (type(e).__name__, str(e))
-    fresh = _wqes(p.a.qp)
+    fresh = _wqes(p.a.qp), requester_state(p.a.qp), (p.a.qp.req.credits.ssn, p.a.qp.req.credits.lsn)
     p.net.run(max_time=p.net.now + 0.1)
     p.drain()
     taken = _taken(p.net.stats)
@@ -259,4 +266,4 @@ def test_hostile_work_requests_fare_as_the_engine_makes_them_fare() -> None:
             assert on[4][0] == 1, on  # taken in post_send's one call
         else:
             assert on[4][0] == 0, on
-    assert took == 6
+    assert took == 7
