@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # The armed families import this module's input makers (so not at its top).
     from native_fuzz_armed import fuzz_armed, fuzz_armed_read, fuzz_armed_req, fuzz_post
+    from native_fuzz_post import fuzz_post_send
 
     rng = random.Random(args.seed)
     fuzz_check_decode(rng, native, args.count)
@@ -289,10 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     fuzz_armed_req(rng, native, args.count // 4)
     fuzz_armed_read(rng, native, args.count // 2)
     fuzz_post(rng, native, args.count // 4)
+    fuzz_post_send(rng, native, args.count // 2)
     n, h = args.count // 4, args.count // 2
     print(f"native_fuzz: {args.count} check_decode, {n} place_run, {n} x 3 send/recv, {h} small_request, "
           f"{h} small_response, {h} armed responder, {n} armed requester, {h} armed READ, "
-          f"{n} post_small inputs (seed {args.seed}): all answered or refused")  # fmt: skip
+          f"{n} post_small, {h} post_send inputs (seed {args.seed}): all answered or refused")  # fmt: skip
     return 0
 
 
