@@ -45,8 +45,9 @@ def fuzz_post_send(rng: random.Random, native: Any, count: int) -> None:
         qp, req = a.qp, a.qp.req
         qp.remote = "b"
         after: list[object] = []
+        flows = {id("b"): ("b", None, flow.states, flow)}
         ctx: list[Any] = [
-            -1, False, rng.random, PACKET_OVERHEAD, {}, [], [], {"b": (None, flow.states, flow)}, None, None,
+            -1, False, rng.random, PACKET_OVERHEAD, {}, [], [], flows, None, None,
             lambda _q, got, out=after: out.append(got), POST_TABLE,
         ]  # fmt: skip
         for i in range(rng.randrange(1, 8)):

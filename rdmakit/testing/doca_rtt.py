@@ -96,7 +96,7 @@ def engine_side(far: Far, ip: str) -> Iterator[Steps]:
         return True
 
     try:
-        yield Steps((submit, driver.progress, far.step, complete, lambda: not driver.progress()))
+        yield Steps((submit, _once(driver.progress), far.step, complete, lambda: not driver.progress()))
     finally:
         driver.close()
         dev.close()
@@ -133,7 +133,7 @@ def doca_side(far: Far, ip: str, api: str) -> Iterator[Steps]:
                 return True
 
             yield Steps(
-                (submit, pe.progress, far.step, complete, lambda: queue.progress_retrieve() is None),
+                (submit, _once(pe.progress), far.step, complete, lambda: queue.progress_retrieve() is None),
                 loop.reset,
             )
         else:
@@ -153,7 +153,21 @@ def doca_side(far: Far, ip: str, api: str) -> Iterator[Steps]:
                     raise SystemExit(f"the DOCA WRITE task failed: {task.error}")
                 return True
 
-            yield Steps((submit, pe.progress, far.step, complete, lambda: not pe.progress()), loop.reset)
+            yield Steps(
+                (submit, _once(pe.progress), far.step, complete, lambda: not pe.progress()), loop.reset
+            )
+
+
+def _once(progress: Callable[[], object]) -> Callable[[], bool]:
+    """The requester's transmit stage: one turn of its pump. A WRITE its post sent natively
+    (on for every device a driver pumps) has left already, and that turn finds nothing to
+    send; otherwise the turn sends it (the active set's transmit)."""
+
+    def turn() -> bool:
+        progress()
+        return True
+
+    return turn
 
 
 def _run(steps: Steps, out: list[list[int]], clock: Callable[[], int]) -> None:

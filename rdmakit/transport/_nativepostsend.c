@@ -28,7 +28,7 @@
  *
  * ctx is the transport's list: fd, v6, clock (None: decline), overhead, active (dict by
  * QPN: a QP in it has other work), backlog (list: non-empty, decline), visited (list),
- * flows (dict qp.remote -> (address, the flow's states, IcrcFlow)), device counters, link counters (both
+ * flows (dict id(qp.remote) -> (qp.remote, address, the flow's states, IcrcFlow)), device counters, link counters (both
  * None: not counted), after (callable), and the engine's table (small_tx.POST_TABLE).
  */
 
@@ -342,17 +342,23 @@ static PyObject *fp_post_send(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *remote = PyObject_GetAttr(qp, s_remote);
     if (remote == NULL)
         goto out;
-    dest = PyDict_GetItemWithError(flows, remote);
-    Py_DECREF(remote);
+    /* By the peer object's identity: no __hash__ of a Python class runs. */
+    PyObject *key = PyLong_FromVoidPtr(remote);
+    dest = key == NULL ? NULL : PyDict_GetItemWithError(flows, key);
+    Py_XDECREF(key);
     if (dest == NULL) {
+        Py_DECREF(remote);
         PyErr_Clear();
         t = 0;
         goto declined; /* the first post to this peer: the doorbell's path caches its flow */
     }
     Py_INCREF(dest);
-    if (!PyTuple_Check(dest) || PyTuple_GET_SIZE(dest) != 3 || !PyDict_Check(PyTuple_GET_ITEM(dest, 1)))
+    t = PyTuple_Check(dest) && PyTuple_GET_SIZE(dest) == 4 && PyTuple_GET_ITEM(dest, 0) == remote &&
+        PyDict_Check(PyTuple_GET_ITEM(dest, 2));
+    Py_DECREF(remote);
+    if (!t)
         goto declined;
-    PyObject *addr = PyTuple_GET_ITEM(dest, 0), *states = PyTuple_GET_ITEM(dest, 1), *flow = PyTuple_GET_ITEM(dest, 2);
+    PyObject *addr = PyTuple_GET_ITEM(dest, 1), *states = PyTuple_GET_ITEM(dest, 2), *flow = PyTuple_GET_ITEM(dest, 3);
     req = PyObject_GetAttr(qp, s_req);
     if (req == NULL)
         goto out;

@@ -45,7 +45,8 @@ class ArmedSends:
     #: Native posting's context (``_nativepostsend.c``), shared by the port's QPs (their
     #: ``poster``), made on the first post that leaves natively.
     _post_ctx: list[Any] | None = None
-    _post_flows: dict[PeerAddress, tuple[tuple[str, int], dict[int, int], IcrcFlow]]
+    #: Native posting's flows, by the identity of the QP's ``remote`` (checked against it).
+    _post_flows: dict[int, tuple[PeerAddress, tuple[str, int], dict[int, int], IcrcFlow]]
     _clock: Callable[[], float] | None = None
     _tx_flows: dict[tuple[str, int], IcrcFlow]
     _local: bytes
@@ -208,7 +209,7 @@ class ArmedSends:
             self._tx_flows.clear()
             self._post_flows.clear()
         self._tx_flows[(remote.ip, remote.port)] = flow
-        self._post_flows[remote] = ((remote.ip, remote.port), flow.states, flow)
+        self._post_flows[id(remote)] = (remote, (remote.ip, remote.port), flow.states, flow)
         return flow
 
     def _hold_ack(self, acks: HeldAcks, qp: QueuePair, ack: "Packet | Train | ArmedOwner") -> bool:

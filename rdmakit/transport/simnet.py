@@ -228,7 +228,7 @@ class SimNet:
         if post is not None:
             flow = self._flow(src, dst)
             if qp.poster is not None:
-                qp.poster[1][7][dst] = (None, flow.states, flow)  # for its next posts
+                qp.poster[1][7][id(dst)] = (dst, None, flow.states, flow)  # for its next posts
             got = post(-1, None, False, flow.states, flow, qp, self.now, PACKET_OVERHEAD)
             if got is not None:
                 assert isinstance(got, bytes)
@@ -248,7 +248,7 @@ class SimNet:
             self.stats["post_send"] += 1
             self.send_bytes(src, qp.remote, datagram)
 
-        flows: dict[Any, tuple[None, dict[int, int], IcrcFlow]] = {}
+        flows: dict[int, tuple[Address, None, dict[int, int], IcrcFlow]] = {}
         clock: Callable[[], float] = lambda: self.now  # noqa: E731 (the context's clock)
         return [-1, False, clock, PACKET_OVERHEAD, None, None, None, flows, None, None, after, POST_TABLE]
 
