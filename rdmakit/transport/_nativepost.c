@@ -461,3 +461,47 @@ static int post_setup(void) {
 #undef INTERN
     return 0;
 }
+
+/* -- native post_send's names and helpers (_nativepostsend.c) -- */
+
+static PyObject *s_state_, *s_caps, *s_max_send_sge, *s_max_send_wr, *s_sg_list, *s_opcode, *s_imm_data,
+    *s_signaled_, *s_solicited_wr, *s_pd, *s_by_lkey, *s_view, *s_bits, *s_addr, *s_segs, *s_wc_opcode_,
+    *s_has_rd_, *s_read_done, *s_remote, *s_qpn, *s_ssn, *s_lsn, *s_unlimited, *s_cwnd, *s_sample_at,
+    *s_sample_bytes, *s_sample_rate, *s_rtt, *s_smoothed, *s_variation, *s_rto_backoff, *s_probed,
+    *s_probe_deadline, *s_packets_out_, *s_datagrams_out, *s_sends;
+
+/* o.name as a double, *isnone set when it is None: 0, or -1 with an exception set (also when
+ * it is neither a float, an int nor None). */
+static int attr_double(PyObject *o, PyObject *name, double *v, int *isnone) {
+    PyObject *x = PyObject_GetAttr(o, name);
+    if (x == NULL)
+        return -1;
+    *isnone = x == Py_None;
+    *v = *isnone ? 0.0 : PyFloat_AsDouble(x);
+    Py_DECREF(x);
+    return !*isnone && *v == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int set_double(PyObject *o, PyObject *name, double v) { return set_steal(o, name, PyFloat_FromDouble(v)); }
+
+static int post_send_setup(void) {
+    static const struct {
+        PyObject **var;
+        const char *name;
+    } names[] = {
+        {&s_state_, "_state"}, {&s_caps, "caps"}, {&s_max_send_sge, "max_send_sge"}, {&s_max_send_wr, "max_send_wr"},
+        {&s_sg_list, "sg_list"}, {&s_opcode, "opcode"}, {&s_imm_data, "imm_data"}, {&s_signaled_, "signaled"},
+        {&s_solicited_wr, "solicited"}, {&s_pd, "pd"}, {&s_by_lkey, "_by_lkey"}, {&s_view, "view"},
+        {&s_bits, "bits"}, {&s_addr, "addr"}, {&s_segs, "segs"}, {&s_wc_opcode_, "wc_opcode"},
+        {&s_has_rd_, "has_rd"}, {&s_read_done, "read_done"}, {&s_remote, "remote"}, {&s_qpn, "qpn"},
+        {&s_ssn, "ssn"}, {&s_lsn, "lsn"}, {&s_unlimited, "unlimited"}, {&s_cwnd, "cwnd"},
+        {&s_sample_at, "sample_at"}, {&s_sample_bytes, "sample_bytes"}, {&s_sample_rate, "sample_rate"},
+        {&s_rtt, "rtt"}, {&s_smoothed, "smoothed"}, {&s_variation, "variation"}, {&s_rto_backoff, "rto_backoff"},
+        {&s_probed, "probed"}, {&s_probe_deadline, "probe_deadline"}, {&s_packets_out_, "packets_out"},
+        {&s_datagrams_out, "datagrams_out"}, {&s_sends, "sends"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if ((*names[i].var = PyUnicode_InternFromString(names[i].name)) == NULL)
+            return -1;
+    return 0;
+}

@@ -28,8 +28,10 @@
  *
  * ctx is the transport's list: fd, v6, clock (None: decline), overhead, active (dict by
  * QPN: a QP in it has other work), backlog (list: non-empty, decline), visited (list),
- * flows (dict id(qp.remote) -> (qp.remote, address, the flow's states, IcrcFlow)), device counters, link counters (both
- * None: not counted), after (callable), and the engine's table (small_tx.POST_TABLE).
+ * flows (dict id(qp.remote) -> (qp.remote, address, the flow's states, IcrcFlow)), device
+ * counters, link counters (both None: not counted), after (callable), and the engine's table
+ * (small_tx.POST_TABLE). Its interned names, attr_double, set_double and post_send_setup are
+ * at the end of _nativepost.c.
  */
 
 enum { PC_FD, PC_V6, PC_CLOCK, PC_OVERHEAD, PC_ACTIVE, PC_BACKLOG, PC_VISITED, PC_FLOWS, PC_COUNTERS, PC_LINK,
@@ -38,25 +40,6 @@ enum { PT_WQE, PT_RTS, PT_SUCCESS, PT_POSTED, PT_PENDING, PT_ROWS, PT_SGE, PT_MA
 enum { PR_WC, PR_KIND, PR_OPS, PR_WRITE, PR_IMM, PR_TAKES, PR_LEN };
 enum { TK_GRAN, TK_RTO_VAR, TK_RTO_SRTTS, TK_MAX_RTO, TK_MIN_RTO, TK_PTO_RTTS, TK_MIN_PTO, TK_LEN };
 
-static PyObject *s_state_, *s_caps, *s_max_send_sge, *s_max_send_wr, *s_sg_list, *s_opcode, *s_imm_data,
-    *s_signaled_, *s_solicited_wr, *s_pd, *s_by_lkey, *s_view, *s_bits, *s_addr, *s_segs, *s_wc_opcode_,
-    *s_has_rd_, *s_read_done, *s_remote, *s_qpn, *s_ssn, *s_lsn, *s_unlimited, *s_cwnd, *s_sample_at,
-    *s_sample_bytes, *s_sample_rate, *s_rtt, *s_smoothed, *s_variation, *s_rto_backoff, *s_probed,
-    *s_probe_deadline, *s_packets_out_, *s_datagrams_out, *s_sends;
-
-/* o.name as a double, *isnone set when it is None: 0, or -1 with an exception set (also when
- * it is neither a float, an int nor None). */
-static int attr_double(PyObject *o, PyObject *name, double *v, int *isnone) {
-    PyObject *x = PyObject_GetAttr(o, name);
-    if (x == NULL)
-        return -1;
-    *isnone = x == Py_None;
-    *v = *isnone ? 0.0 : PyFloat_AsDouble(x);
-    Py_DECREF(x);
-    return !*isnone && *v == -1.0 && PyErr_Occurred() ? -1 : 0;
-}
-
-static int set_double(PyObject *o, PyObject *name, double v) { return set_steal(o, name, PyFloat_FromDouble(v)); }
 
 /* Requester.arm_timer(now) for a requester whose timeout is set (rexmit_timeout, then the
  * tail-loss probe's timer, congestion.probe_timeout), in the same floating-point steps; -1
@@ -612,26 +595,4 @@ out:
     Py_XDECREF(wqe);
     Py_XDECREF(dest);
     return result;
-}
-
-static int post_send_setup(void) {
-    static const struct {
-        PyObject **var;
-        const char *name;
-    } names[] = {
-        {&s_state_, "_state"}, {&s_caps, "caps"}, {&s_max_send_sge, "max_send_sge"}, {&s_max_send_wr, "max_send_wr"},
-        {&s_sg_list, "sg_list"}, {&s_opcode, "opcode"}, {&s_imm_data, "imm_data"}, {&s_signaled_, "signaled"},
-        {&s_solicited_wr, "solicited"}, {&s_pd, "pd"}, {&s_by_lkey, "_by_lkey"}, {&s_view, "view"},
-        {&s_bits, "bits"}, {&s_addr, "addr"}, {&s_segs, "segs"}, {&s_wc_opcode_, "wc_opcode"},
-        {&s_has_rd_, "has_rd"}, {&s_read_done, "read_done"}, {&s_remote, "remote"}, {&s_qpn, "qpn"},
-        {&s_ssn, "ssn"}, {&s_lsn, "lsn"}, {&s_unlimited, "unlimited"}, {&s_cwnd, "cwnd"},
-        {&s_sample_at, "sample_at"}, {&s_sample_bytes, "sample_bytes"}, {&s_sample_rate, "sample_rate"},
-        {&s_rtt, "rtt"}, {&s_smoothed, "smoothed"}, {&s_variation, "variation"}, {&s_rto_backoff, "rto_backoff"},
-        {&s_probed, "probed"}, {&s_probe_deadline, "probe_deadline"}, {&s_packets_out_, "packets_out"},
-        {&s_datagrams_out, "datagrams_out"}, {&s_sends, "sends"},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if ((*names[i].var = PyUnicode_InternFromString(names[i].name)) == NULL)
-            return -1;
-    return 0;
 }
