@@ -3,7 +3,8 @@
 The seeded equivalence runs (``tests/engine/test_engine_native_post.py``) show that
 ``post_small`` leaves every run as the engine's ``tx_post`` does. Here, on real sockets: a
 WRITE ping (with READs and SENDs beside it) gives the same memory, completions and requester
-state with native posting on and off, and the WRITEs and SENDs left in their posts; hostile
+state with native posting on and off, and the WRITEs and SENDs left in their posts (all but
+the first in ``post_send``'s one native call, ``QueuePair.poster``); hostile
 work requests (a bad L_Key, a range past the region, a bad remote address) are refused or
 failed exactly as the engine refuses and fails them.
 """
