@@ -40,6 +40,7 @@ setup(
                 "rdmakit/transport/_nativeread.c",
                 "rdmakit/transport/_nativepost.c",
                 "rdmakit/transport/_nativeloop.c",
+                "rdmakit/transport/_nativepostsend.c",
             ],
             extra_compile_args=["-O2", "-std=gnu11", "-fno-strict-aliasing", "-Wall", "-Wextra"],
             optional=True,

@@ -39,7 +39,7 @@ libasan="$("$cc" -print-file-name=libasan.so)"
 
 # A copy of the package and its tests, so that the sanitized module is the one imported.
 cp -r "$here/rdmakit" "$here/tests" "$here/pyproject.toml" "$work/"
-cp "$here/scripts/native_fuzz.py" "$here/scripts/native_fuzz_armed.py" "$here/scripts/native_fuzz_loop.py" "$work/"
+cp "$here/scripts/native_fuzz.py" "$here/scripts/native_fuzz_armed.py" "$here/scripts/native_fuzz_loop.py" "$here/scripts/native_fuzz_post.py" "$work/"
 find "$work/rdmakit" -name '_fastpath*.so' -delete
 find "$work" -name '__pycache__' -type d -prune -exec rm -rf {} +
 

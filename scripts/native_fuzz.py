@@ -284,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     # The armed families import this module's input makers (so not at its top).
     from native_fuzz_armed import fuzz_armed, fuzz_armed_read, fuzz_armed_req, fuzz_post
     from native_fuzz_loop import fuzz_wait_loop
+    from native_fuzz_post import fuzz_post_send
 
     rng = random.Random(args.seed)
     fuzz_check_decode(rng, native, args.count)
@@ -296,10 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     fuzz_armed_read(rng, native, args.count // 2)
     fuzz_post(rng, native, args.count // 4)
     fuzz_wait_loop(rng, native, args.count // 4)
+    fuzz_post_send(rng, native, args.count // 2)
     n, h = args.count // 4, args.count // 2
     print(f"native_fuzz: {args.count} check_decode, {n} place_run and icrc_one_pass, {n} x 3 send/recv, "
           f"{h} small_request, {h} small_response, {h} armed responder, {n} armed requester, {h} armed READ, "
-          f"{n} post_small, {n} wait_loop inputs (seed {args.seed}): all answered or refused")  # fmt: skip
+          f"{n} post_small, {h} post_send, {n} wait_loop inputs (seed {args.seed}): "
+          "all answered or refused")  # fmt: skip
     return 0
 
 

@@ -151,6 +151,10 @@ class QueuePair(BulkReceive, SmallTransmit, ArmedResponder, ArmedRequester):
         self.native: NativeResponder | None = None
         #: The native owner of the requester's common ACKs, or None (:mod:`.armed_req`).
         self.req_native: NativeRequester | None = None
+        #: Native posting, set by a transport: ``(post, ctx)``; ``post(self, wr, ctx)`` does
+        #: this ``post_send``'s whole effect (and its doorbell's) for the requests it takes
+        #: and returns None for the rest, having changed nothing (``small_tx.POST_TABLE``).
+        self.poster: tuple[Callable[[QueuePair, SendWR, list[Any]], object], list[Any]] | None = None
 
     def __repr__(self) -> str:
         return f"<QueuePair qpn={self.qpn:#x} {self._state.name} dest_qpn={self.dest_qpn:#x}>"
@@ -352,6 +356,13 @@ class QueuePair(BulkReceive, SmallTransmit, ArmedResponder, ArmedRequester):
         a post error: the request completes with LOC_PROT_ERR once the ones
         before it are done, and the QP goes to ERR.
         """
+        poster = self.poster
+        if poster is not None:
+            got = poster[0](self, wr, poster[1])
+            if got is not None:
+                if got is not True:
+                    poster[1][-2](self, got)  # the transport's ``after`` (``_nativepostsend.c``)
+                return
         st = self._state
         if st is not QpState.RTS and st is not QpState.SQD and st is not QpState.ERR:
             raise EngineError("BAD_STATE", f"post_send needs RTS or SQD, the QP is in {st.name}")

@@ -21,15 +21,60 @@ through the same rules, never a second owner.
 
 from rdmakit.wire import PSN_HALF, PSN_MASK, RETH, AtomicETH, Opcode, Packet
 
+from . import congestion as _cc
 from .armed import NativeResponder
 from .congestion import PACKET_OVERHEAD
 from .requester import Requester, read_fits
 from .responder import Responder
-from .send_wqe import ATOMIC, PENDING, POSTED, READ, SEND_WRITE
+from .send_wqe import (
+    _SEGMENT_OPS,
+    _TAKES_RECEIVE,
+    ATOMIC,
+    PENDING,
+    POSTED,
+    READ,
+    SEND_WRITE,
+    WC_OPCODE,
+    SendWqe,
+)
+from .states import QpState
 from .stats import QpStats
-from .types import WrOpcode
+from .timers import MAX_MSG_SIZE
+from .types import SGE, WcStatus, WrOpcode
 
 _MASK, _HALF = PSN_MASK, PSN_HALF
+
+_POSTED_OPS = (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
+_WRITES = (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
+_IMMS = (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
+
+#: What native ``post_send`` (``_fastpath.post_send``, ``_nativepostsend.c``) takes from the
+#: engine, so that it has no rule of its own: the WQE's class, the state posts are sent in,
+#: the status and state of a fresh WQE and of a sent one, per opcode it takes the fields ``SendWqe.__init__``
+#: derives (its completion opcode, kind, segment opcodes, is a WRITE, carries ImmDt, takes a
+#: receive WQE), the SGE type, post_send's message limit, ``Dcqcn.sent``'s sample period and
+#: the constants of ``Requester.arm_timer`` (``RttEstimator.rto``, ``probe_timeout``).
+POST_TABLE = (
+    SendWqe,
+    QpState.RTS,
+    WcStatus.SUCCESS,
+    POSTED,
+    PENDING,
+    {
+        op: (WC_OPCODE[op], SEND_WRITE, _SEGMENT_OPS[op], op in _WRITES, op in _IMMS, op in _TAKES_RECEIVE)
+        for op in _POSTED_OPS
+    },
+    SGE,
+    MAX_MSG_SIZE,
+    float(_cc.RATE_SAMPLE_PERIOD),
+    tuple(
+        float(k)
+        for k in (
+            _cc.K_GRANULARITY, _cc.K_RTO_VARIANCE, _cc.K_RTO_SRTTS, _cc.K_MAX_RTO, _cc.K_MIN_RTO,
+            _cc.K_PTO_RTTS, _cc.K_MIN_PTO,
+        )
+    ),
+)  # fmt: skip
 _new_packet = tuple.__new__
 _CMP_SWP = WrOpcode.ATOMIC_CMP_AND_SWP
 _READ_REQUEST = Opcode.RDMA_READ_REQUEST

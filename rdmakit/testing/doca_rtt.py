@@ -165,8 +165,9 @@ def doca_side(far: Far, ip: str, api: str) -> Iterator[Steps]:
                     raise SystemExit(f"the DOCA WRITE task failed: {task.error}")
                 return True
 
-            stages = (submit, _once(pe.progress), far.step, complete, lambda: not pe.progress())
-            yield Steps(stages, loop.reset)
+            yield Steps(
+                (submit, _once(pe.progress), far.step, complete, lambda: not pe.progress()), loop.reset
+            )
 
 
 def _run(steps: Steps, out: list[list[int]], clock: Callable[[], int]) -> None:

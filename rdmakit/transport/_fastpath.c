@@ -1624,6 +1624,7 @@ out:
 /* -- native posting (a fresh one-packet SEND or WRITE sent in its doorbell's call) -------- */
 
 #include "_nativepost.c"
+#include "_nativepostsend.c"
 
 /* -- the device poll loop (Driver.run_until's idle wait, spin then block, in one call) ------ */
 
@@ -1649,6 +1650,7 @@ static PyMethodDef methods[] = {
     {"send_acks", fp_send_acks, METH_VARARGS, "Send the ACKs armed responders hold, in GSO batches (_nativeqp_ack.c)."},
     {"post_small", fp_post_small, METH_VARARGS, "Send a fresh one-packet SEND or WRITE (see _nativepost.c)."},
     {"wait_loop", fp_wait_loop, METH_VARARGS, "The device poll loop's idle wait (see _nativeloop.c)."},
+    {"post_send", fp_post_send, METH_VARARGS, "Check, queue and send a work request (see _nativepostsend.c)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1685,7 +1687,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (armed_setup(m) < 0 || armedreq_setup(m) < 0 || post_setup() < 0) {
+    if (armed_setup(m) < 0 || armedreq_setup(m) < 0 || post_setup() < 0 || post_send_setup() < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -32,7 +32,7 @@ static PyObject *s_tx_on_, *s_fast_on_, *s_resp, *s_out, *s_native, *s_pending, 
     *s_pacer, *s_armed, *s_cc, *s_packets, *s_mtu, *s_seg0, *s_ops, *s_is_write, *s_remote_addr, *s_rkey,
     *s_imm, *s_solicited, *s_dest_qpn, *s_credits, *s_may_start, *s_takes_receive, *s_first_psn, *s_noack,
     *s_stats, *s_retransmits, *s_rtt_psn, *s_rtt_sent, *s_rexmit_deadline, *s_timeout, *s_progress_at,
-    *s_arm_timer, *s_sent, *s_packets_out, *s_qp_;
+    *s_arm_timer, *s_sent, *s_packets_out, *s_qp_, *s_value2member;
 
 #define POST_POSTED 0 /* WqeState.POSTED */
 
@@ -89,6 +89,21 @@ static int icrc_seal(PyObject *states, PyObject *flow, Py_ssize_t size, unsigned
     c = crc32_update(c, tail, (size_t)pad);
     put_le32(tail + pad, c);
     return 0;
+}
+
+/* The member of the WqeState enum of wqe's state (send_wqe.WqeState) whose value is v, as the
+ * engine stores it; a new reference, or NULL with an exception set. */
+static PyObject *wqe_state(PyObject *wqe, long v) {
+    PyObject *st = PyObject_GetAttr(wqe, s_state), *key = PyLong_FromLong(v);
+    PyObject *map = st == NULL ? NULL : PyObject_GetAttr((PyObject *)Py_TYPE(st), s_value2member);
+    PyObject *m = map == NULL || key == NULL || !PyDict_Check(map) ? NULL : PyDict_GetItemWithError(map, key);
+    if (m == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "a WQE's state is a WqeState");
+    Py_XINCREF(m);
+    Py_XDECREF(map);
+    Py_XDECREF(key);
+    Py_XDECREF(st);
+    return m;
 }
 
 /* 1: qp's requester may send its one fresh SEND/WRITE now (tx_small's checks); 0: not; -1: error.
@@ -294,7 +309,7 @@ static PyObject *fp_post_small(PyObject *Py_UNUSED(self), PyObject *args) {
     /* Requester.transmit's effect for this one packet, in tx_small's order. */
     if (set_steal(wqe, s_started, Py_NewRef(Py_True)) < 0 || set_steal(wqe, s_first_psn, PyLong_FromUnsignedLong((unsigned long)psn)) < 0 ||
         set_steal(wqe, s_last_psn, PyLong_FromUnsignedLong((unsigned long)psn)) < 0 ||
-        set_steal(wqe, s_state, PyLong_FromLong(REQ_PENDING)) < 0 || set_steal(req, s_noack, PyLong_FromLong(0)) < 0)
+        set_steal(wqe, s_state, wqe_state(wqe, REQ_PENDING)) < 0 || set_steal(req, s_noack, PyLong_FromLong(0)) < 0)
         goto out;
     PyObject *stats = PyObject_GetAttr(qp, s_stats);
     if (stats == NULL)
@@ -442,6 +457,51 @@ static int post_setup(void) {
     INTERN(s_sent, "sent")
     INTERN(s_packets_out, "packets_out")
     INTERN(s_qp_, "qp")
+    INTERN(s_value2member, "_value2member_map_")
 #undef INTERN
+    return 0;
+}
+
+/* -- native post_send's names and helpers (_nativepostsend.c) -- */
+
+static PyObject *s_state_, *s_caps, *s_max_send_sge, *s_max_send_wr, *s_sg_list, *s_opcode, *s_imm_data,
+    *s_signaled_, *s_solicited_wr, *s_pd, *s_by_lkey, *s_view, *s_bits, *s_addr, *s_segs, *s_wc_opcode_,
+    *s_has_rd_, *s_read_done, *s_remote, *s_qpn, *s_ssn, *s_lsn, *s_unlimited, *s_cwnd, *s_sample_at,
+    *s_sample_bytes, *s_sample_rate, *s_rtt, *s_smoothed, *s_variation, *s_rto_backoff, *s_probed,
+    *s_probe_deadline, *s_packets_out_, *s_datagrams_out, *s_sends;
+
+/* o.name as a double, *isnone set when it is None: 0, or -1 with an exception set (also when
+ * it is neither a float, an int nor None). */
+static int attr_double(PyObject *o, PyObject *name, double *v, int *isnone) {
+    PyObject *x = PyObject_GetAttr(o, name);
+    if (x == NULL)
+        return -1;
+    *isnone = x == Py_None;
+    *v = *isnone ? 0.0 : PyFloat_AsDouble(x);
+    Py_DECREF(x);
+    return !*isnone && *v == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int set_double(PyObject *o, PyObject *name, double v) { return set_steal(o, name, PyFloat_FromDouble(v)); }
+
+static int post_send_setup(void) {
+    static const struct {
+        PyObject **var;
+        const char *name;
+    } names[] = {
+        {&s_state_, "_state"}, {&s_caps, "caps"}, {&s_max_send_sge, "max_send_sge"}, {&s_max_send_wr, "max_send_wr"},
+        {&s_sg_list, "sg_list"}, {&s_opcode, "opcode"}, {&s_imm_data, "imm_data"}, {&s_signaled_, "signaled"},
+        {&s_solicited_wr, "solicited"}, {&s_pd, "pd"}, {&s_by_lkey, "_by_lkey"}, {&s_view, "view"},
+        {&s_bits, "bits"}, {&s_addr, "addr"}, {&s_segs, "segs"}, {&s_wc_opcode_, "wc_opcode"},
+        {&s_has_rd_, "has_rd"}, {&s_read_done, "read_done"}, {&s_remote, "remote"}, {&s_qpn, "qpn"},
+        {&s_ssn, "ssn"}, {&s_lsn, "lsn"}, {&s_unlimited, "unlimited"}, {&s_cwnd, "cwnd"},
+        {&s_sample_at, "sample_at"}, {&s_sample_bytes, "sample_bytes"}, {&s_sample_rate, "sample_rate"},
+        {&s_rtt, "rtt"}, {&s_smoothed, "smoothed"}, {&s_variation, "variation"}, {&s_rto_backoff, "rto_backoff"},
+        {&s_probed, "probed"}, {&s_probe_deadline, "probe_deadline"}, {&s_packets_out_, "packets_out"},
+        {&s_datagrams_out, "datagrams_out"}, {&s_sends, "sends"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if ((*names[i].var = PyUnicode_InternFromString(names[i].name)) == NULL)
+            return -1;
     return 0;
 }

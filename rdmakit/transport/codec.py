@@ -222,6 +222,10 @@ class PostSmall(Protocol):
     ) -> int | bytes | None: ...
 
 
+class PostSend(Protocol):
+    def __call__(self, qp: object, wr: object, ctx: list[Any], /) -> object: ...
+
+
 class SegmentCodec(Protocol):
     """The codec operations of the RoCE-UDP port (module docstring)."""
 
@@ -263,6 +267,13 @@ class SegmentCodec(Protocol):
     #: idle wait, spin then block, taking what the armed paths take without a return per datagram:
     #: ``(reason, port index, [(taken, ACKs sent)] per port, raw, errno)``.
     wait_loop: WaitLoop | None
+
+    #: ``QueuePair.post_send`` in one native call for the requests native posting takes
+    #: (native only; None: not offered; ``_nativepostsend.c``): None having done nothing,
+    #: else the work request queued, checked, sent and counted as ``post_send``, its doorbell
+    #: and ``post_small`` would have: True, or sendmsg's errno or the datagram for the
+    #: context's ``after``.
+    post_send: PostSend | None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

@@ -29,6 +29,7 @@ from .codec import (
     Arm,
     ArmReq,
     PollArmed,
+    PostSend,
     PostSmall,
     RecvRaw,
     RecvRuns,
@@ -89,6 +90,7 @@ class PythonCodec:
     arm_req: ArmReq | None = None
     post_small: PostSmall | None = None
     wait_loop: WaitLoop | None = None
+    post_send: PostSend | None = None
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

@@ -100,10 +100,12 @@ class Driver:
         if dev not in self.devices:
             self.devices.append(dev)
             self._ep.register(dev.fileno(), select.EPOLLIN)
+            dev.post_with(self.clock)  # a post's one SEND or WRITE leaves in its post_send
 
     def remove(self, dev: SoftDevice) -> None:
         if dev in self.devices:
             self.devices.remove(dev)
+            dev.post_with(None)
             with contextlib.suppress(OSError, ValueError):
                 self._ep.unregister(dev.fileno())
 

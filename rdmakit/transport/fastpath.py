@@ -40,6 +40,7 @@ from .codec import (
     Arm,
     ArmReq,
     PollArmed,
+    PostSend,
     PostSmall,
     RecvRaw,
     RecvRuns,
@@ -106,6 +107,7 @@ class NativeCodec:
         self.arm_req: ArmReq | None = mod.ArmedReq
         self.post_small: PostSmall | None = mod.post_small
         self.wait_loop: WaitLoop | None = mod.wait_loop
+        self.post_send: PostSend | None = mod.post_send
 
     def send_packet(
         self, sock: socket.socket, addr: tuple[str, int], pkt: Packet, states: dict[int, int], flow: IcrcFlow

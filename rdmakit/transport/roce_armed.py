@@ -12,13 +12,14 @@ several QPs to one peer leave together (``_hold_ack``, ``_send_acks``).
 import errno
 import os
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 from rdmakit.engine.congestion import PACKET_OVERHEAD
 from rdmakit.engine.qp import QueuePair
+from rdmakit.engine.small_tx import POST_TABLE
 from rdmakit.wire import IcrcFlow, Opcode, Packet, Payload, Train
 
-from .codec import ArmedOwner, ArmedReqOwner, LoopPort, PollArmed, SegmentCodec, SendAcks
+from .codec import ArmedOwner, ArmedReqOwner, LoopPort, PollArmed, PostSend, SegmentCodec, SendAcks
 from .port import DeviceCounters, PeerAddress, addr_bytes
 from .roce_sources import OURS_STRIKES, RxFlow, RxSources
 from .udp import CE, WOULD_BLOCK, UdpLink
@@ -48,9 +49,12 @@ class ArmedSends:
     _hot: object
     #: Segments of the datagrams in the link's buffer (``UdpPort._rx_batch``).
     _rx_batch: Callable[[int, int, str, int, int, float, bool], None]
-    #: The clock of native posting (``_post_now``): the pump's, set by whoever pumps the device
-    #: with it (``SoftDevice.post_with``); None: every post waits for ``transmit``.
-    post_clock: Callable[[], float] | None = None
+    #: Native posting's context (``_nativepostsend.c``), shared by the port's QPs (their
+    #: ``poster``), made on the first post that leaves natively.
+    _post_ctx: list[Any] | None = None
+    #: Native posting's flows, by the identity of the QP's ``remote`` (checked against it).
+    _post_flows: dict[int, tuple[PeerAddress, tuple[str, int], dict[int, int], IcrcFlow]]
+    _clock: Callable[[], float] | None = None
     _tx_flows: dict[tuple[str, int], IcrcFlow]
     _local: bytes
     port: int
@@ -152,6 +156,48 @@ class ArmedSends:
         self.counters.packets_in += nsegs
         self._rx_batch(nbytes, segsize, src_ip, sport, 0, now, ecn == CE)
 
+    @property
+    def post_clock(self) -> Callable[[], float] | None:
+        """The clock of native posting (``_post_now``): the pump's, set by whoever pumps the
+        device with it (``SoftDevice.post_with``); None: every post waits for ``transmit``."""
+        return self._clock
+
+    @post_clock.setter
+    def post_clock(self, clock: Callable[[], float] | None) -> None:
+        self._clock = clock
+        if self._post_ctx is not None:
+            self._post_ctx[2] = clock
+
+    def _poster(self) -> "tuple[PostSend, list[Any]] | None":
+        """``QueuePair.poster`` for this port's QPs: ``post_send`` in one native call."""
+        post = self._codec.post_send
+        if post is None:
+            return None
+        ctx = self._post_ctx
+        if ctx is None:
+            ctx = self._post_ctx = [
+                self._fd, self._v6, self._clock, PACKET_OVERHEAD, self._active, self._backlog,
+                self._visited, self._post_flows, self.counters, self.link.counters, self._posted, POST_TABLE,
+            ]  # fmt: skip
+        return post, ctx
+
+    def _posted(self, qp: QueuePair, got: int | bytes) -> None:
+        """A native post's datagram that did not simply leave: sendmsg's errno (a lost packet,
+        as ``UdpLink.send`` counts it), or the datagram a full socket refused (queued, as
+        ``_send_udp`` queues)."""
+        self.counters.packets_out += 1
+        remote = cast(PeerAddress, qp.remote)
+        if not isinstance(got, int):
+            self._backlog.append(([got], 0, 1, (remote.ip, remote.port)))
+            return
+        lc = self.link.counters
+        lc.datagrams_out += 1
+        lc.sends += 1
+        if got:
+            self.link.record_error(OSError(got, os.strerror(got)))
+            if got == errno.EMSGSIZE:
+                self._too_big(qp, remote)
+
     def _post_now(self, qp: QueuePair) -> bool:
         """``qp``'s doorbell rang: when its requester's whole work is one fresh SEND or WRITE of
         at most an MTU (``_nativepost.c``; ``tx_small``'s case), build and send it in one
@@ -168,21 +214,20 @@ class ArmedSends:
         flow = self._tx_flows.get(addr)
         if flow is None:
             flow = self._tx_flow(remote)
+        poster = qp.poster
+        if poster is None or poster[1] is not self._post_ctx:
+            qp.poster = self._poster()  # its next posts: post_send's whole effect in one call
         got = post(self._fd, addr, self._v6, flow.states, flow, qp, clock(), PACKET_OVERHEAD)
         if got is None:
             return False
-        self.counters.packets_out += 1
         self._visited.append(qp)  # its retransmit timer may have started
-        if not isinstance(got, int):  # the socket is full: queued, as _send_udp queues
-            self._backlog.append(([got], 0, 1, addr))
-            return True
-        lc = self.link.counters
-        lc.datagrams_out += 1  # as UdpLink.send: a send error is a lost packet
-        lc.sends += 1
-        if got:
-            self.link.record_error(OSError(got, os.strerror(got)))
-            if got == errno.EMSGSIZE:
-                self._too_big(qp, remote)
+        if got == 0 and isinstance(got, int):
+            self.counters.packets_out += 1
+            lc = self.link.counters
+            lc.datagrams_out += 1  # as UdpLink.send
+            lc.sends += 1
+        else:
+            self._posted(qp, got)
         return True
 
     def _send_ack(self, owner: ArmedOwner, qp: QueuePair, now: float) -> bool:
@@ -227,7 +272,9 @@ class ArmedSends:
             flow = IcrcFlow.ipv4(self._local, dst, self.port, remote.port)
         if len(self._tx_flows) >= 1024:
             self._tx_flows.clear()
+            self._post_flows.clear()
         self._tx_flows[(remote.ip, remote.port)] = flow
+        self._post_flows[id(remote)] = (remote, (remote.ip, remote.port), flow.states, flow)
         return flow
 
     def _hold_ack(self, acks: HeldAcks, qp: QueuePair, ack: "Packet | Train | ArmedOwner") -> bool:

@@ -100,6 +100,7 @@ class UdpPort(ArmedSends, TrainSends):
         self._routes: AckRoutes = {}
         #: The QPs transmit looked at since ``visited`` was last called.
         self._visited: list[QueuePair] = []
+        self._post_flows = {}
 
     @property
     def codec(self) -> SegmentCodec:
@@ -108,6 +109,9 @@ class UdpPort(ArmedSends, TrainSends):
     @codec.setter
     def codec(self, codec: SegmentCodec) -> None:
         self._codec = self.sources.codec = codec
+        if self._post_ctx is not None:  # native posting's context is the old codec's
+            self._post_ctx[2] = None
+            self._post_ctx = None
 
     def forget(self, qp: QueuePair) -> None:
         qp.disarm()
@@ -128,10 +132,10 @@ class UdpPort(ArmedSends, TrainSends):
     def visited(self) -> list[QueuePair]:
         # Every QP a segment reached, a doorbell or timer woke is in the active set until
         # transmit looks at it; one still there (a backlog held transmit back) counts too.
-        out = self._visited
+        out = self._visited.copy()  # the list itself is native posting's (``_post_ctx``)
+        self._visited.clear()
         if self._active:
             out.extend(self._active.values())
-        self._visited = []
         return out
 
     def fault(self, qpn: int) -> str | None:

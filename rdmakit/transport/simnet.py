@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, cast
 
 from rdmakit.engine.congestion import PACKET_OVERHEAD
+from rdmakit.engine.small_tx import POST_TABLE
 from rdmakit.wire import (
     MIDDLE_OPCODES,
     ROCE_UDP_PORT,
@@ -90,6 +91,7 @@ class PostQP(SimQP, Protocol):
     """A QP whose posts ring a doorbell (``SimNet(post=True)``)."""
 
     doorbell: Callable[[Any], None] | None
+    poster: tuple[Callable[..., object], list[Any]] | None
 
     def tx_post(self, now: float) -> Packet | None: ...
 
@@ -174,7 +176,9 @@ class SimNet:
         ``stats["armed"]``, ``stats["armed_req"]`` and ``stats["small_tx"]`` count them. ``post``:
         a QP's doorbell sends its one fresh SEND or WRITE at once, as the UDP port's does under a
         driver (``UdpPort._post_now``): through the codec's ``post_small`` if it has one
-        (``stats["post"]``), else through the engine's ``tx_post`` (``stats["post_py"]``)."""
+        (``stats["post"]``), else through the engine's ``tx_post`` (``stats["post_py"]``); and
+        with a codec's ``post_send``, the QP's later posts are ``post_send``'s whole effect in
+        one native call when it takes them (``QueuePair.poster``, ``stats["post_send"]``)."""
         self.seed = seed
         self.post = post
         self.bulk = bulk
@@ -214,6 +218,8 @@ class SimNet:
         self._qps.append((address, qp))
         if self.post:
             cast(PostQP, qp).doorbell = lambda q: self._doorbell(address, cast(PostQP, q))
+            if self.small is not None and self.small.post_send is not None:
+                cast(PostQP, qp).poster = (self.small.post_send, self._post_ctx(address))
 
     def _doorbell(self, src: Address, qp: "PostQP") -> None:
         """A post on ``qp``: its one fresh SEND or WRITE leaves now (``post``, ``__init__``)."""
@@ -221,6 +227,8 @@ class SimNet:
         post = self.small.post_small if self.small is not None else None
         if post is not None:
             flow = self._flow(src, dst)
+            if qp.poster is not None:
+                qp.poster[1][7][id(dst)] = (dst, None, flow.states, flow)  # for its next posts
             got = post(-1, None, False, flow.states, flow, qp, self.now, PACKET_OVERHEAD)
             if got is not None:
                 assert isinstance(got, bytes)
@@ -231,6 +239,18 @@ class SimNet:
         if one is not None:
             self.stats["post_py"] += 1
             self.send(src, dst, one)
+
+    def _post_ctx(self, src: Address) -> list[Any]:
+        """Native ``post_send``'s context for the QPs at ``src`` (``_nativepostsend.c``): no
+        socket, so each datagram comes back to ``after``, which sends it on the wire."""
+
+        def after(qp: Any, datagram: bytes) -> None:
+            self.stats["post_send"] += 1
+            self.send_bytes(src, qp.remote, datagram)
+
+        flows: dict[int, tuple[Address, None, dict[int, int], IcrcFlow]] = {}
+        clock: Callable[[], float] = lambda: self.now  # noqa: E731 (the context's clock)
+        return [-1, False, clock, PACKET_OVERHEAD, None, None, None, flows, None, None, after, POST_TABLE]
 
     def _flow(self, src: Address, dst: Address) -> IcrcFlow:
         flow = self._flows.get((src, dst))

@@ -367,6 +367,46 @@ C_MUTANTS: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {
         ),
         (_ONE_PASS,),
     ),
+    "c-postsend-past-the-region": (
+        (
+            "if (!(mra <= addr && (unsigned __int128)addr + len",
+            "if (0 && !(mra <= addr && (unsigned __int128)addr + len",
+        ),
+        (_POST,),
+    ),
+    "c-postsend-queue-overfull": (
+        ("if (have < 0 || have >= max_wr)", "if (have < 0 || have > max_wr)"),
+        (_POST,),
+    ),
+    "c-postsend-imm-unchecked": (
+        ("t = get_uint(imm, 0xFFFFFFFFu, &u);", "t = get_uint(imm, UINT64_MAX, &u);"),
+        (_POST,),
+    ),
+    "c-postsend-ignores-credits": (
+        ("    if (limited && takes && d != 0) {", "    if (0 && limited && takes && d != 0) {"),
+        (_POST,),
+    ),
+    "c-postsend-credit-not-counted": (
+        ("if (set_steal(credits, s_ssn, PyLong_FromUnsignedLong(nssn)) < 0 ||", "if ("),
+        (_POST,),
+    ),
+    "c-postsend-no-probe": (("            probe = pto < timer;", "            probe = 0;"), (_POST,)),
+    "c-postsend-rto-no-floor": (
+        ("double early = (k[TK_MIN_RTO] > rto ? k[TK_MIN_RTO] : rto) * mult;", "double early = rto * mult;"),
+        (_POST,),
+    ),
+    "c-postsend-solicited-kept": (
+        ("!st ? sol : takes ? Py_True : Py_False)", "!st ? sol : Py_True)"),
+        (_POST,),
+    ),
+    "c-postsend-no-sample-bytes": (
+        ("bad = set_steal(rate, s_sample_bytes, PyLong_FromLong(sb)) < 0;", "bad = 0;"),
+        (_POST,),
+    ),
+    "c-postsend-wrong-view": (
+        ("(Py_ssize_t)(addr - mra), (Py_ssize_t)(addr - mra + len));", "0, (Py_ssize_t)len);"),
+        (_POST,),
+    ),
 }
 #: The C sources a mutant may edit (its text must occur exactly once in them all).
 C_SOURCES = (
@@ -377,6 +417,7 @@ C_SOURCES = (
     "rdmakit/transport/_nativeread.c",
     "rdmakit/transport/_nativepost.c",
     "rdmakit/transport/_nativeloop.c",
+    "rdmakit/transport/_nativepostsend.c",
 )
 
 
