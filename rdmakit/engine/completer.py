@@ -217,7 +217,7 @@ def on_response(qp: QpContext, req: Requester, pkt: Packet, info: OpInfo, now: f
                     req.comp_psn = psn
                     req.comp_opcode = None
                     req.restart_timer(now)
-                req.error_retry(now, False)
+                req.error_retry(now, False, sequence=True)
             else:
                 qp.fail_send(NAK_STATUS.get(code, WcStatus.REM_OP_ERR))  # type: ignore[call-overload]
         else:

@@ -53,12 +53,23 @@ and, while a rate holds, as ``paced`` allows.
 
 import math
 
+from rdmakit.wire.psn import PSN_MASK
+
 # -- the window (RFC 9002 §7.2 names; units are packets: one PSN is one packet) --
 
 #: RFC 9002 kMinimumWindow (2 datagrams).
 K_MINIMUM_WINDOW = 2
 #: RFC 9002 kLossReductionFactor: a loss halves the window.
 K_LOSS_REDUCTION_FACTOR = 0.5
+#: TCP Veno's beta (Fu and Liew, IEEE JSAC 21(2), 2003): a loss while the window keeps fewer
+#: packets than this queued on the path (cwnd · (1 - min RTT / RTT)) is random, not an overflow.
+K_RANDOM_BACKLOG = 3
+#: After a random loss the window is at most this share of the packets delivered between
+#: loss events (``Window.interval``): go-back-N resends about a window per loss, so at most
+#: a third of what is sent is resent (Mittal et al. 2018: efficiency 1 / (1 + p·W) >= 2/3).
+K_RANDOM_WINDOW_SHARE = 0.5
+#: The gain of the mean loss interval (as RFC 6298's alpha weighs RTT samples).
+K_INTERVAL_GAIN = 1 / 4
 
 # -- the round trip (RFC 6298 §2) --
 
@@ -152,7 +163,7 @@ RESPONSE_PACING_GAIN = 2.0
 class Window:
     """A NewReno congestion window in packets (RFC 5681 §3.1, RFC 6582), at most ``limit``."""
 
-    __slots__ = ("cwnd", "limit", "recovery_until", "slow_restart", "ssthresh")
+    __slots__ = ("cwnd", "interval", "limit", "loss_psn", "recovery_until", "slow_restart", "ssthresh")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -166,6 +177,10 @@ class Window:
         self.recovery_until = -math.inf
         #: The period began with a timeout: slow start runs in it (RFC 5681 §3.1).
         self.slow_restart = False
+        #: The first unacknowledged PSN at the last loss event (None: none yet), and the mean
+        #: of the PSNs acknowledged between loss events (0: none measured).
+        self.loss_psn: int | None = None
+        self.interval = 0.0
 
     def set_limit(self, limit: int) -> None:
         """The spec's window changed; before any loss the congestion window follows it."""
@@ -187,14 +202,28 @@ class Window:
         if self.cwnd > self.limit:
             self.cwnd = float(self.limit)
 
-    def on_loss(self, now: float, rtt: float, floor: float = 0.0) -> bool:
+    def on_loss(self, now: float, rtt: float, floor: float = 0.0, random: bool = False, psn: int = 0) -> bool:
         """A NAK-sequence error or implied NAK: halve once per round trip (RFC 9002 §7.3.2),
         never below ``floor``, the path's measured bandwidth-delay product
-        (``DeliveryRate.bdp``). False if a recovery period already covers this loss."""
+        (``DeliveryRate.bdp``). A ``random`` loss (``random_loss``: no queue, no CNP) has
+        nothing to drain: the window only comes down to ``K_RANDOM_WINDOW_SHARE`` of the
+        mean loss interval (from ``psn``, the first unacknowledged PSN), and at most by half.
+        False if a recovery period covers this loss."""
         if now < self.recovery_until:
             return False
-        self.cwnd = min(max(self.cwnd * K_LOSS_REDUCTION_FACTOR, floor, K_MINIMUM_WINDOW), self.cwnd)
-        self.ssthresh = self.cwnd
+        last, self.loss_psn = self.loss_psn, psn
+        if last is not None:
+            d = (psn - last) & PSN_MASK
+            self.interval = d if not self.interval else self.interval + K_INTERVAL_GAIN * (d - self.interval)
+        if random:
+            # Never more than a queue's cut; slow start climbs back to the cap (a loss with
+            # no queue says nothing of the pipe).
+            cap = max(self.interval * K_RANDOM_WINDOW_SHARE, self.cwnd * K_LOSS_REDUCTION_FACTOR)
+            self.ssthresh = max(cap, K_MINIMUM_WINDOW)
+            self.cwnd = min(self.cwnd, self.ssthresh)
+        else:
+            self.cwnd = min(max(self.cwnd * K_LOSS_REDUCTION_FACTOR, floor, K_MINIMUM_WINDOW), self.cwnd)
+            self.ssthresh = self.cwnd
         self.recovery_until = now + rtt
         self.slow_restart = False
         return True
@@ -403,6 +432,21 @@ class RttEstimator:
         return max(s + max(K_GRANULARITY, K_RTO_VARIANCE * self.variation), K_RTO_SRTTS * s)
 
 
+def random_loss(window: Window, rtt: RttEstimator, dcqcn: "Dcqcn", now: float, waited: float) -> bool:
+    """A loss is random, not a queue's overflow, where the window keeps fewer than
+    ``K_RANDOM_BACKLOG`` packets queued by the round trip now (TCP Veno's test; the latest
+    sample, the smoothed one or the ``waited`` seconds of the sample under way, whichever
+    reads more: a queue that overflows holds back the answers that would show it) and no
+    CNP came within that round trip (an ECN mark says a queue is building before a loss does)."""
+    s = rtt.smoothed
+    if s is None:
+        return False
+    now_rtt = max(rtt.latest, s, waited)
+    if now_rtt <= 0 or now - dcqcn.last_at <= now_rtt:
+        return False  # no round trip measured yet, or a CNP within it
+    return window.cwnd * (1 - rtt.minimum / now_rtt) < K_RANDOM_BACKLOG
+
+
 def probe_timeout(rtt: RttEstimator, timer: float) -> float | None:
     """RFC 8985 §7.2's PTO: ``K_PTO_RTTS`` smoothed round trips, at least ``K_MIN_PTO``; None
     before the first sample or where it would not come before the retransmit ``timer``."""
@@ -421,7 +465,7 @@ class Dcqcn:
     """
 
     __slots__ = (
-        "alpha", "alpha_at", "byte_events", "bytes_since", "cnps", "peak", "rate", "sample_at",
+        "alpha", "alpha_at", "byte_events", "bytes_since", "cnps", "last_at", "peak", "rate", "sample_at",
         "sample_bytes", "sample_rate", "target", "timer_at", "timer_events", "tokens", "tokens_at",
     )  # fmt: skip
 
@@ -439,6 +483,8 @@ class Dcqcn:
         self.tokens = 0.0
         self.tokens_at = 0.0
         self.cnps = 0
+        #: When the last CNP came.
+        self.last_at = -math.inf
         #: The sending rate measured over ``RATE_SAMPLE_PERIOD`` (the first cut's start).
         self.sample_at: float | None = None
         self.sample_bytes = 0
@@ -447,6 +493,7 @@ class Dcqcn:
     def on_cnp(self, now: float) -> None:
         """A CNP arrived: remember the rate as the target, cut it by alpha/2, raise alpha."""
         self.cnps += 1
+        self.last_at = now
         rate = self.rate
         if rate is None:
             rate = self.peak = self._measured(now)

@@ -45,6 +45,7 @@ from .congestion import (
     Window,
     paced,
     probe_timeout,
+    random_loss,
 )
 from .context import QpContext
 from .credits import RequesterCredits
@@ -211,8 +212,8 @@ class Requester:
 
     # -- retries (rxe rxe_comp.c COMPST_ERROR_RETRY / COMPST_RNR_RETRY) --
 
-    def error_retry(self, now: float, timeout: bool, counted: bool = True) -> None:
-        """Start a go-back-N retry after a timeout, NAK-sequence error or implied NAK.
+    def error_retry(self, now: float, timeout: bool, counted: bool = True, sequence: bool = False) -> None:
+        """Start a go-back-N retry after a timeout, NAK-sequence error (``sequence``) or implied NAK.
 
         All three count against ``retry_cnt`` (7 never runs out). Without a
         timeout, a retry already under way is not started again until a good
@@ -230,6 +231,7 @@ class Requester:
                 self.need_retry = True
                 self.started_retry = True
                 self.qp.stats.retries += 1
+                waited = 0.0 if self.rtt_psn is None else now - self.rtt_sent
                 self.rtt_psn = None  # Karn: no sample across a retransmission
                 if self.cc_on:
                     floor = self.delivery.bdp(self.rtt.minimum)
@@ -237,7 +239,11 @@ class Requester:
                     if timeout:
                         self.cc.on_timeout(now, rtt, floor)
                     else:
-                        self.cc.on_loss(now, rtt, floor)
+                        # Only a NAK-sequence error (a gap in what this requester paced and
+                        # timed) may be random: READ responses leave in bursts it does not time.
+                        random = sequence and random_loss(self.cc, self.rtt, self.rate, now, waited)
+                        if self.cc.on_loss(now, rtt, floor, random, self.comp_psn) and random:
+                            self.qp.stats.random_losses += 1
                     # A NAK-sequence error, an implied NAK or a gap in READ responses: a queue
                     # overflowed with what this QP sent or asked for. A timeout alone does not
                     # arm the pacer (``Pacer``).

@@ -16,6 +16,8 @@ class QpStats:
     retransmits: int = 0
     #: Go-back-N sequences started (timeouts, NAK-sequence errors, implied NAKs).
     retries: int = 0
+    #: NAK-sequence errors judged random losses (no queue, no CNP: ``congestion.random_loss``).
+    random_losses: int = 0
     timeouts: int = 0
     #: Request packets sent again as tail-loss probes (``engine.probe``; not go-back-N, not retries).
     probes: int = 0

@@ -124,6 +124,7 @@ class Side:
             "rnr_naks_sent": s.rnr_naks_sent,
             "retransmits": s.retransmits,
             "probes": s.probes,
+            "random_losses": s.random_losses,
             "retries": s.retries,
             "timeouts": s.timeouts,
             "duplicates": s.duplicates,

@@ -48,6 +48,8 @@ class Stream:
     timeouts: int
     dropped: int  # packets the network lost or its queue dropped
     digest: str
+    random_losses: int = 0  # NAK-sequence errors judged random (``QpStats.random_losses``)
+    srtt: float | None = None  # the requester's smoothed round trip at the end, seconds
 
     @property
     def mbs(self) -> float:
@@ -102,6 +104,8 @@ def stream(
         st.timeouts,
         net["lost"] + net["queue_full"],
         p.net.trace_digest(),
+        st.random_losses,
+        a.qp.req.rtt.smoothed,
     )
 
 
