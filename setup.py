@@ -36,6 +36,7 @@ setup(
             depends=[
                 "rdmakit/transport/_nativeqp.c",
                 "rdmakit/transport/_nativeqp_ack.c",
+                "rdmakit/transport/_nativepoll.c",
                 "rdmakit/transport/_nativereq.c",
                 "rdmakit/transport/_nativeread.c",
                 "rdmakit/transport/_nativepost.c",

@@ -1646,7 +1646,7 @@ static PyMethodDef methods[] = {
     {"small_request", fp_small_request, METH_VARARGS, "Check and execute a one-packet request (see the source)."},
     {"init_small_response", fp_init_small_response, METH_VARARGS, "Hand over the opcodes small_response takes."},
     {"small_response", fp_small_response, METH_VARARGS, "Check a one-packet response, place its data."},
-    {"poll_armed", fp_poll_armed, METH_VARARGS, "Read and execute armed responders' WRITEs (see _nativeqp.c)."},
+    {"poll_armed", fp_poll_armed, METH_VARARGS, "Read and execute armed responders' WRITEs (see _nativepoll.c)."},
     {"send_acks", fp_send_acks, METH_VARARGS, "Send the ACKs armed responders hold, in GSO batches (_nativeqp_ack.c)."},
     {"post_small", fp_post_small, METH_VARARGS, "Send a fresh one-packet SEND or WRITE (see _nativepost.c)."},
     {"wait_loop", fp_wait_loop, METH_VARARGS, "The device poll loop's idle wait (see _nativeloop.c)."},

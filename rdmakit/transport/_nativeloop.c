@@ -1,7 +1,7 @@
 /*
  * The device poll loop: Driver.run_until's idle wait (spin, then block) in one native call. Part of
- * _fastpath.c's translation unit (#included after _nativeqp.c, whose poll_core and armed_send_ack_to it
- * uses). See docs/architecture.md, "The native wait".
+ * _fastpath.c's translation unit (#included after _nativeqp.c and _nativepoll.c, whose poll_core and
+ * armed_send_ack_to it uses). See docs/architecture.md, "The native wait".
  *
  * wait_loop(epfd, ports, done, spin_end, end, deadline, max_reads) -> (reason, index, counts, raw, err)
  *

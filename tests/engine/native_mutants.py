@@ -418,6 +418,7 @@ C_SOURCES = (
     "rdmakit/transport/_nativepost.c",
     "rdmakit/transport/_nativeloop.c",
     "rdmakit/transport/_nativepostsend.c",
+    "rdmakit/transport/_nativepoll.c",
 )
 
 
