@@ -26,11 +26,13 @@ def _retry_plus_one() -> None:
     """retry_cnt counts retries from 0 to retry_cnt inclusive: one transmission too many."""
     orig = Requester.error_retry
 
-    def error_retry(self: Any, now: float, timeout: bool, counted: bool = True) -> None:
+    def error_retry(
+        self: Any, now: float, timeout: bool, counted: bool = True, sequence: bool = False
+    ) -> None:
         if counted and self.retry_left == 0 and not _EXTRA.get(id(self)):
             _EXTRA[id(self)] = True
             self.retry_left = 1
-        orig(self, now, timeout, counted)
+        orig(self, now, timeout, counted, sequence)
 
     patch(Requester, "error_retry", error_retry)
 
@@ -66,10 +68,12 @@ def _timeouts_not_counted() -> None:
     """A local ACK timeout retries without counting against retry_cnt."""
     orig = Requester.error_retry
 
-    def error_retry(self: Any, now: float, timeout: bool, counted: bool = True) -> None:
+    def error_retry(
+        self: Any, now: float, timeout: bool, counted: bool = True, sequence: bool = False
+    ) -> None:
         if timeout and counted and 0 < self.retry_left < 7:
             self.retry_left += 1
-        orig(self, now, timeout, counted)
+        orig(self, now, timeout, counted, sequence)
 
     patch(Requester, "error_retry", error_retry)
 
