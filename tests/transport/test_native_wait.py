@@ -196,8 +196,8 @@ def test_the_native_wait_equals_the_python_loop(new_ip: Callable[[], str], seed:
     for name, x, y in zip(names, on[:-1], off[:-1], strict=True):
         assert x == y, name
     assert off[-1] == (0, 0)
-    # The requester's ACKs and the far side's armed WRITEs, READs and atomics, taken in C.
-    assert on[-1][0] >= 1, on[-1]
+    # The far side's armed WRITEs, READs and atomics, taken in C. (Whether the requester's ACKs
+    # are is timing: one that comes before its wait begins is taken by its Python pass.)
     assert on[-1][1] >= 80, on[-1]
     assert len(on[2]) > 150
     assert len(on[5]) > 300  # every request and its answer, seen on the wire
