@@ -106,9 +106,10 @@ static PyObject *wqe_state(PyObject *wqe, long v) {
     return m;
 }
 
-/* 1: qp's requester may send its one fresh SEND/WRITE now (tx_small's checks); 0: not; -1: error.
- * On 1, *wqe is a new reference. */
-static int post_eligible(PyObject *qp, PyObject *req, PyObject **wqe) {
+/* 1: qp's requester is steady, as tx_small and tx_post check before a fresh WQE leaves (the fast
+ * paths on, no response or armed ACK pending, between messages, no retry, drain, RNR wait or
+ * pacing); *idx is its next WQE's index. 0: not; -1: error. */
+static int requester_steady(PyObject *qp, PyObject *req, long *idx) {
     int t;
     if ((t = attr_true(qp, s_tx_on_)) <= 0 || (t = attr_true(qp, s_fast_on_)) <= 0)
         return t;
@@ -126,12 +127,22 @@ static int post_eligible(PyObject *qp, PyObject *req, PyObject **wqe) {
     Py_DECREF(nat);
     if (t != 0)
         return t < 0 ? -1 : 0;
-    long idx, off;
-    if (attr_long(req, s_next_idx, &idx) < 0 || attr_long(req, s_req_off, &off) < 0)
+    long off;
+    if (attr_long(req, s_next_idx, idx) < 0 || attr_long(req, s_req_off, &off) < 0)
         return -1;
     if (off || (t = attr_true(req, s_need_retry)) != 0 || (t = attr_true(req, s_draining)) != 0 ||
         (t = attr_none(req, s_rnr_deadline)) != 1 || (t = attr_none(req, s_pace_deadline)) != 1)
         return t < 0 ? -1 : 0;
+    return 1;
+}
+
+/* 1: qp's requester may send its one fresh SEND/WRITE now (tx_small's checks); 0: not; -1: error.
+ * On 1, *wqe is a new reference. */
+static int post_eligible(PyObject *qp, PyObject *req, PyObject **wqe) {
+    long idx;
+    int t = requester_steady(qp, req, &idx);
+    if (t <= 0)
+        return t;
     PyObject *sq = PyObject_GetAttr(req, s_sq);
     if (sq == NULL)
         return -1;

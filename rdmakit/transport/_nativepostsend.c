@@ -255,34 +255,14 @@ static PyObject *post_wqe(PyObject *table, PyObject *wr, PyObject *row, PyObject
     return w;
 }
 
-/* The requester takes a fresh WQE now as tx_post would (post_eligible's checks, before the
- * WQE is queued: sqlen WQEs, all started): 1, 0, or -1 with an exception set. */
+/* The requester takes a fresh WQE now as tx_post would (requester_steady, before the WQE is
+ * queued: sqlen WQEs, all started): 1, 0, or -1 with an exception set. */
 static int post_ready(PyObject *qp, PyObject *req, uint64_t sqlen) {
-    int t;
-    if ((t = attr_true(qp, s_tx_on_)) <= 0 || (t = attr_true(qp, s_fast_on_)) <= 0)
+    long idx;
+    int t = requester_steady(qp, req, &idx);
+    if (t <= 0)
         return t;
-    PyObject *resp = PyObject_GetAttr(qp, s_resp);
-    if (resp == NULL)
-        return -1;
-    t = attr_true(resp, s_out);
-    Py_DECREF(resp);
-    if (t != 0)
-        return t < 0 ? -1 : 0;
-    PyObject *nat = PyObject_GetAttr(qp, s_native);
-    if (nat == NULL)
-        return -1;
-    t = nat == Py_None ? 0 : attr_true(nat, s_pending);
-    Py_DECREF(nat);
-    if (t != 0)
-        return t < 0 ? -1 : 0;
-    long idx, off;
-    if (attr_long(req, s_next_idx, &idx) < 0 || attr_long(req, s_req_off, &off) < 0)
-        return -1;
-    if (off || idx < 0 || (uint64_t)idx != sqlen || (t = attr_true(req, s_need_retry)) != 0 ||
-        (t = attr_true(req, s_draining)) != 0 || (t = attr_none(req, s_rnr_deadline)) != 1 ||
-        (t = attr_none(req, s_pace_deadline)) != 1)
-        return t < 0 ? -1 : 0;
-    return 1;
+    return idx >= 0 && (uint64_t)idx == sqlen;
 }
 
 static PyObject *fp_post_send(PyObject *Py_UNUSED(self), PyObject *args) {
